@@ -1,0 +1,1 @@
+"""YAML recipes shipped with pacs; `pacs train --config builtin:NAME` reads configs/NAME.yaml."""

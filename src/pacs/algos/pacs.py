@@ -1,0 +1,303 @@
+"""PACS: reinforcement learning from verifiable rewards as supervised learning (arXiv 2509.02522).
+
+For each prompt the policy samples a group of ``n`` responses; a verifier scores each with an
+outcome reward ``R_i ∈ [0, 1]`` (usually 0 or 1). PACS predicts ``R_i`` from a score that the
+policy itself carries and minimises a weighted binary cross-entropy:
+
+    reward proxy   logratio:      r_i = β · Σ_t m_it · (log π_θ(o_it) − log π_old(o_it))
+                   mean_logprob:  r_i = β · Σ_t m_it · log π_θ(o_it) / Σ_t m_it
+    score          rloo:          ψ_i = r_i − 1/(n−1) · Σ_{j≠i} r_j
+                   grpo:          ψ_i = (r_i − mean_j r_j) / (std_j r_j + 1e-6)   (unbiased std)
+                   naive:         ψ_i = r_i
+    class weight   question:      w_i = n / (K · #{j : R_j = R_i}) in a group with K > 1 distinct
+                                  rewards, w_i = 1 in a group with a single reward value
+                   none:          w_i = 1
+                   only_positive: w_i = 1[R_i = 1]
+                   only_negative: w_i = 1[R_i = 0]
+    loss           L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i)
+                     = −1/B · Σ_i w_i · [R_i log σ(ψ_i) + (1 − R_i) log(1 − σ(ψ_i))]
+
+``m`` is the response mask, sums and means over ``j`` run inside the prompt group of ``i``, and
+the weights are constants. The gradient is an actor-critic update: ``−∇L = β Σ_k A_k ∇log π_θ(o_k)``
+with ``A_k = e_k − mean_{i≠k} e_i`` and ``e_i = w_i (R_i − σ(ψ_i))`` (for ``logratio`` + ``rloo``).
+
+``pacs_loss`` is the composition
+``pacs_loss_from_proxy(reward_proxy(...), rewards, ...)``; ``pacs_loss_from_proxy`` is in turn
+built from ``group_scores`` and ``class_weights``. Rows ``[g*n, (g+1)*n)`` of every batch belong to
+prompt ``g``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from pacs.algos.core import check_choice, check_same_shape, group_view, masked_mean, masked_sum
+
+PROXIES = ("logratio", "mean_logprob")
+ESTIMATORS = ("rloo", "grpo", "naive")
+WEIGHTINGS = ("question", "none", "only_positive", "only_negative")
+
+GRPO_STD_EPS = 1e-6
+
+
+def reward_proxy(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    beta: float = 1.0,
+    proxy: str = "logratio",
+) -> torch.Tensor:
+    """Per-response reward proxy built from the policy's log-probabilities.
+
+    Formula (``m`` = ``response_mask``):
+        logratio:     r_i = β · Σ_t m_it · (logprobs_it − old_logprobs_it)
+        mean_logprob: r_i = β · Σ_t m_it · logprobs_it / max(Σ_t m_it, 1)
+
+    Args:
+        logprobs: (B, T) log-probs of the response tokens under the current policy π_θ.
+        old_logprobs: (B, T) log-probs of the same tokens under the rollout policy π_old,
+            constants. Unused by ``mean_logprob`` but still shape-checked.
+        response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool). Padding
+            positions contribute nothing, whatever their log-prob values.
+        beta: proxy scale β, a finite float.
+        proxy: ``"logratio"`` or ``"mean_logprob"``.
+
+    Returns:
+        (B,) proxy rewards r.
+
+    Raises:
+        ValueError: unknown ``proxy``, non-finite ``beta``, ``logprobs`` not 2-D, or the three
+            tensors not of one shape.
+    """
+    check_choice("proxy", proxy, PROXIES)
+    if not math.isfinite(beta):
+        raise ValueError(f"beta must be a finite number, got {beta!r}")
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be 2-D (B, T), got shape {tuple(logprobs.shape)}")
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
+    if proxy == "logratio":
+        return beta * masked_sum(logprobs - old_logprobs, response_mask)
+    return beta * masked_mean(logprobs, response_mask)
+
+
+def group_scores(proxy_rewards: torch.Tensor, group_size: int, *, estimator: str = "rloo") -> torch.Tensor:
+    """Score ψ of each response relative to the other responses to its prompt.
+
+    Formula (sums, means and std over the n = ``group_size`` rows of the group of i):
+        rloo:  ψ_i = r_i − 1/(n−1) · Σ_{j≠i} r_j
+        grpo:  ψ_i = (r_i − mean_j r_j) / (std_j r_j + 1e-6), std unbiased (divides by n − 1)
+        naive: ψ_i = r_i
+
+    Args:
+        proxy_rewards: (B,) proxy rewards r, B a multiple of ``group_size``.
+        group_size: responses per prompt n; at least 2 for ``rloo`` and ``grpo``.
+        estimator: ``"rloo"``, ``"grpo"`` or ``"naive"``.
+
+    Returns:
+        (B,) scores ψ (logits of the predicted reward).
+
+    Raises:
+        ValueError: unknown ``estimator``, B not a multiple of ``group_size``, or
+            ``group_size < 2`` with ``rloo``/``grpo``.
+    """
+    check_choice("estimator", estimator, ESTIMATORS)
+    grouped = group_view(proxy_rewards, group_size)
+    if estimator == "naive":
+        return proxy_rewards
+    if group_size < 2:
+        raise ValueError(
+            f"estimator {estimator!r} needs group_size >= 2, got {group_size}: the leave-one-out "
+            "baseline (rloo) and the group std (grpo) need at least 2 responses per prompt; "
+            "set rollout.n >= 2 or use estimator='naive'"
+        )
+    if estimator == "rloo":
+        others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
+        scores = grouped - others_mean
+    else:
+        centered = grouped - grouped.mean(dim=-1, keepdim=True)
+        scores = centered / (grouped.std(dim=-1, keepdim=True) + GRPO_STD_EPS)
+    return scores.reshape(-1)
+
+
+def class_weights(rewards: torch.Tensor, group_size: int, *, weighting: str = "question") -> torch.Tensor:
+    """Per-response class weights, constants (no gradient).
+
+    Formula (K = number of distinct reward values in the group of i, n = ``group_size``):
+        question:      w_i = n / (K · #{j in group: R_j = R_i}) if K > 1, else w_i = 1
+        none:          w_i = 1
+        only_positive: w_i = 1 if R_i = 1 else 0
+        only_negative: w_i = 1 if R_i = 0 else 0
+
+    With ``question`` every class present in a group gets the same total weight n / K, so a
+    group's weights sum to n. Rewards are compared exactly (soft labels form their own classes).
+
+    Args:
+        rewards: (B,) rewards R, B a multiple of ``group_size``.
+        group_size: responses per prompt n.
+        weighting: ``"question"``, ``"none"``, ``"only_positive"`` or ``"only_negative"``.
+
+    Returns:
+        (B,) weights w, in ``rewards``' dtype if it is floating point, else the default dtype.
+
+    Raises:
+        ValueError: unknown ``weighting`` or B not a multiple of ``group_size``.
+    """
+    check_choice("weighting", weighting, WEIGHTINGS)
+    rewards = rewards.detach()
+    grouped = group_view(rewards, group_size)
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+    if weighting == "none":
+        return torch.ones_like(rewards, dtype=dtype)
+    if weighting == "only_positive":
+        return (rewards == 1).to(dtype)
+    if weighting == "only_negative":
+        return (rewards == 0).to(dtype)
+    same_reward = grouped.unsqueeze(-1) == grouped.unsqueeze(-2)  # (G, n, n): R_j == R_i at [g, i, j]
+    class_sizes = same_reward.sum(dim=-1)  # (G, n): #{j : R_j == R_i}
+    earlier = torch.ones(group_size, group_size, dtype=torch.bool, device=rewards.device).tril(diagonal=-1)
+    first_of_class = ~(same_reward & earlier).any(dim=-1)  # (G, n): no earlier row has R_i
+    num_classes = first_of_class.sum(dim=-1, keepdim=True)  # (G, 1): K
+    balanced = group_size / (num_classes * class_sizes).to(dtype)
+    weights = torch.where(num_classes > 1, balanced, torch.ones_like(balanced))
+    return weights.reshape(-1)
+
+
+def pacs_loss_from_proxy(
+    proxy_rewards: torch.Tensor,
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    estimator: str = "rloo",
+    weighting: str = "question",
+) -> torch.Tensor:
+    """PACS loss given the proxy rewards.
+
+    Formula: L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i) with ψ = ``group_scores(proxy_rewards)``
+    and w = ``class_weights(rewards)``.
+
+    Args:
+        proxy_rewards: (B,) proxy rewards r (see ``reward_proxy``), B a multiple of ``group_size``.
+        rewards: (B,) verifier rewards R in [0, 1] (soft labels allowed).
+        group_size: responses per prompt n.
+        estimator: see ``group_scores``.
+        weighting: see ``class_weights``.
+
+    Returns:
+        0-dim loss.
+
+    Raises:
+        ValueError: shapes differ, a reward lies outside [0, 1], or as ``group_scores`` and
+            ``class_weights`` raise.
+    """
+    check_same_shape(proxy_rewards=proxy_rewards, rewards=rewards)
+    rewards = rewards.to(proxy_rewards.dtype)
+    if not bool(((rewards >= 0) & (rewards <= 1)).all()):
+        raise ValueError(
+            f"rewards must lie in [0, 1], got min {rewards.min().item()} and max {rewards.max().item()}"
+        )
+    scores = group_scores(proxy_rewards, group_size, estimator=estimator)
+    weights = class_weights(rewards, group_size, weighting=weighting)
+    losses = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
+    return (weights * losses).mean()
+
+
+def pacs_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    beta: float = 1.0,
+    proxy: str = "logratio",
+    estimator: str = "rloo",
+    weighting: str = "question",
+) -> torch.Tensor:
+    """PACS loss for a batch of whole prompt groups.
+
+    Formula: L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i), with r = ``reward_proxy``,
+    ψ = ``group_scores(r)`` and w = ``class_weights(R)`` (see the module docstring).
+
+    Args:
+        logprobs: (B, T) log-probs of the response tokens under the current policy.
+        old_logprobs: (B, T) log-probs of the same tokens under the rollout policy.
+        response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
+        rewards: (B,) verifier rewards in [0, 1]; rows [g*n, (g+1)*n) share prompt g.
+        group_size: responses per prompt n; B must be a multiple of n.
+        beta: proxy scale β, finite.
+        proxy: ``"logratio"`` or ``"mean_logprob"``.
+        estimator: ``"rloo"``, ``"grpo"`` or ``"naive"``.
+        weighting: ``"question"``, ``"none"``, ``"only_positive"`` or ``"only_negative"``.
+
+    Returns:
+        0-dim loss, differentiable w.r.t. ``logprobs``.
+
+    Raises:
+        ValueError: for any invalid shape, option, ``beta``, reward value or group size, with a
+            message naming the argument and what would be valid.
+    """
+    proxy_rewards = reward_proxy(logprobs, old_logprobs, response_mask, beta=beta, proxy=proxy)
+    if rewards.shape != proxy_rewards.shape:
+        raise ValueError(
+            f"rewards must have shape (B,) = ({logprobs.shape[0]},), one per row of logprobs "
+            f"{tuple(logprobs.shape)}; got {tuple(rewards.shape)}"
+        )
+    return pacs_loss_from_proxy(proxy_rewards, rewards, group_size, estimator=estimator, weighting=weighting)
+
+
+class PACS:
+    """PACS as a trainer plug-in (`pacs.algos.base.Algorithm`): the exact mini-batch loss at any
+    micro-batch size, groups split across micro-batches included.
+
+    r_i depends on row i's tokens only, and θ is fixed within one optimizer update, so with the
+    constants c_i = ∂L/∂r_i computed once from the whole mini-batch (no gradient through the model):
+
+        Σ_micro ∇_θ Σ_{i ∈ micro} c_i · r_i(θ)  =  Σ_i c_i ∇_θ r_i(θ)  =  ∇_θ L.
+
+    Computing c needs r at the current θ, i.e. a no-grad pass over the mini-batch; on the first
+    update after a rollout θ = θ_old and r is known in closed form (logratio: r = 0 so ψ = 0;
+    mean_logprob: from `old_logprobs`), so that pass is skipped.
+    """
+
+    def __init__(
+        self,
+        group_size: int,
+        *,
+        beta: float = 1.0,
+        proxy: str = "logratio",
+        estimator: str = "rloo",
+        weighting: str = "question",
+    ):
+        check_choice("proxy", proxy, PROXIES)
+        check_choice("estimator", estimator, ESTIMATORS)
+        check_choice("weighting", weighting, WEIGHTINGS)
+        self.group_size = group_size
+        self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
+
+    def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+        return reward_proxy(logprobs, rows["old_logprobs"], rows["response_mask"], beta=self.beta, proxy=self.proxy)
+
+    def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy):
+        """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i; metrics: the mini-batch loss and the
+        mean predicted probability of success σ(ψ) on correct (R = 1) and incorrect (R = 0) rows."""
+        logprobs = minibatch["old_logprobs"] if policy_is_rollout_policy else current_logprobs()
+        proxy_rewards = self._proxy(logprobs, minibatch).detach().requires_grad_(True)
+        rewards = minibatch["rewards"]
+        loss = pacs_loss_from_proxy(
+            proxy_rewards, rewards, self.group_size, estimator=self.estimator, weighting=self.weighting
+        )
+        (proxy_grad,) = torch.autograd.grad(loss, proxy_rewards)
+        predicted = torch.sigmoid(group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator))
+        metrics = {"loss": float(loss.detach())}
+        for name, rows in (("correct", rewards == 1), ("incorrect", rewards == 0)):
+            if rows.any():
+                metrics[f"pacs/predicted_p_on_{name}"] = float(predicted[rows].mean())
+        return {"proxy_grad": proxy_grad}, metrics
+
+    def micro_batch_loss(self, logprobs, micro, row_terms) -> torch.Tensor:
+        """Σ_{i ∈ micro} c_i · r_i(θ): its gradient is this micro-batch's share of ∇L."""
+        return (row_terms["proxy_grad"] * self._proxy(logprobs, micro)).sum()

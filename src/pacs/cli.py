@@ -1,0 +1,107 @@
+"""The `pacs` command: thin argument parsing; each command calls one function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pacs.config import ConfigError
+
+
+def _train(args: argparse.Namespace) -> None:
+    from pacs.config import load_config
+    from pacs.train.trainer import train
+
+    config = load_config(args.config, args.overrides)
+    result = train(config)
+    summary = {k: round(v, 4) for k, v in result.last_metrics.items() if k.startswith(("reward/", "val/", "loss"))}
+    print(f"finished {config.train.steps} steps; final checkpoint: {result.final_checkpoint}")
+    if result.skipped_updates:
+        print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
+    print(json.dumps(summary, indent=2))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    import pacs.train.builtin_models  # noqa: F401  (makes builtin:tiny-arithmetic loadable)
+    from pacs.eval.evaluate import evaluate_model
+
+    result = evaluate_model(
+        args.model,
+        [spec for spec in args.data.split(",") if spec],
+        n=args.n,
+        out_dir=Path(args.out),
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        reward_function=args.reward_function,
+    )
+    print(json.dumps(result.metrics, indent=2))
+    print(f"wrote {Path(args.out) / 'eval_rollout.jsonl'} and {Path(args.out) / 'eval_metrics.json'}")
+
+
+def _sft(args: argparse.Namespace) -> None:
+    from pacs.data.arithmetic import answer_text
+    from pacs.data.loading import load_rows
+    from pacs.train.sft import supervised_warm_start
+
+    rows = load_rows(args.data, default_split="train")
+    out = supervised_warm_start(
+        args.model, rows, answer_text, Path(args.out), steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed
+    )
+    print(f"wrote {out}")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from pacs.demo import run_demo
+
+    run_demo(seed=args.seed, out_dir=args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pacs", description="PACS and its baselines for RL from verifiable rewards.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="run the RLVR loop from a YAML config")
+    train.add_argument("--config", help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo)")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
+    train.set_defaults(run=_train)
+
+    evaluate = commands.add_parser("eval", help="sample N responses per problem and report pass@k")
+    evaluate.add_argument("--model", required=True, help="Hugging Face model directory (or builtin:NAME)")
+    evaluate.add_argument("--data", required=True, help="comma-separated dataset specs, e.g. builtin:arithmetic")
+    evaluate.add_argument("--n", type=int, required=True, help="samples per problem (pass@k for k up to N)")
+    evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
+    evaluate.add_argument("--temperature", type=float, default=0.6)
+    evaluate.add_argument("--top-p", type=float, default=0.95)
+    evaluate.add_argument("--max-tokens", type=int, default=4096, help="capped by the model's context length")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--reward-function", default=None, help="package.module:function (default: by data_source)")
+    evaluate.set_defaults(run=_eval)
+
+    sft = commands.add_parser("sft", help="supervised warm-start on a task's reference answers")
+    sft.add_argument("--model", default="builtin:tiny")
+    sft.add_argument("--data", default="builtin:arithmetic?size=4000")
+    sft.add_argument("--out", required=True)
+    sft.add_argument("--steps", type=int, default=300)
+    sft.add_argument("--batch-size", type=int, default=64)
+    sft.add_argument("--lr", type=float, default=3e-3)
+    sft.add_argument("--seed", type=int, default=0)
+    sft.set_defaults(run=_sft)
+
+    demo = commands.add_parser("demo", help="warm-start, evaluate, train with PACS, evaluate again (CPU, minutes)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", default="runs/demo")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ConfigError, ValueError, FileNotFoundError) as error:
+        print(f"pacs {args.command}: error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,211 @@
+"""Typed run configuration: YAML plus dotted command-line overrides, validated up front.
+
+    cfg = load_config("configs/demo.yaml", ["train.steps=20", "algorithm.beta=2.0"])
+
+Every key has a type and a default; an unknown key, a value of the wrong type or an impossible
+combination (a mini-batch that does not divide the batch, leave-one-out with one response per
+prompt, ...) raises `ConfigError` naming the key, the value and what would be valid, before any
+model is loaded. `builtin:NAME` reads the recipe `configs/NAME.yaml` shipped with pacs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or override that cannot be used; the message says how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = "builtin:tiny-arithmetic"
+    """`builtin:tiny` (random init), `builtin:tiny-arithmetic` (warm-started on the built-in
+    task, built on first use and cached), a local Hugging Face directory, or a hub id."""
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+
+
+class DataConfig(_Section):
+    train: str | list[str] = "builtin:arithmetic"
+    """Dataset spec(s) for training prompts; see `pacs.data.loading.load_rows`."""
+    val: str | list[str] | None = "builtin:arithmetic"
+    """Dataset spec(s) for validation; None disables validation."""
+    max_prompt_length: int = Field(256, ge=1)
+    """Prompts longer than this many tokens are filtered out (and counted)."""
+    max_response_length: int = Field(32, ge=1)
+    """Generation stops after this many new tokens."""
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["pacs"] = "pacs"
+    beta: float = Field(1.0, gt=0, allow_inf_nan=False)
+    proxy: Literal["logratio", "mean_logprob"] = "logratio"
+    estimator: Literal["rloo", "grpo", "naive"] = "rloo"
+    weighting: Literal["question", "none", "only_positive", "only_negative"] = "question"
+
+
+class RolloutConfig(_Section):
+    n: int = Field(8, ge=1)
+    """Responses sampled per prompt (the group size)."""
+    temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1)
+    generation_batch_size: int = Field(512, ge=1)
+    """Most sequences generated in one `generate` call (bounds memory, not results)."""
+
+
+class TrainConfig(_Section):
+    steps: int = Field(40, ge=1)
+    batch_size: int = Field(32, ge=1)
+    """Prompts per step; each contributes `rollout.n` responses."""
+    mini_batch_size: int = Field(16, ge=1)
+    """Prompts per optimizer update; must divide `batch_size`."""
+    micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward pass; any value gives the same update."""
+    epochs: int = Field(1, ge=1)
+    """Passes over each step's rollouts."""
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    save_every: int = Field(0, ge=0)
+    """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
+    eval_every: int = Field(0, ge=0)
+    """Validate every this many steps (0: only after the last step)."""
+
+
+class EvalConfig(_Section):
+    n: int = Field(4, ge=1)
+    """Samples per validation prompt."""
+    temperature: float = Field(0.6, gt=0, allow_inf_nan=False)
+    top_p: float = Field(0.95, gt=0, le=1)
+
+
+class RewardConfig(_Section):
+    function: str | None = None
+    """`package.module:function` with the signature
+    `compute_score(data_source, solution_str, ground_truth, extra_info)`; None picks the built-in
+    scorer for each row's `data_source`."""
+
+
+class Config(_Section):
+    output_dir: str = "runs/pacs"
+    seed: int = 0
+    resume: Literal["never", "auto"] = "never"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    reward: RewardConfig = RewardConfig()
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Config:
+        train = self.train
+        if train.batch_size % train.mini_batch_size:
+            raise ValueError(
+                f"train.mini_batch_size={train.mini_batch_size} must divide "
+                f"train.batch_size={train.batch_size} (prompts per optimizer update)"
+            )
+        if self.rollout.n < 2 and self.algorithm.estimator in ("rloo", "grpo"):
+            raise ValueError(
+                f"rollout.n={self.rollout.n} with algorithm.estimator='{self.algorithm.estimator}': "
+                "the group baseline needs at least 2 responses per prompt; "
+                "set rollout.n >= 2 or algorithm.estimator='naive'"
+            )
+        return self
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key{_suggestion(item['loc'])}")
+        elif item["type"] == "value_error":
+            lines.append(f"  {item['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"  {key}: {item['msg']} (got {item['input']!r})")
+    return "\n".join(lines)
+
+
+def _suggestion(location: tuple) -> str:
+    section: type[BaseModel] = Config
+    for part in location[:-1]:
+        annotation = section.model_fields[part].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        section = annotation
+    valid = list(section.model_fields)
+    close = difflib.get_close_matches(str(location[-1]), valid, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{hint}; valid keys here: {', '.join(valid)}"
+
+
+def _read_yaml(source: str) -> dict[str, Any]:
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        recipes = importlib.resources.files("pacs.configs")
+        available = sorted(p.name.removesuffix(".yaml") for p in recipes.iterdir() if p.name.endswith(".yaml"))
+        if name not in available:
+            raise ConfigError(f"unknown built-in config '{source}'; valid: {', '.join('builtin:' + a for a in available)}")
+        text = recipes.joinpath(f"{name}.yaml").read_text()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {source}")
+        text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{source} is not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must hold a mapping of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return `data` with each `dotted.key=value` applied; values are parsed as YAML scalars."""
+    for override in overrides:
+        key, separator, raw_value = override.partition("=")
+        if not separator or not key:
+            raise ConfigError(f"override '{override}' is not of the form key=value (e.g. train.steps=20)")
+        parts = key.split(".")
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{override}': '{'.'.join(parts[: depth + 1])}' is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw_value) if raw_value else ""
+    return data
+
+
+def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
+    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, source)) from None
+
+
+def load_config(source: str | None, overrides: list[str] = ()) -> Config:
+    """Read a YAML file (or `builtin:NAME`; None for all defaults), apply overrides, validate."""
+    data = _read_yaml(source) if source else {}
+    apply_overrides(data, list(overrides))
+    return build_config(data, source or "defaults")
+
+
+def dump_config(config: Config, path: Path) -> None:
+    """Write the resolved configuration as YAML (what `--config` would read back)."""
+    path.write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))

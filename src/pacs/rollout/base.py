@@ -1,0 +1,62 @@
+"""The rollout-engine seam: prompts + sampling parameters + n -> grouped responses.
+
+An engine is anything with `generate(prompt_token_ids, params) -> Rollouts`. The trainer and the
+evaluator only talk to this interface, so a faster engine (vLLM, later) plugs in without touching
+either. Log-probabilities are not part of the contract: the trainer recomputes them with the
+policy it updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: `n` responses per prompt at `temperature` / `top_p`, at most
+    `max_new_tokens` each, stopping at the tokenizer's end-of-sequence token."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+
+
+@dataclass
+class Rollouts:
+    """Responses grouped by prompt: rows [g*n, (g+1)*n) all answer prompt g (n = group_size).
+
+    prompt_ids:     (B, P) left-padded prompt tokens, repeated n times per prompt
+    prompt_mask:    (B, P) 1 on prompt tokens, 0 on padding
+    response_ids:   (B, R) right-padded response tokens (the end-of-sequence token included)
+    response_mask:  (B, R) 1 on generated tokens, 0 on padding after the end
+    response_texts: B decoded responses, special tokens removed
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    response_texts: list[str]
+    group_size: int
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
+        """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""
+        ...
+
+
+def pad_rows(rows: Sequence[torch.Tensor], pad_value: int, *, left: bool) -> torch.Tensor:
+    """Stack 1-D tensors of different lengths into (len(rows), max_len), padding on one side."""
+    width = max(len(row) for row in rows)
+    out = torch.full((len(rows), width), pad_value, dtype=rows[0].dtype)
+    for i, row in enumerate(rows):
+        if left:
+            out[i, width - len(row) :] = row
+        else:
+            out[i, : len(row)] = row
+    return out

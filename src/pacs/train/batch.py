@@ -1,0 +1,112 @@
+"""A step's rollouts as training tensors, and the policy's per-token log-probabilities on them.
+
+Sequences are stored as [left-padded prompt | right-padded response]. Position ids count real
+tokens only, as `generate` does with left padding, so the log-probabilities recomputed here are
+those of the policy that sampled the responses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from transformers import PreTrainedModel
+
+from pacs.rollout.base import Rollouts
+
+
+@dataclass
+class PolicyBatch:
+    """Row i of every tensor describes response i; rows [g*n, (g+1)*n) share prompt g.
+
+    prompt_ids:    (B, P) left-padded prompt tokens
+    prompt_mask:   (B, P) 1 on prompt tokens
+    response_ids:  (B, R) right-padded response tokens
+    response_mask: (B, R) 1.0 on response tokens (float, in the model's compute dtype)
+    rewards:       (B,)   verifier outcome in [0, 1]
+    old_logprobs:  (B, R) log-probabilities under the rollout policy (zeros until computed)
+    row_terms:     per-row tensors (B, ...) that an algorithm adds for its update
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rewards: torch.Tensor
+    old_logprobs: torch.Tensor
+    row_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def from_rollouts(cls, rollouts: Rollouts, rewards: torch.Tensor, dtype: torch.dtype) -> PolicyBatch:
+        mask = rollouts.response_mask.to(dtype)
+        return cls(
+            prompt_ids=rollouts.prompt_ids,
+            prompt_mask=rollouts.prompt_mask,
+            response_ids=rollouts.response_ids,
+            response_mask=mask,
+            rewards=rewards.to(dtype),
+            old_logprobs=torch.zeros_like(mask),
+        )
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    def rows(self, index: torch.Tensor | slice) -> PolicyBatch:
+        """The selected rows, with columns that are padding in every selected row trimmed."""
+        selected = {
+            f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "row_terms"
+        }
+        selected["row_terms"] = {name: value[index] for name, value in self.row_terms.items()}
+        prompt_start = int(selected["prompt_mask"].any(dim=0).long().argmax())
+        response_width = int(selected["response_mask"].any(dim=0).sum())
+        trimmed = replace(self, **selected)
+        return replace(
+            trimmed,
+            prompt_ids=trimmed.prompt_ids[:, prompt_start:],
+            prompt_mask=trimmed.prompt_mask[:, prompt_start:],
+            response_ids=trimmed.response_ids[:, :response_width],
+            response_mask=trimmed.response_mask[:, :response_width],
+            old_logprobs=trimmed.old_logprobs[:, :response_width],
+        )
+
+    def to(self, device: torch.device) -> PolicyBatch:
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "row_terms"}
+        return replace(self, **moved, row_terms={k: v.to(device) for k, v in self.row_terms.items()})
+
+
+def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(response_t | prompt, response_<t) for every response position: (B, R).
+
+    Logits are divided by the sampling temperature (the behaviour policy at temperature T is
+    softmax(logits / T)). Padding positions hold finite garbage; callers mask them. Only the last
+    R + 1 positions' logits are computed (`logits_to_keep`), never the prompt's.
+    """
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
+    attention_mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    response_width = batch.response_ids.shape[1]
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=response_width + 1,
+    ).logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logits = logits / temperature
+    chosen = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+@torch.no_grad()
+def response_logprobs_no_grad(
+    model: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """`response_logprobs` over the whole batch in micro-batches, without gradient: (B, R)."""
+    out = torch.zeros_like(batch.response_mask)
+    for start in range(0, len(batch), micro_batch_size):
+        micro = batch.rows(slice(start, start + micro_batch_size))
+        out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = response_logprobs(
+            model, micro, temperature=temperature
+        ).to(out.dtype)
+    return out

@@ -1,0 +1,47 @@
+"""`builtin:tiny-arithmetic`: the built-in tiny model warm-started on `builtin:arithmetic`.
+
+Built on first use (about a minute on two CPU cores) and cached under `pacs.paths.cache_dir()`;
+no weights live in git. The warm-start is deliberately short: the model solves some problems but
+not all, so RL sees groups with both outcomes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from pacs.data.arithmetic import answer_text, generate_problems
+from pacs.models.loading import register_builtin_model
+from pacs.models.tiny import save_builtin_tiny
+from pacs.paths import cache_dir
+from pacs.train.sft import supervised_warm_start
+
+WARM_START = {"train_size": 4000, "digits": 2, "steps": 300, "batch_size": 64, "lr": 3e-3}
+
+
+def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
+    """Directory of the tiny model (initialised with `seed`) after the warm-start; cached."""
+    settings = {**WARM_START, "seed": seed, "format": 1}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    directory = cache_dir() / "models" / f"tiny-arithmetic-seed{seed}-{key}"
+    if (directory / "config.json").is_file():
+        return directory
+    rows = generate_problems("train", WARM_START["train_size"], digits=WARM_START["digits"], seed=seed)
+    with tempfile.TemporaryDirectory() as scratch:
+        initial = save_builtin_tiny(Path(scratch) / "tiny", seed=seed)
+        return supervised_warm_start(
+            str(initial),
+            rows,
+            answer_text,
+            directory,
+            steps=WARM_START["steps"],
+            batch_size=WARM_START["batch_size"],
+            lr=WARM_START["lr"],
+            seed=seed,
+            show_progress=show_progress,
+        )
+
+
+register_builtin_model("builtin:tiny-arithmetic", warm_started_tiny)

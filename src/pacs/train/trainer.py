@@ -1,0 +1,207 @@
+"""The RLVR loop, one for every algorithm, on Hugging Face `accelerate`.
+
+Each step: draw `train.batch_size` prompts -> sample `rollout.n` responses each -> score them
+with the verifier -> recompute the rollout policy's log-probs -> `train.epochs` passes of
+optimizer updates over mini-batches of `train.mini_batch_size` prompts -> log, validate,
+checkpoint. One process is accelerate's trivial case; a prompt's whole group stays on one rank.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from rich.console import Console
+from tqdm.auto import tqdm
+
+from pacs.algos.registry import build_algorithm
+from pacs.config import Config, ConfigError, dump_config
+from pacs.data.loading import load_rows
+from pacs.data.prompts import EncodedPrompts, encode_prompts
+from pacs.eval.evaluate import evaluate
+from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.rewards import load_reward_function, score_responses
+from pacs.rollout.base import SamplingParams
+from pacs.rollout.hf import TransformersEngine
+from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
+from pacs.train.batch import PolicyBatch, response_logprobs_no_grad
+from pacs.train.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
+from pacs.train.metrics import MetricsLogger
+from pacs.train.sampler import PromptSampler
+from pacs.train.update import UpdateSettings, update_policy
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    final_checkpoint: Path
+    last_metrics: dict[str, float]
+    skipped_updates: int
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_prompts(specs: str | list[str], tokenizer, max_prompt_length: int, default_split: str) -> EncodedPrompts:
+    """Rows of every spec, tokenized through the chat template; over-long prompts counted."""
+    rows = [row for spec in ([specs] if isinstance(specs, str) else specs) for row in load_rows(spec, default_split=default_split)]
+    prompts = encode_prompts(tokenizer, rows, max_prompt_length)
+    if not prompts.rows:
+        raise ConfigError(
+            f"every one of the {len(rows)} prompts in {specs} is longer than data.max_prompt_length={max_prompt_length}"
+        )
+    return prompts
+
+
+def _group_metrics(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int) -> dict[str, float]:
+    groups = rewards.view(-1, group_size)
+    lengths = response_mask.sum(dim=1)
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/groups_mixed_fraction": float((groups.max(dim=1).values != groups.min(dim=1).values).float().mean()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+    }
+
+
+def train(config: Config, *, show_progress: bool = True) -> TrainResult:
+    """Run `config` to the end (or from its newest checkpoint with `resume=auto`)."""
+    output_dir = Path(config.output_dir)
+    checkpoints_dir = output_dir / "checkpoints"
+    resume_from = latest_checkpoint(checkpoints_dir) if config.resume == "auto" else None
+    if config.resume == "never" and latest_checkpoint(checkpoints_dir) is not None:
+        raise ConfigError(
+            f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
+            "or choose another output_dir"
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, output_dir / "config.yaml")
+    console = Console(stderr=True)
+    seed_everything(config.seed)
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    model_source = str(resume_from) if resume_from else config.model.path
+    tokenizer = load_tokenizer(model_source)
+    model = load_causal_lm(model_source, dtype=config.model.dtype)
+    compute_dtype = torch.float64 if config.model.dtype == "float64" else torch.float32
+
+    train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
+    val_prompts = (
+        load_prompts(config.data.val, tokenizer, config.data.max_prompt_length, "val") if config.data.val else None
+    )
+    for name, prompts in (("train", train_prompts), ("val", val_prompts)):
+        if prompts is not None and prompts.num_filtered:
+            console.print(
+                f"[yellow]data.{name}: {prompts.num_filtered} of {prompts.num_filtered + len(prompts.rows)} prompts "
+                f"are longer than data.max_prompt_length={config.data.max_prompt_length} tokens and were left out"
+            )
+    compute_score = load_reward_function(config.reward.function)
+    algorithm = build_algorithm(group_size=config.rollout.n, **config.algorithm.model_dump())
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    sampler = PromptSampler(len(train_prompts.rows), config.seed)
+    start_step = 0
+    if resume_from:
+        state = load_trainer_state(resume_from)
+        optimizer.load_state_dict(state["optimizer"])
+        sampler = PromptSampler(**state["sampler"])
+        restore_rng_states(state["rng"])
+        start_step = state["step"]
+        console.print(f"resuming from {resume_from} (step {start_step})")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    engine = TransformersEngine(
+        accelerator.unwrap_model(model), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size
+    )
+    rollout_params = SamplingParams(
+        n=config.rollout.n,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        max_new_tokens=config.data.max_response_length,
+    )
+    settings = UpdateSettings(
+        mini_batch_size=config.train.mini_batch_size,
+        micro_batch_size=config.train.micro_batch_size,
+        epochs=config.train.epochs,
+        grad_clip=config.train.grad_clip,
+        temperature=config.rollout.temperature,
+    )
+
+    def trainer_state(step: int) -> dict:
+        return {"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state(), "rng": rng_states()}
+
+    def validate() -> dict[str, float]:
+        params = SamplingParams(
+            n=config.eval.n,
+            temperature=config.eval.temperature,
+            top_p=config.eval.top_p,
+            max_new_tokens=config.data.max_response_length,
+        )
+        devices = [] if accelerator.device.type == "cpu" else [accelerator.device]
+        with torch.random.fork_rng(devices=devices):
+            result = evaluate(engine, tokenizer, val_prompts.rows, params, compute_score, show_progress=False)
+        return {
+            f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
+        }
+
+    logger = MetricsLogger(output_dir, resume_step=start_step)
+    skipped_updates = 0
+    metrics: dict[str, float] = {}
+    progress = tqdm(
+        range(start_step + 1, config.train.steps + 1),
+        initial=start_step,
+        total=config.train.steps,
+        desc="training",
+        unit="step",
+        disable=not show_progress,
+    )
+    for step in progress:
+        step_start = time.perf_counter()
+        indices = sampler.next_batch(config.train.batch_size)
+        rollouts = engine.generate([train_prompts.token_ids[i] for i in indices], rollout_params)
+        generation_time = time.perf_counter() - step_start
+        rows = [train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
+        rewards = torch.tensor(score_responses(compute_score, rows, rollouts.response_texts))
+        batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(accelerator.device)
+        batch.old_logprobs = response_logprobs_no_grad(
+            model, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+        )
+        metrics = update_policy(model, optimizer, accelerator, batch, algorithm, settings)
+        skipped_updates += int(metrics["updates/skipped"])
+        step_time = time.perf_counter() - step_start
+        num_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+        metrics.update(_group_metrics(batch.rewards, batch.response_mask, config.rollout.n))
+        metrics.update(
+            {"time/step_s": step_time, "time/generation_s": generation_time, "throughput/tokens_per_s": num_tokens / step_time}
+        )
+        if val_prompts is not None and (
+            step == config.train.steps or (config.train.eval_every and step % config.train.eval_every == 0)
+        ):
+            metrics.update(validate())
+        logger.log(step, metrics)
+        progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
+        if config.train.save_every and step % config.train.save_every == 0:
+            save_checkpoint(checkpoints_dir / f"step_{step}", accelerator.unwrap_model(model), tokenizer, trainer_state(step))
+    progress.close()
+    logger.close()
+    final = save_checkpoint(
+        checkpoints_dir / "final", accelerator.unwrap_model(model), tokenizer, trainer_state(config.train.steps)
+    )
+    shutil.rmtree(output_dir / ".cache", ignore_errors=True)
+    return TrainResult(output_dir, final, metrics, skipped_updates)

@@ -1,0 +1,39 @@
+"""Shared fixtures: a private model cache per test session, and small random models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built-in models are built into a fresh cache, never the user's ~/.cache/pacs."""
+    cache = tmp_path_factory.mktemp("pacs-cache")
+    previous = os.environ.get("PACS_CACHE_DIR")
+    os.environ["PACS_CACHE_DIR"] = str(cache)
+    yield cache
+    if previous is None:
+        os.environ.pop("PACS_CACHE_DIR", None)
+    else:
+        os.environ["PACS_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised built-in tiny model (seed 0) in Hugging Face format."""
+    from pacs.models.tiny import save_builtin_tiny
+
+    return save_builtin_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir() -> Path:
+    """The warm-started `builtin:tiny-arithmetic` model, built once per test session."""
+    from pacs.train.builtin_models import warm_started_tiny
+
+    return warm_started_tiny(0, show_progress=False)

@@ -1,0 +1,129 @@
+"""The trainer's update applies the exact PACS mini-batch gradient at any micro-batch size."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from pacs.algos import pacs_loss
+from pacs.algos.pacs import PACS
+from pacs.models.loading import load_causal_lm
+from pacs.rollout.base import pad_rows
+from pacs.train import update as update_module
+from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad
+from pacs.train.update import UpdateSettings, update_policy
+
+GROUP_SIZE = 4
+PROMPTS = 4
+
+
+def random_batch(vocab_size: int, generator: torch.Generator) -> PolicyBatch:
+    """4 prompts x 4 responses of random tokens, ragged prompt and response lengths, and
+    rewards with mixed, all-correct and all-wrong groups."""
+    prompts, responses = [], []
+    for _ in range(PROMPTS):
+        prompt = torch.randint(0, vocab_size, (int(torch.randint(3, 9, (1,), generator=generator)),), generator=generator)
+        for _ in range(GROUP_SIZE):
+            prompts.append(prompt)
+            length = int(torch.randint(1, 7, (1,), generator=generator))
+            responses.append(torch.randint(0, vocab_size, (length,), generator=generator))
+    rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0], dtype=torch.float64)
+    response_mask = pad_rows([torch.ones(len(r), dtype=torch.float64) for r in responses], 0, left=False)
+    return PolicyBatch(
+        prompt_ids=pad_rows(prompts, 0, left=True),
+        prompt_mask=pad_rows([torch.ones_like(p) for p in prompts], 0, left=True),
+        response_ids=pad_rows(responses, 0, left=False),
+        response_mask=response_mask,
+        rewards=rewards,
+        old_logprobs=torch.zeros_like(response_mask),
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir), dtype="float64")
+    batch = random_batch(model.config.vocab_size, torch.Generator().manual_seed(0))
+    batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=5)
+    return model, batch
+
+
+def run_trainer_update(model, batch, micro_batch_size: int, *, mini_batch_size=2, epochs=2, **pacs_options):
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    settings = UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, epochs=epochs, grad_clip=1.0)
+    update_policy(model, optimizer, Accelerator(cpu=True), batch, PACS(GROUP_SIZE, **pacs_options), settings)
+    return model
+
+
+def run_reference_update(model, batch, *, mini_batch_size=2, epochs=2, **pacs_options):
+    """The definition: pacs_loss on each whole mini-batch, one backward, one AdamW step."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rows = mini_batch_size * GROUP_SIZE
+    for _ in range(epochs):
+        for start in range(0, len(batch), rows):
+            minibatch = batch.rows(slice(start, start + rows))
+            logprobs = response_logprobs(model, minibatch)
+            loss = pacs_loss(
+                logprobs, minibatch.old_logprobs, minibatch.response_mask, minibatch.rewards, GROUP_SIZE, **pacs_options
+            )
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+def max_weight_difference(first, second) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(first.parameters(), second.parameters()))
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 3, 5, 8, 16])
+def test_off_policy_updates_match_whole_minibatch_loss_at_any_micro_batch_size(setup, micro_batch_size):
+    model, batch = setup
+    reference = run_reference_update(model, batch, beta=2.0)
+    trained = run_trainer_update(model, batch, micro_batch_size, beta=2.0)
+    assert max_weight_difference(trained, model) > 1e-4, "the update must move the weights"
+    assert max_weight_difference(trained, reference) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"proxy": "mean_logprob", "estimator": "rloo", "weighting": "question"},
+        {"proxy": "logratio", "estimator": "grpo", "weighting": "none"},
+        {"proxy": "logratio", "estimator": "naive", "weighting": "only_positive"},
+    ],
+)
+def test_every_pacs_option_matches_whole_minibatch_loss_with_split_groups(setup, options):
+    model, batch = setup
+    reference = run_reference_update(model, batch, **options)
+    trained = run_trainer_update(model, batch, 3, **options)
+    assert max_weight_difference(trained, reference) < 1e-10
+
+
+def test_first_update_after_rollout_skips_the_no_grad_pass(setup, monkeypatch):
+    model, batch = setup
+    calls = []
+    original = update_module.response_logprobs_no_grad
+    monkeypatch.setattr(update_module, "response_logprobs_no_grad", lambda *a, **k: calls.append(1) or original(*a, **k))
+    run_trainer_update(model, batch, 3, mini_batch_size=PROMPTS, epochs=1)
+    assert calls == []
+    run_trainer_update(model, batch, 3, mini_batch_size=2, epochs=1)
+    assert len(calls) == 1, "the second mini-batch is off-policy and needs one no-grad pass"
+
+
+def test_update_with_non_finite_loss_is_skipped_and_counted(setup):
+    model, batch = setup
+    broken = copy.deepcopy(batch)
+    broken.old_logprobs = broken.old_logprobs.clone()
+    broken.old_logprobs[0, 0] = float("nan")
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
+    settings = UpdateSettings(mini_batch_size=2, micro_batch_size=4, epochs=1, grad_clip=1.0)
+    metrics = update_policy(trained, optimizer, Accelerator(cpu=True), broken, PACS(GROUP_SIZE), settings)
+    assert metrics["updates/skipped"] == 1.0
+    assert all(torch.isfinite(p).all() for p in trained.parameters())
