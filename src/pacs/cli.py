@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from transformers.utils import logging as transformers_logging
+
 from pacs.config import ConfigError
 
 
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    transformers_logging.disable_progress_bar()
     try:
         args.run(args)
     except (ConfigError, ValueError, FileNotFoundError) as error:

@@ -16,7 +16,7 @@ from pacs.eval.evaluate import evaluate_model
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.trainer import train
 
-DEMO_EVAL = {"spec": "builtin:arithmetic?size=200", "n": 8, "temperature": 0.6, "top_p": 0.95, "max_tokens": 16}
+DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 8, "temperature": 0.6, "top_p": 0.95, "max_tokens": 16}
 
 
 def run_demo(seed: int = 0, out_dir: str = "runs/demo", *, show_progress: bool = True) -> dict:

@@ -12,13 +12,16 @@ import json
 import tempfile
 from pathlib import Path
 
-from pacs.data.arithmetic import answer_text, generate_problems
+from pacs.data.arithmetic import answer_text
+from pacs.data.loading import load_rows
 from pacs.models.loading import register_builtin_model
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
 from pacs.train.sft import supervised_warm_start
 
-WARM_START = {"train_size": 4000, "digits": 2, "steps": 300, "batch_size": 64, "lr": 3e-3}
+WARM_START = {"task": "builtin:arithmetic?max_operand=19", "steps": 450, "batch_size": 64, "lr": 1e-3}
+"""Calibrated on 2 CPU cores: about 45 s, after which pass@1 on the held-out split
+(temperature 0.6) is roughly 20-30%."""
 
 
 def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
@@ -28,7 +31,7 @@ def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
     directory = cache_dir() / "models" / f"tiny-arithmetic-seed{seed}-{key}"
     if (directory / "config.json").is_file():
         return directory
-    rows = generate_problems("train", WARM_START["train_size"], digits=WARM_START["digits"], seed=seed)
+    rows = load_rows(WARM_START["task"], default_split="train")
     with tempfile.TemporaryDirectory() as scratch:
         initial = save_builtin_tiny(Path(scratch) / "tiny", seed=seed)
         return supervised_warm_start(

@@ -42,7 +42,6 @@ from pacs.train.metrics import MetricsLogger
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_policy
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 @dataclass

@@ -1,0 +1,143 @@
+"""Load training/evaluation rows from a data spec, and render a row's prompt for a tokenizer.
+
+A data spec is one of:
+- a built-in task, optionally with query parameters, e.g.
+  ``builtin:arithmetic?digits=3&size=500&operations=+-&split=val&seed=1``
+  (``+`` in a value means plus, not space);
+- a ``.jsonl`` file with one row per line in the row schema: ``data_source``, ``prompt``
+  (a list of chat messages), ``reward_model.ground_truth`` and optionally ``ability`` and
+  ``extra_info``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from pacs.data.arithmetic import SPLITS, generate_problems
+
+DEFAULT_SIZES = {"train": 2000, "val": 200}
+"""Rows per split when the spec gives no size (or all there are, if fewer)."""
+ARITHMETIC_PARAMETERS = ("digits", "max_operand", "size", "operations", "split", "seed")
+
+
+def _positive_int(spec: str, name: str, value: str) -> int:
+    """Parse query parameter ``name`` of ``spec`` as an integer >= 1."""
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise ValueError(f"Parameter {name}={value!r} in {spec!r} must be an integer >= 1")
+    return int(value)
+
+
+def _load_arithmetic(spec: str, parameters: dict[str, str], default_split: str) -> list[dict]:
+    """Generate ``builtin:arithmetic`` rows from the query ``parameters`` of ``spec``."""
+    unknown = sorted(set(parameters) - set(ARITHMETIC_PARAMETERS))
+    if unknown:
+        raise ValueError(
+            f"Unknown parameter(s) {unknown} in {spec!r}; valid: {list(ARITHMETIC_PARAMETERS)}"
+        )
+    split = parameters.get("split", default_split)
+    if split not in SPLITS:
+        raise ValueError(f"Parameter split={split!r} in {spec!r} must be one of {list(SPLITS)}")
+    seed_text = parameters.get("seed", "0")
+    try:
+        seed = int(seed_text)
+    except ValueError:
+        raise ValueError(f"Parameter seed={seed_text!r} in {spec!r} must be an integer") from None
+    if "digits" in parameters and "max_operand" in parameters:
+        raise ValueError(f"{spec!r} sets both digits and max_operand; give one of them")
+    return generate_problems(
+        split,
+        _positive_int(spec, "size", parameters.get("size", str(DEFAULT_SIZES[split]))),
+        digits=_positive_int(spec, "digits", parameters.get("digits", "2")),
+        max_operand=_positive_int(spec, "max_operand", parameters["max_operand"]) if "max_operand" in parameters else None,
+        operations=parameters.get("operations", "+-*"),
+        seed=seed,
+        allow_fewer="size" not in parameters,
+    )
+
+
+BUILTIN_DATASETS: dict[str, Callable[[str, dict[str, str], str], list[dict]]] = {
+    "builtin:arithmetic": _load_arithmetic,
+}
+
+
+def _parse_query(spec: str, query: str) -> dict[str, str]:
+    """Parse ``key=value&...`` into a dict, keeping ``+`` literal; reject repeats and malformed pairs."""
+    try:
+        pairs = urllib.parse.parse_qsl(
+            query.replace("+", "%2B"), keep_blank_values=True, strict_parsing=True
+        )
+    except ValueError:
+        raise ValueError(f"Malformed parameters {query!r} in {spec!r}; expected key=value&key=value") from None
+    parameters: dict[str, str] = {}
+    for key, value in pairs:
+        if key in parameters:
+            raise ValueError(f"Parameter {key!r} is given more than once in {spec!r}")
+        parameters[key] = value
+    return parameters
+
+
+def _check_row(row: object, location: str) -> dict:
+    """Return ``row`` if it has the required row-schema keys; else raise naming ``location``."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{location}: expected a JSON object, got {type(row).__name__}")
+    for key in ("data_source", "prompt", "reward_model"):
+        if key not in row:
+            raise ValueError(
+                f"{location}: missing key {key!r}; required: data_source, prompt, reward_model.ground_truth"
+            )
+    if not isinstance(row["prompt"], list):
+        raise ValueError(
+            f"{location}: 'prompt' must be a list of chat messages, got {type(row['prompt']).__name__}"
+        )
+    if not isinstance(row["reward_model"], dict) or "ground_truth" not in row["reward_model"]:
+        raise ValueError(f"{location}: missing key 'reward_model.ground_truth'")
+    return row
+
+
+def _load_jsonl(path: Path) -> list[dict]:
+    """Read rows from a JSON-lines file, one object per non-blank line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"Data file {path} does not exist")
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+            rows.append(_check_row(row, f"{path}:{line_number}"))
+    if not rows:
+        raise ValueError(f"Data file {path} contains no rows")
+    return rows
+
+
+def load_rows(spec: str, *, default_split: str) -> list[dict]:
+    """Load the rows named by ``spec``; ``default_split`` ("train"/"val") applies to built-in tasks."""
+    if spec.startswith("builtin:"):
+        name, _, query = spec.partition("?")
+        if name not in BUILTIN_DATASETS:
+            raise ValueError(f"Unknown built-in dataset {name!r}; valid: {sorted(BUILTIN_DATASETS)}")
+        return BUILTIN_DATASETS[name](spec, _parse_query(spec, query) if query else {}, default_split)
+    if spec.endswith(".jsonl"):
+        return _load_jsonl(Path(spec).expanduser())
+    raise ValueError(
+        f"Unsupported data spec {spec!r}; accepted: a built-in dataset "
+        f"({', '.join(sorted(BUILTIN_DATASETS))}, optionally with ?key=value parameters) "
+        "or a path to a .jsonl file of rows"
+    )
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:
+    """Render ``row["prompt"]`` with the tokenizer's chat template, ending in the assistant turn.
+
+    Encode the result with ``add_special_tokens=False``: the template already adds every
+    special token the model expects.
+    """
+    return tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)

@@ -1,0 +1,104 @@
+"""Reward functions by ``data_source``, user plug-ins by ``"module:function"``, and batch scoring.
+
+A reward function has the verl signature
+
+    compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None)
+        -> float | dict
+
+returning a score in [0, 1], or a dict whose ``"score"`` key holds it (other keys are extra
+information). ``REWARD_FUNCTIONS`` maps a row's ``data_source`` to such a function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import re
+from collections.abc import Callable
+
+from pacs.rewards.arithmetic import arithmetic_score
+
+ComputeScore = Callable[[str, str, str, dict | None], float | dict]
+FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def _arithmetic_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> float:
+    """Adapt ``arithmetic_score`` to the reward-function signature."""
+    return arithmetic_score(solution_str, ground_truth)
+
+
+REWARD_FUNCTIONS: dict[str, ComputeScore] = {"arithmetic": _arithmetic_compute_score}
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> float | dict:
+    """Score ``solution_str`` with the reward function registered for ``data_source``."""
+    if data_source not in REWARD_FUNCTIONS:
+        raise ValueError(
+            f"No reward function for data_source {data_source!r}; known: {sorted(REWARD_FUNCTIONS)}. "
+            "Give a custom one as 'module:function'"
+        )
+    return REWARD_FUNCTIONS[data_source](data_source, solution_str, ground_truth, extra_info)
+
+
+def load_reward_function(spec: str | None) -> ComputeScore:
+    """Return ``default_compute_score`` for None, else import the function ``"package.module:function"``."""
+    if spec is None:
+        return default_compute_score
+    if not FUNCTION_SPEC_PATTERN.match(spec):
+        raise ValueError(f"Reward function {spec!r} must be written 'package.module:function'")
+    module_name, function_name = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"Cannot import module {module_name!r} of reward function {spec!r}: {error}"
+        ) from error
+    if not hasattr(module, function_name):
+        available = sorted(
+            name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
+        )
+        raise ValueError(
+            f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}"
+        )
+    function = getattr(module, function_name)
+    if not callable(function):
+        raise ValueError(f"{spec!r} is not callable (it is a {type(function).__name__})")
+    return function
+
+
+def _checked_score(result: object, data_source: str, extra_info: dict | None) -> float:
+    """Return ``result`` (a number, or a dict with ``"score"``) as a float in [0, 1]; else raise."""
+    index = (extra_info or {}).get("index")
+    where = f"data_source {data_source!r}, extra_info index {index}"
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"Reward dict for {where} has no 'score' key (keys: {sorted(result)})")
+        result = result["score"]
+    if not isinstance(result, numbers.Real):
+        raise ValueError(
+            f"Reward for {where} must be a number in [0, 1], got {type(result).__name__} {result!r}"
+        )
+    score = float(result)
+    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
+        raise ValueError(f"Reward for {where} must be in [0, 1], got {score}")
+    return score
+
+
+def score_responses(compute_score: ComputeScore, rows: list[dict], responses: list[str]) -> list[float]:
+    """Score ``responses[i]`` against ``rows[i]``; return one float in [0, 1] per response."""
+    if len(rows) != len(responses):
+        raise ValueError(
+            f"Got {len(rows)} rows but {len(responses)} responses; expected one response per row"
+        )
+    scores = []
+    for row, response in zip(rows, responses):
+        extra_info = row.get("extra_info")
+        ground_truth = row["reward_model"]["ground_truth"]
+        result = compute_score(row["data_source"], response, ground_truth, extra_info)
+        scores.append(_checked_score(result, row["data_source"], extra_info))
+    return scores

@@ -1,0 +1,125 @@
+"""`pacs train` end to end on the built-in task: outputs, resume equivalence, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pacs.cli import main
+from pacs.config import ConfigError, load_config
+from pacs.train import trainer as trainer_module
+from pacs.train.metrics import read_metrics
+from pacs.train.trainer import train
+
+pytestmark = pytest.mark.slow
+
+
+def small_config(output_dir, model_dir, *extra):
+    return load_config(
+        "builtin:demo",
+        [
+            f"output_dir={output_dir}",
+            f"model.path={model_dir}",
+            "data.train=builtin:arithmetic?size=64",
+            "data.val=builtin:arithmetic?size=16",
+            "train.steps=4",
+            "train.batch_size=8",
+            "train.mini_batch_size=4",
+            "train.micro_batch_size=12",
+            "train.save_every=2",
+            "train.eval_every=0",
+            "rollout.n=4",
+            "eval.n=2",
+            *extra,
+        ],
+    )
+
+
+def weights(checkpoint):
+    return load_file(checkpoint / "model.safetensors")
+
+
+def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_model_dir):
+    result = train(small_config(tmp_path / "run", warm_model_dir), show_progress=False)
+    run = tmp_path / "run"
+    assert load_config(str(run / "config.yaml")).train.steps == 4
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    for key in ("reward/mean", "loss", "grad_norm", "response_length/mean", "time/step_s", "throughput/tokens_per_s"):
+        assert all(key in row for row in rows), key
+    assert "val/arithmetic/pass@1" in rows[-1]
+    assert list((run / "tensorboard").iterdir())
+    for name in ("step_2", "step_4", "final"):
+        assert (run / "checkpoints" / name / "model.safetensors").is_file()
+    assert result.final_checkpoint == run / "checkpoints" / "final"
+
+
+def test_training_changes_the_weights(tmp_path, warm_model_dir):
+    result = train(small_config(tmp_path / "run", warm_model_dir), show_progress=False)
+    before, after = weights(warm_model_dir), weights(result.final_checkpoint)
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_resume_after_interruption_reaches_the_uninterrupted_weights(tmp_path, warm_model_dir, monkeypatch):
+    uninterrupted = train(small_config(tmp_path / "full", warm_model_dir), show_progress=False)
+
+    original_save = trainer_module.save_checkpoint
+
+    def save_then_crash(directory, *args, **kwargs):
+        saved = original_save(directory, *args, **kwargs)
+        if directory.name == "step_2":
+            raise KeyboardInterrupt("simulated crash after the step-2 checkpoint")
+        return saved
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_config(tmp_path / "resumed", warm_model_dir), show_progress=False)
+    assert not (tmp_path / "resumed" / "checkpoints" / "final").exists()
+    monkeypatch.setattr(trainer_module, "save_checkpoint", original_save)
+    resumed = train(small_config(tmp_path / "resumed", warm_model_dir, "resume=auto"), show_progress=False)
+
+    expected, actual = weights(uninterrupted.final_checkpoint), weights(resumed.final_checkpoint)
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    full_rows, resumed_rows = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "resumed")
+    assert [r["step"] for r in resumed_rows] == [1, 2, 3, 4]
+    assert [r["reward/mean"] for r in resumed_rows] == [r["reward/mean"] for r in full_rows]
+
+
+def test_existing_checkpoints_without_resume_are_not_overwritten(tmp_path, warm_model_dir):
+    train(small_config(tmp_path / "run", warm_model_dir, "train.steps=2"), show_progress=False)
+    with pytest.raises(ConfigError, match="already holds checkpoints; pass resume=auto"):
+        train(small_config(tmp_path / "run", warm_model_dir, "train.steps=2"), show_progress=False)
+
+
+def test_cli_train_then_eval(tmp_path, warm_model_dir, capsys):
+    main(["train", "--config", "builtin:demo", *[f"{k}" for k in small_overrides(tmp_path / "run", warm_model_dir)]])
+    assert "final checkpoint" in capsys.readouterr().out
+    final = tmp_path / "run" / "checkpoints" / "final"
+    main(["eval", "--model", str(final), "--data", "builtin:arithmetic?size=10", "--n", "4", "--out", str(tmp_path / "eval")])
+    metrics = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert set(metrics["arithmetic"]) == {"pass@1", "pass@2", "pass@4"}
+    samples = [json.loads(line) for line in (tmp_path / "eval" / "eval_rollout.jsonl").read_text().splitlines()]
+    assert len(samples) == 40 and all(s["score"] in (0.0, 1.0) for s in samples)
+
+
+def small_overrides(output_dir, model_dir):
+    return [
+        f"output_dir={output_dir}",
+        f"model.path={model_dir}",
+        "data.train=builtin:arithmetic?size=32",
+        "data.val=null",
+        "train.steps=2",
+        "train.batch_size=4",
+        "train.mini_batch_size=2",
+        "rollout.n=4",
+    ]
+
+
+def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", "builtin:demo", "train.mini_batch_size=5", f"output_dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    assert "train.mini_batch_size=5 must divide train.batch_size=32" in capsys.readouterr().err
