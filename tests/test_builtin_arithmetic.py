@@ -152,7 +152,7 @@ def test_builtin_spec_parameters_are_applied() -> None:
         ("builtin:arithmetic?size=1&size=2", "'size' is given more than once"),
         ("builtin:arithmetic?digits", "Malformed parameters"),
         ("builtin:geometry", "Unknown built-in dataset.*builtin:arithmetic"),
-        ("data/train.parquet", "Unsupported data spec.*jsonl"),
+        ("data/train.csv", r"Unsupported data spec.*\.json, \.jsonl, \.parquet"),
     ],
 )
 def test_invalid_data_spec_is_explained(spec: str, message: str) -> None:
@@ -185,11 +185,11 @@ def test_jsonl_invalid_json_names_file_and_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("missing", ["data_source", "prompt", "reward_model"])
-def test_jsonl_missing_key_names_line_and_key(tmp_path: Path, missing: str) -> None:
+def test_jsonl_missing_key_names_row_and_key(tmp_path: Path, missing: str) -> None:
     row = generate_problems("train", 1)[0]
     del row[missing]
     path = _write_lines(tmp_path / "rows.jsonl", [json.dumps(row)])
-    with pytest.raises(ValueError, match=rf"rows\.jsonl:1: missing key '{missing}'"):
+    with pytest.raises(ValueError, match=rf"rows\.jsonl: row 0: field '{missing}': missing"):
         load_rows(str(path), default_split="train")
 
 
@@ -197,7 +197,7 @@ def test_jsonl_missing_ground_truth_is_named(tmp_path: Path) -> None:
     row = generate_problems("train", 1)[0]
     del row["reward_model"]["ground_truth"]
     path = _write_lines(tmp_path / "rows.jsonl", [json.dumps(row)])
-    with pytest.raises(ValueError, match=r"rows\.jsonl:1: missing key 'reward_model\.ground_truth'"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl: row 0: field 'reward_model\.ground_truth': missing"):
         load_rows(str(path), default_split="train")
 
 

@@ -110,7 +110,7 @@ def test_same_seed_gives_same_weights(tmp_path: Path, tiny_dir: Path) -> None:
 def test_builtin_tiny_is_built_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PACS_CACHE_DIR", str(tmp_path))
     resolved = resolve_model_path("builtin:tiny")
-    assert Path(resolved) == tmp_path / "models" / "tiny-v1"
+    assert Path(resolved) == tmp_path / "models" / "tiny-v2"
     assert resolve_model_path("builtin:tiny") == resolved
 
 

@@ -39,8 +39,12 @@ def _eval(args: argparse.Namespace) -> None:
         max_tokens=args.max_tokens,
         seed=args.seed,
         reward_function=args.reward_function,
+        reward_timeout_s=args.reward_timeout,
+        reward_workers=args.reward_workers,
     )
     print(json.dumps(result.metrics, indent=2))
+    if result.num_filtered or result.timed_out:
+        print(f"{result.num_filtered} prompts were too long for the model; {result.timed_out} answers timed out (scored 0)")
     print(f"wrote {Path(args.out) / 'eval_rollout.jsonl'} and {Path(args.out) / 'eval_metrics.json'}")
 
 
@@ -56,10 +60,24 @@ def _sft(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _prepare(args: argparse.Namespace) -> None:
+    from pacs.data.prepare import check_file, prepare_dataset, write_parquet
+
+    if args.check:
+        print(f"{args.check}: {check_file(args.check)} rows, all valid")
+        return
+    if not args.input or not args.out:
+        raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
+    prepared = prepare_dataset(args.input, source=args.source, repeat=args.repeat)
+    write_parquet(prepared.rows, args.out)
+    print(prepared.report.summary())
+    print(f"wrote {args.out}")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from pacs.demo import run_demo
 
-    run_demo(seed=args.seed, out_dir=args.out)
+    run_demo(seed=args.seed, out_dir=args.out, overrides=args.overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-tokens", type=int, default=4096, help="capped by the model's context length")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--reward-function", default=None, help="package.module:function (default: by data_source)")
+    evaluate.add_argument("--reward-timeout", type=float, default=1.0, help="seconds per scored answer (over: 0)")
+    evaluate.add_argument("--reward-workers", type=int, default=2, help="scoring processes (0: in-process)")
     evaluate.set_defaults(run=_eval)
 
     sft = commands.add_parser("sft", help="supervised warm-start on a task's reference answers")
@@ -93,9 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, default=0)
     sft.set_defaults(run=_sft)
 
+    prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
+    prepare.add_argument("--input", help="json, jsonl or parquet file as published (see ../shared/data/README.md)")
+    prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k or deepscaler (default: from the file name)")
+    prepare.add_argument("--out", help="output .parquet file")
+    prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
+    prepare.add_argument("--check", metavar="FILE", help="only validate a prepared file against the schema")
+    prepare.set_defaults(run=_prepare)
+
     demo = commands.add_parser("demo", help="warm-start, evaluate, train with PACS, evaluate again (CPU, minutes)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/demo.yaml")
     demo.set_defaults(run=_demo)
     return parser
 

@@ -93,6 +93,10 @@ class RewardConfig(_Section):
     """`package.module:function` with the signature
     `compute_score(data_source, solution_str, ground_truth, extra_info)`; None picks the built-in
     scorer for each row's `data_source`."""
+    timeout_s: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Hard wall-clock limit per scored response; a response over it scores 0 and is counted."""
+    num_workers: int = Field(2, ge=0)
+    """Worker processes that score in parallel (0: in the trainer's process, without the limit)."""
 
 
 class Config(_Section):

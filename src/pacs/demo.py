@@ -16,11 +16,15 @@ from pacs.eval.evaluate import evaluate_model
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.trainer import train
 
-DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 8, "temperature": 0.6, "top_p": 0.95, "max_tokens": 16}
+DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 16, "temperature": 0.6, "top_p": 0.95, "max_tokens": 16}
 
 
-def run_demo(seed: int = 0, out_dir: str = "runs/demo", *, show_progress: bool = True) -> dict:
-    """Run the whole demo; return (and write to `out_dir/report.json`) both metric sets."""
+def run_demo(
+    seed: int = 0, out_dir: str = "runs/demo", overrides: list[str] = (), *, show_progress: bool = True
+) -> dict:
+    """Run the whole demo; return (and write to `out_dir/report.json`) both metric sets.
+
+    `overrides` (`key=value`) adjust the training recipe `configs/demo.yaml`."""
     console = Console()
     start = time.perf_counter()
     out = Path(out_dir)
@@ -49,7 +53,8 @@ def run_demo(seed: int = 0, out_dir: str = "runs/demo", *, show_progress: bool =
         console.print(f"replacing the previous demo run in {out / 'train'}")
         shutil.rmtree(out / "train")
     config = load_config(
-        "builtin:demo", [f"seed={seed}", f"output_dir={out / 'train'}", f"model.path={base_model}", "resume=never"]
+        "builtin:demo",
+        [*overrides, f"seed={seed}", f"output_dir={out / 'train'}", f"model.path={base_model}", "resume=never"],
     )
     result = train(config, show_progress=show_progress)
     console.print("4/4 evaluating the trained model")

@@ -4,14 +4,13 @@ A data spec is one of:
 - a built-in task, optionally with query parameters, e.g.
   ``builtin:arithmetic?digits=3&size=500&operations=+-&split=val&seed=1``
   (``+`` in a value means plus, not space);
-- a ``.jsonl`` file with one row per line in the row schema: ``data_source``, ``prompt``
-  (a list of chat messages), ``reward_model.ground_truth`` and optionally ``ability`` and
-  ``extra_info``.
+- a prepared ``.parquet``, ``.json`` or ``.jsonl`` file of rows in the row schema (see
+  ``pacs.data.schema``; ``pacs.data.prepare`` converts public benchmark files into it). Every
+  row is validated on load.
 """
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from pacs.data.arithmetic import SPLITS, generate_problems
+from pacs.data.prepare import RECORD_SUFFIXES, read_rows
 
 DEFAULT_SIZES = {"train": 2000, "val": 200}
 """Rows per split when the spec gives no size (or all there are, if fewer)."""
@@ -81,43 +81,6 @@ def _parse_query(spec: str, query: str) -> dict[str, str]:
     return parameters
 
 
-def _check_row(row: object, location: str) -> dict:
-    """Return ``row`` if it has the required row-schema keys; else raise naming ``location``."""
-    if not isinstance(row, dict):
-        raise ValueError(f"{location}: expected a JSON object, got {type(row).__name__}")
-    for key in ("data_source", "prompt", "reward_model"):
-        if key not in row:
-            raise ValueError(
-                f"{location}: missing key {key!r}; required: data_source, prompt, reward_model.ground_truth"
-            )
-    if not isinstance(row["prompt"], list):
-        raise ValueError(
-            f"{location}: 'prompt' must be a list of chat messages, got {type(row['prompt']).__name__}"
-        )
-    if not isinstance(row["reward_model"], dict) or "ground_truth" not in row["reward_model"]:
-        raise ValueError(f"{location}: missing key 'reward_model.ground_truth'")
-    return row
-
-
-def _load_jsonl(path: Path) -> list[dict]:
-    """Read rows from a JSON-lines file, one object per non-blank line."""
-    if not path.is_file():
-        raise FileNotFoundError(f"Data file {path} does not exist")
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
-            rows.append(_check_row(row, f"{path}:{line_number}"))
-    if not rows:
-        raise ValueError(f"Data file {path} contains no rows")
-    return rows
-
-
 def load_rows(spec: str, *, default_split: str) -> list[dict]:
     """Load the rows named by ``spec``; ``default_split`` ("train"/"val") applies to built-in tasks."""
     if spec.startswith("builtin:"):
@@ -125,12 +88,12 @@ def load_rows(spec: str, *, default_split: str) -> list[dict]:
         if name not in BUILTIN_DATASETS:
             raise ValueError(f"Unknown built-in dataset {name!r}; valid: {sorted(BUILTIN_DATASETS)}")
         return BUILTIN_DATASETS[name](spec, _parse_query(spec, query) if query else {}, default_split)
-    if spec.endswith(".jsonl"):
-        return _load_jsonl(Path(spec).expanduser())
+    if Path(spec).suffix.lower() in RECORD_SUFFIXES:
+        return read_rows(Path(spec).expanduser())
     raise ValueError(
         f"Unsupported data spec {spec!r}; accepted: a built-in dataset "
         f"({', '.join(sorted(BUILTIN_DATASETS))}, optionally with ?key=value parameters) "
-        "or a path to a .jsonl file of rows"
+        f"or a path to a prepared file of rows ({', '.join(RECORD_SUFFIXES)})"
     )
 
 

@@ -26,7 +26,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch
 
 def _cached_builtin_tiny() -> Path:
     """Return the cached ``builtin:tiny`` directory, building it (seed 0) on first use."""
-    directory = cache_dir() / "models" / "tiny-v1"
+    directory = cache_dir() / "models" / "tiny-v2"
     if (directory / "config.json").is_file():
         return directory
     return save_builtin_tiny(directory, seed=0)

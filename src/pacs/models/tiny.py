@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-TINY_MAX_POSITIONS = 256
+TINY_MAX_POSITIONS = 2048
 
 
 def build_char_tokenizer() -> transformers.PreTrainedTokenizerFast:

@@ -6,7 +6,9 @@ A reward function has the verl signature
         -> float | dict
 
 returning a score in [0, 1], or a dict whose ``"score"`` key holds it (other keys are extra
-information). ``REWARD_FUNCTIONS`` maps a row's ``data_source`` to such a function.
+information). ``REWARD_FUNCTIONS`` maps a row's ``data_source`` to such a function: "arithmetic"
+for the built-in task, and the math benchmarks (``pacs.rewards.math.MATH_DATA_SOURCES``) to the
+math verifier.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import re
 from collections.abc import Callable
 
 from pacs.rewards.arithmetic import arithmetic_score
+from pacs.rewards.math import MATH_DATA_SOURCES, math_compute_score
 
 ComputeScore = Callable[[str, str, str, dict | None], float | dict]
+RewardCall = tuple[str, str, str, dict | None]
 FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
@@ -30,7 +34,10 @@ def _arithmetic_compute_score(
     return arithmetic_score(solution_str, ground_truth)
 
 
-REWARD_FUNCTIONS: dict[str, ComputeScore] = {"arithmetic": _arithmetic_compute_score}
+REWARD_FUNCTIONS: dict[str, ComputeScore] = {
+    "arithmetic": _arithmetic_compute_score,
+    **{data_source: math_compute_score for data_source in MATH_DATA_SOURCES},
+}
 
 
 def default_compute_score(
@@ -71,10 +78,14 @@ def load_reward_function(spec: str | None) -> ComputeScore:
     return function
 
 
+def _describe_row(data_source: str, extra_info: dict | None) -> str:
+    """Name a row in error messages by its data_source and extra_info index."""
+    return f"data_source {data_source!r}, extra_info index {(extra_info or {}).get('index')}"
+
+
 def _checked_score(result: object, data_source: str, extra_info: dict | None) -> float:
     """Return ``result`` (a number, or a dict with ``"score"``) as a float in [0, 1]; else raise."""
-    index = (extra_info or {}).get("index")
-    where = f"data_source {data_source!r}, extra_info index {index}"
+    where = _describe_row(data_source, extra_info)
     if isinstance(result, dict):
         if "score" not in result:
             raise ValueError(f"Reward dict for {where} has no 'score' key (keys: {sorted(result)})")
@@ -89,16 +100,20 @@ def _checked_score(result: object, data_source: str, extra_info: dict | None) ->
     return score
 
 
-def score_responses(compute_score: ComputeScore, rows: list[dict], responses: list[str]) -> list[float]:
-    """Score ``responses[i]`` against ``rows[i]``; return one float in [0, 1] per response."""
+def reward_calls(rows: list[dict], responses: list[str]) -> list[RewardCall]:
+    """Pair ``responses[i]`` with ``rows[i]`` as ``(data_source, solution_str, ground_truth, extra_info)``."""
     if len(rows) != len(responses):
         raise ValueError(
             f"Got {len(rows)} rows but {len(responses)} responses; expected one response per row"
         )
-    scores = []
-    for row, response in zip(rows, responses):
-        extra_info = row.get("extra_info")
-        ground_truth = row["reward_model"]["ground_truth"]
-        result = compute_score(row["data_source"], response, ground_truth, extra_info)
-        scores.append(_checked_score(result, row["data_source"], extra_info))
-    return scores
+    return [
+        (row["data_source"], response, row["reward_model"]["ground_truth"], row.get("extra_info"))
+        for row, response in zip(rows, responses)
+    ]
+
+
+def score_responses(compute_score: ComputeScore, rows: list[dict], responses: list[str]) -> list[float]:
+    """Score ``responses[i]`` against ``rows[i]``; return one float in [0, 1] per response."""
+    return [
+        _checked_score(compute_score(*call), call[0], call[3]) for call in reward_calls(rows, responses)
+    ]

@@ -26,7 +26,7 @@ WARM_START = {"task": "builtin:arithmetic?max_operand=19", "steps": 450, "batch_
 
 def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
     """Directory of the tiny model (initialised with `seed`) after the warm-start; cached."""
-    settings = {**WARM_START, "seed": seed, "format": 1}
+    settings = {**WARM_START, "seed": seed, "format": 2}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     directory = cache_dir() / "models" / f"tiny-arithmetic-seed{seed}-{key}"
     if (directory / "config.json").is_file():

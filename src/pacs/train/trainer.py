@@ -9,7 +9,6 @@ checkpoint. One process is accelerate's trivial case; a prompt's whole group sta
 from __future__ import annotations
 
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
 from pacs.models.loading import load_causal_lm, load_tokenizer
-from pacs.rewards import load_reward_function, score_responses
+from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
@@ -92,7 +91,7 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
         )
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     seed_everything(config.seed)
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -111,7 +110,7 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
                 f"[yellow]data.{name}: {prompts.num_filtered} of {prompts.num_filtered + len(prompts.rows)} prompts "
                 f"are longer than data.max_prompt_length={config.data.max_prompt_length} tokens and were left out"
             )
-    compute_score = load_reward_function(config.reward.function)
+    scorer = ScoringPool(config.reward.function, num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
     algorithm = build_algorithm(group_size=config.rollout.n, **config.algorithm.model_dump())
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
@@ -154,53 +153,63 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
         )
         devices = [] if accelerator.device.type == "cpu" else [accelerator.device]
         with torch.random.fork_rng(devices=devices):
-            result = evaluate(engine, tokenizer, val_prompts.rows, params, compute_score, show_progress=False)
-        return {
+            result = evaluate(engine, tokenizer, val_prompts.rows, params, scorer, show_progress=False)
+        metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
+        return {**metrics, "val/reward_timeouts": float(result.timed_out)}
 
     logger = MetricsLogger(output_dir, resume_step=start_step)
-    skipped_updates = 0
-    metrics: dict[str, float] = {}
-    progress = tqdm(
-        range(start_step + 1, config.train.steps + 1),
-        initial=start_step,
-        total=config.train.steps,
-        desc="training",
-        unit="step",
-        disable=not show_progress,
-    )
-    for step in progress:
-        step_start = time.perf_counter()
-        indices = sampler.next_batch(config.train.batch_size)
-        rollouts = engine.generate([train_prompts.token_ids[i] for i in indices], rollout_params)
-        generation_time = time.perf_counter() - step_start
-        rows = [train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
-        rewards = torch.tensor(score_responses(compute_score, rows, rollouts.response_texts))
-        batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(accelerator.device)
-        batch.old_logprobs = response_logprobs_no_grad(
-            model, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+    try:
+        skipped_updates = 0
+        metrics: dict[str, float] = {}
+        progress = tqdm(
+            range(start_step + 1, config.train.steps + 1),
+            initial=start_step,
+            total=config.train.steps,
+            desc="training",
+            unit="step",
+            disable=not show_progress,
         )
-        metrics = update_policy(model, optimizer, accelerator, batch, algorithm, settings)
-        skipped_updates += int(metrics["updates/skipped"])
-        step_time = time.perf_counter() - step_start
-        num_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
-        metrics.update(_group_metrics(batch.rewards, batch.response_mask, config.rollout.n))
-        metrics.update(
-            {"time/step_s": step_time, "time/generation_s": generation_time, "throughput/tokens_per_s": num_tokens / step_time}
-        )
-        if val_prompts is not None and (
-            step == config.train.steps or (config.train.eval_every and step % config.train.eval_every == 0)
-        ):
-            metrics.update(validate())
-        logger.log(step, metrics)
-        progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
-        if config.train.save_every and step % config.train.save_every == 0:
-            save_checkpoint(checkpoints_dir / f"step_{step}", accelerator.unwrap_model(model), tokenizer, trainer_state(step))
-    progress.close()
-    logger.close()
+        for step in progress:
+            step_start = time.perf_counter()
+            indices = sampler.next_batch(config.train.batch_size)
+            rollouts = engine.generate([train_prompts.token_ids[i] for i in indices], rollout_params)
+            generation_time = time.perf_counter() - step_start
+            rows = [train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
+            scored = scorer.score(rows, rollouts.response_texts)
+            rewards = torch.tensor(scored.scores)
+            batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(accelerator.device)
+            batch.old_logprobs = response_logprobs_no_grad(
+                model, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+            )
+            metrics = update_policy(model, optimizer, accelerator, batch, algorithm, settings)
+            skipped_updates += int(metrics["updates/skipped"])
+            step_time = time.perf_counter() - step_start
+            num_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+            metrics.update(_group_metrics(batch.rewards, batch.response_mask, config.rollout.n))
+            metrics.update(
+                {
+                    "reward/timeouts": float(scored.timed_out),
+                    "reward/crashes": float(scored.crashed),
+                    "time/step_s": step_time,
+                    "time/generation_s": generation_time,
+                    "throughput/tokens_per_s": num_tokens / step_time,
+                }
+            )
+            if val_prompts is not None and (
+                step == config.train.steps or (config.train.eval_every and step % config.train.eval_every == 0)
+            ):
+                metrics.update(validate())
+            logger.log(step, metrics)
+            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
+            if config.train.save_every and step % config.train.save_every == 0:
+                save_checkpoint(checkpoints_dir / f"step_{step}", accelerator.unwrap_model(model), tokenizer, trainer_state(step))
+        progress.close()
+    finally:
+        logger.close()
+        scorer.close()
     final = save_checkpoint(
         checkpoints_dir / "final", accelerator.unwrap_model(model), tokenizer, trainer_state(config.train.steps)
     )
-    shutil.rmtree(output_dir / ".cache", ignore_errors=True)
     return TrainResult(output_dir, final, metrics, skipped_updates)

@@ -1,0 +1,432 @@
+"""Convert public math benchmark files into rows of the shared schema, and read/write row files.
+
+Sources (``SOURCES``) and the field spellings each accepts, first match wins:
+
+- ``math500``: problem, answer; kept: solution, subject, level, unique_id.
+- ``aime2024``: problem | Problem | question, answer | Answer (a string such as ``"025"``, kept as
+  is: the verifier compares by value); kept: id, solution | Solution, url.
+- ``aime2025``: problem, answer.
+- ``amc23``: problem | question, answer (a float such as ``27.0``, written as ``"27"``); kept: id, url.
+- ``gsm8k``: question, answer (a worked solution ending in ``#### 1,234``: the ground truth is the
+  text after ``####`` without thousands separators, the whole text is kept as ``solution``).
+- ``deepscaler``: problem, answer; kept: solution, difficulty. Split ``train`` by default.
+
+Each output row asks the problem as one user message followed by ``PROMPT_SUFFIX``, with
+``ability`` "math", ``reward_model = {"style": "rule", "ground_truth": <answer text>}`` and
+``extra_info = {"split", "index" (position in the source file), "repeat", <kept fields>}``.
+A numeric answer (int, or float such as ``27.0``) is written as its shortest decimal text (``"27"``,
+``"0.5"``) and counted in the report as normalised, as is a gsm8k answer whose commas were removed.
+
+Control characters in problem text. A LaTeX command written with one backslash in a JSON string
+decodes as a JSON escape: ``"\\frac"`` becomes a form feed + ``rac``, ``"\\times"`` a tab + ``imes``
+(the known defect of aime2025 rows 18, 19 and 27). The converter repairs what it can tell apart:
+
+- a form feed or backspace followed by letters is always a lost ``\\f`` / ``\\b`` command (these
+  characters have no use in text): form feed + ``rac`` -> ``\\frac``, backspace + ``eta`` -> ``\\beta``;
+- a tab or carriage return followed by letters is a lost ``\\t`` / ``\\r`` command only when the
+  result is a known LaTeX command (``\\times``, ``\\triangle``, ``\\text``, ``\\tan``, ``\\right``,
+  ``\\rangle``, ... see ``TAB_COMMANDS`` and ``CARRIAGE_RETURN_COMMANDS``): real tabs also occur as
+  whitespace between words (math500 rows 17 and 426, ``"have\\tequal"``);
+- every remaining tab is whitespace and becomes a space;
+- any other control character except ``"\\n"`` is refused with a ValueError naming the file, the
+  row, the field and the character.
+
+Repaired rows are listed in the report; nothing passes to a model silently. Solutions and other
+kept fields are reference text that no prompt contains, and are copied unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pacs.data.schema import FORBIDDEN_CONTROL_CHARACTER, describe_value, validate_rows
+
+PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
+ABILITY = "math"
+RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+TAB_COMMANDS = frozenset({
+    "tan", "tanh", "tau", "tbinom", "text", "textbf", "textit", "textnormal", "textrm", "textsc",
+    "textsf", "textstyle", "texttt", "textup", "tfrac", "therefore", "theta", "tilde", "times", "tiny",
+    "to", "top", "triangle", "triangledown", "triangleleft", "trianglelefteq", "triangleq",
+    "triangleright", "trianglerighteq", "tt",
+})
+"""LaTeX commands starting with ``t``: a tab followed by the rest of one of these is repaired."""
+CARRIAGE_RETURN_COMMANDS = frozenset({
+    "rangle", "rbrace", "rbrack", "rceil", "rfloor", "rho", "right", "rightarrow", "rightharpoondown",
+    "rightharpoonup", "rightleftharpoons", "rightrightarrows", "rm", "rtimes", "rvert", "rVert",
+})
+"""LaTeX commands starting with ``r``: a carriage return followed by the rest of one of these is repaired."""
+ESCAPE_LETTERS = {"\b": "b", "\f": "f", "\t": "t", "\r": "r"}
+"""Control character -> the letter of the JSON escape that produced it."""
+COMMANDS_OF_AMBIGUOUS_ESCAPES = {"\t": TAB_COMMANDS, "\r": CARRIAGE_RETURN_COMMANDS}
+BROKEN_ESCAPE = re.compile(r"([\b\f\t\r])([A-Za-z]+)")
+
+SOURCE_FILE_NAMES = {
+    "math500": re.compile(r"math[_-]?500"),
+    "aime2024": re.compile(r"aime[_-]?(?:20)?24"),
+    "aime2025": re.compile(r"aime[_-]?(?:20)?25"),
+    "amc23": re.compile(r"amc"),
+    "gsm8k": re.compile(r"gsm8k"),
+    "deepscaler": re.compile(r"deepscaler"),
+}
+"""Source name -> pattern that recognises it in a (lower-cased) file name."""
+
+
+def _answer_text(answer: object, location: str) -> tuple[str, bool]:
+    """Return ``(ground truth text, normalised)`` for a string, int or finite float answer."""
+    if isinstance(answer, str) and answer.strip():
+        return answer, False
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        return str(answer), True
+    if isinstance(answer, float) and math.isfinite(answer):
+        return (str(int(answer)) if answer.is_integer() else repr(answer)), True
+    raise ValueError(f"{location}: expected a non-empty string or a finite number, got {describe_value(answer)}")
+
+
+def _gsm8k_answer_text(solution: object, location: str) -> tuple[str, bool]:
+    """Return ``(ground truth, normalised)`` from a gsm8k solution ending in ``#### 1,234``."""
+    if not isinstance(solution, str) or "####" not in solution:
+        raise ValueError(
+            f"{location}: expected a worked solution ending in '#### <answer>', got {describe_value(solution)}"
+        )
+    final_answer = solution.rsplit("####", 1)[1].strip()
+    ground_truth = final_answer.replace(",", "")
+    if not ground_truth:
+        raise ValueError(f"{location}: nothing follows '####'; expected the final answer, e.g. '#### 18'")
+    return ground_truth, ground_truth != final_answer
+
+
+@dataclass(frozen=True)
+class ConvertedRecord:
+    """One source record in schema terms, before the prompt is built and repeats are made."""
+
+    problem_field: str
+    problem: str
+    ground_truth: str
+    answer_normalised: bool
+    kept_fields: dict
+
+
+@dataclass(frozen=True)
+class SourceFormat:
+    """How one benchmark spells its fields: accepted spellings, answer parsing, default split."""
+
+    problem: tuple[str, ...]
+    answer: tuple[str, ...]
+    kept: dict[str, tuple[str, ...]]
+    """extra_info key -> accepted spellings of a source field copied there when present."""
+    answer_text: Callable[[object, str], tuple[str, bool]] = _answer_text
+    default_split: str = "test"
+
+    def convert(self, record: dict, location: str) -> ConvertedRecord:
+        """Convert one ``record``; errors name ``location`` (file and row) and the accepted spellings."""
+        problem_field = _present_spelling(record, self.problem, location)
+        problem = record[problem_field]
+        if not isinstance(problem, str) or not problem.strip():
+            raise ValueError(
+                f"{location}: field {problem_field!r}: expected the problem as a non-empty string, "
+                f"got {describe_value(problem)}"
+            )
+        answer_field = _present_spelling(record, self.answer, location)
+        ground_truth, normalised = self.answer_text(record[answer_field], f"{location}: field {answer_field!r}")
+        kept_fields = {}
+        for key, spellings in self.kept.items():
+            present = [spelling for spelling in spellings if record.get(spelling) is not None]
+            if present:
+                kept_fields[key] = record[present[0]]
+        return ConvertedRecord(problem_field, problem, ground_truth, normalised, kept_fields)
+
+
+def _present_spelling(record: dict, spellings: tuple[str, ...], location: str) -> str:
+    """Return the first of ``spellings`` that ``record`` has (not null); else raise naming them all."""
+    for spelling in spellings:
+        if record.get(spelling) is not None:
+            return spelling
+    raise ValueError(
+        f"{location}: field {spellings[0]!r}: missing; accepted spellings: {', '.join(map(repr, spellings))} "
+        f"(the record has: {', '.join(map(repr, record)) or 'no fields'})"
+    )
+
+
+SOURCES: dict[str, SourceFormat] = {
+    "math500": SourceFormat(
+        problem=("problem",),
+        answer=("answer",),
+        kept={key: (key,) for key in ("solution", "answer", "subject", "level", "unique_id")},
+    ),
+    "aime2024": SourceFormat(
+        problem=("problem", "Problem", "question"),
+        answer=("answer", "Answer"),
+        kept={"id": ("id",), "solution": ("solution", "Solution"), "answer": ("answer", "Answer"), "url": ("url",)},
+    ),
+    "aime2025": SourceFormat(problem=("problem",), answer=("answer",), kept={"answer": ("answer",)}),
+    "amc23": SourceFormat(
+        problem=("problem", "question"),
+        answer=("answer",),
+        kept={"id": ("id",), "answer": ("answer",), "url": ("url",)},
+    ),
+    "gsm8k": SourceFormat(
+        problem=("question",),
+        answer=("answer",),
+        kept={"solution": ("answer",)},
+        answer_text=_gsm8k_answer_text,
+    ),
+    "deepscaler": SourceFormat(
+        problem=("problem",),
+        answer=("answer",),
+        kept={key: (key,) for key in ("solution", "answer", "difficulty")},
+        default_split="train",
+    ),
+}
+"""Source name (the rows' ``data_source``) -> its converter."""
+
+
+def detect_source(path: str | Path) -> str:
+    """Return the source name that the file name of ``path`` spells (case-insensitive), e.g. ``AIME24.jsonl``."""
+    file_name = Path(path).name.lower()
+    matches = [name for name, pattern in SOURCE_FILE_NAMES.items() if pattern.search(file_name)]
+    if len(matches) != 1:
+        found = f"it matches {matches}" if matches else "it names none"
+        raise ValueError(
+            f"Cannot tell the source of {str(path)!r} from its file name ({found}); "
+            f"give it explicitly with source= (--source), one of: {', '.join(SOURCES)}"
+        )
+    return matches[0]
+
+
+def _read_text(path: Path) -> str:
+    """Return the UTF-8 text of ``path``; errors name the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
+
+
+def _json_lines(path: Path, text: str) -> list[dict]:
+    """Parse one JSON object per non-blank line of ``text``; errors name the file and line."""
+    records = []
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{line_number}: expected a JSON object, got {describe_value(record)}")
+        records.append(record)
+    return records
+
+
+def _json_document(path: Path, text: str) -> list[dict]:
+    """Parse a ``.json`` file: a list of objects, one object, or (failing that) one object per line."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        if text.lstrip().startswith("["):
+            raise ValueError(f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg})") from None
+        return _json_lines(path, text)
+    if isinstance(document, dict):
+        return [document]
+    if not isinstance(document, list):
+        raise ValueError(f"{path}: expected a JSON list of objects or one object per line, got {describe_value(document)}")
+    for index, record in enumerate(document):
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: row {index}: expected a JSON object, got {describe_value(record)}")
+    return document
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    """Read every row of a parquet file as a dict; errors name the file."""
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as error:
+        raise ValueError(f"{path}: not a readable parquet file ({error})") from None
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Read the records of a ``.json`` (a list of objects, or one per line), ``.jsonl`` or ``.parquet`` file.
+
+    Raises FileNotFoundError if there is no such file, and ValueError naming the file and the
+    line or row at fault, or when the file holds no records.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in RECORD_SUFFIXES:
+        raise ValueError(f"{path}: unsupported file type {suffix or '(none)'!r}; expected one of {list(RECORD_SUFFIXES)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"Data file {path} does not exist")
+    if suffix == ".parquet":
+        records = _parquet_rows(path)
+    elif suffix == ".json":
+        records = _json_document(path, _read_text(path))
+    else:
+        records = _json_lines(path, _read_text(path))
+    if not records:
+        raise ValueError(f"Data file {path} contains no rows")
+    return records
+
+
+def _restore_command(broken_escape: re.Match) -> str:
+    """Return ``\\`` + command for a control character + letters that spell a lost LaTeX command."""
+    character, letters = broken_escape.groups()
+    command = ESCAPE_LETTERS[character] + letters
+    if character in COMMANDS_OF_AMBIGUOUS_ESCAPES and command not in COMMANDS_OF_AMBIGUOUS_ESCAPES[character]:
+        return broken_escape.group()
+    return "\\" + command
+
+
+def _clean_problem_text(text: str, location: str) -> tuple[str, bool, bool]:
+    """Return ``(text, escapes repaired, tabs replaced)`` following the rules in the module docstring."""
+    repaired = BROKEN_ESCAPE.sub(_restore_command, text)
+    spaced = repaired.replace("\t", " ")
+    control = FORBIDDEN_CONTROL_CHARACTER.search(spaced)
+    if control:
+        raise ValueError(
+            f"{location}: control character {control.group()!r} at position {control.start()} "
+            f"(in {spaced[max(0, control.start() - 20):control.end() + 20]!r}) cannot be repaired; only a "
+            "form feed, backspace, tab or carriage return starting a LaTeX command name (e.g. form feed + "
+            "'rac' for '\\frac') is repaired, and only '\\n' may stay. Fix the source file"
+        )
+    return spaced, repaired != text, spaced != repaired
+
+
+@dataclass
+class PrepareReport:
+    """What ``prepare_dataset`` read, wrote and changed; ``summary()`` says it in one line."""
+
+    input_path: str
+    source: str
+    split: str
+    repeat: int
+    rows_read: int
+    rows_written: int
+    repaired_control_characters: list[int] = field(default_factory=list)
+    """Rows (source positions) whose problem text had broken LaTeX escapes repaired."""
+    tabs_replaced: list[int] = field(default_factory=list)
+    """Rows whose problem text had whitespace tabs replaced by spaces."""
+    normalised_answers: int = 0
+    """Answers rewritten as plain numbers (float 27.0 -> "27", "1,234" -> "1234")."""
+
+    def summary(self) -> str:
+        """Return a one-paragraph human-readable account of the preparation."""
+        copies = "1 copy" if self.repeat == 1 else f"{self.repeat} consecutive copies"
+        return (
+            f"{self.input_path}: {self.rows_read} {self.source} rows read, {self.rows_written} written "
+            f"(split {self.split!r}, {copies} of each); broken LaTeX escapes (control characters) repaired "
+            f"in {_rows_text(self.repaired_control_characters)}; whitespace tabs replaced by spaces in "
+            f"{_rows_text(self.tabs_replaced)}; {self.normalised_answers} answers normalised to plain numbers."
+        )
+
+
+def _rows_text(indices: list[int]) -> str:
+    """Return e.g. ``"no rows"``, ``"1 row (7)"`` or ``"3 rows (18, 19, 27)"``."""
+    if not indices:
+        return "no rows"
+    return f"{len(indices)} row{'s' if len(indices) > 1 else ''} ({', '.join(map(str, indices))})"
+
+
+@dataclass
+class PreparedDataset:
+    """Rows in the shared schema (each source row ``repeat`` times in a row) and the report."""
+
+    rows: list[dict]
+    report: PrepareReport
+
+
+def _row(source: str, problem: str, converted: ConvertedRecord, split: str, index: int, repeat: int) -> dict:
+    """Build one schema row (fresh dicts, so repeats never share mutable state)."""
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": problem + PROMPT_SUFFIX}],
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": converted.ground_truth},
+        "extra_info": {"split": split, "index": index, "repeat": repeat, **converted.kept_fields},
+    }
+
+
+def prepare_dataset(
+    input_path: str | Path,
+    *,
+    source: str | None = None,
+    repeat: int = 1,
+    split: str | None = None,
+) -> PreparedDataset:
+    """Convert a benchmark file into schema rows, each source row ``repeat`` times consecutively.
+
+    ``source`` defaults to ``detect_source(input_path)``; ``split`` to the source's default
+    ("train" for deepscaler, "test" for the others). Repeats of a row share ``extra_info.index``
+    and count ``extra_info.repeat`` from 0, so evaluation can merge their samples.
+    """
+    path = Path(input_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    source = detect_source(path) if source is None else source
+    if source not in SOURCES:
+        raise ValueError(f"Unknown source {source!r}; valid: {', '.join(SOURCES)}")
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise ValueError(f"repeat must be an integer >= 1, got {describe_value(repeat)}")
+    source_format = SOURCES[source]
+    split = source_format.default_split if split is None else split
+    if not isinstance(split, str) or not split.strip():
+        raise ValueError(f"split must be a non-empty string such as 'test' or 'train', got {describe_value(split)}")
+    records = read_records(path)
+    report = PrepareReport(str(path), source, split, repeat, rows_read=len(records), rows_written=0)
+    rows: list[dict] = []
+    for index, record in enumerate(records):
+        location = f"{path}: row {index}"
+        converted = source_format.convert(record, location)
+        problem, escapes_repaired, tabs_replaced = _clean_problem_text(
+            converted.problem, f"{location}: field {converted.problem_field!r}"
+        )
+        if escapes_repaired:
+            report.repaired_control_characters.append(index)
+        if tabs_replaced:
+            report.tabs_replaced.append(index)
+        report.normalised_answers += converted.answer_normalised
+        rows.extend(_row(source, problem, converted, split, index, copy) for copy in range(repeat))
+    validate_rows(rows[::repeat], str(path))  # one copy per source row, so errors name source positions
+    report.rows_written = len(rows)
+    return PreparedDataset(rows, report)
+
+
+def write_parquet(rows: list[dict], out_path: str | Path) -> None:
+    """Validate ``rows`` and write them to ``out_path`` as parquet; ``read_records`` reads them back.
+
+    A column holds every key that any row has (``pa.Table.from_pylist`` alone would keep only the
+    first row's keys); a key that a row lacks reads back as null.
+    """
+    out_path = Path(out_path)
+    if not rows:
+        raise ValueError(f"{out_path}: no rows to write")
+    validate_rows(rows, str(out_path))
+    column_names = dict.fromkeys(key for row in rows for key in row)
+    try:
+        table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in column_names})
+    except pa.ArrowException as error:
+        raise ValueError(
+            f"{out_path}: rows disagree on the type of a field ({error}); write one source per file"
+        ) from None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out_path)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Read a prepared ``.parquet``/``.json``/``.jsonl`` file and check every row against the schema."""
+    rows = read_records(path)
+    validate_rows(rows, str(path))
+    return rows
+
+
+def check_file(path: str | Path) -> int:
+    """Validate a prepared file (see ``read_rows``) and return its number of rows."""
+    return len(read_rows(path))

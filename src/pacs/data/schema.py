@@ -1,0 +1,120 @@
+"""The row schema shared by RLVR tools (verl's), and its validation.
+
+A row is one prompt with its verifiable answer::
+
+    {
+        "data_source": "math500",                       # non-empty string: picks the reward function
+        "prompt": [{"role": "user", "content": "..."}], # non-empty list of chat messages
+        "ability": "math",                              # optional string
+        "reward_model": {"style": "rule", "ground_truth": "27"},  # ground_truth: non-empty string
+        "extra_info": {"split": "test", "index": 17, "repeat": 0, ...},  # optional
+    }
+
+Optional keys may also be null: a parquet column cannot tell an absent key from a null one.
+Message contents must not hold control characters other than ``"\\n"``: in benchmark text they
+almost always mean a broken JSON escape upstream (``"\\frac"`` written with a single backslash
+decodes to a form feed followed by ``"rac"``), which a model would then see instead of LaTeX.
+"""
+
+from __future__ import annotations
+
+import re
+
+CHAT_ROLES = ("system", "user", "assistant")
+REWARD_STYLE = "rule"
+FORBIDDEN_CONTROL_CHARACTER = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+"""Unicode control characters (category Cc) except the newline ``"\\n"``."""
+
+
+def describe_value(value: object) -> str:
+    """Return ``"<type> <repr>"`` of ``value``, the repr cut to 60 characters."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _check_string(value: object, location: str, field: str, *, non_empty: bool = True) -> None:
+    """Raise naming ``location`` and ``field`` unless ``value`` is a (non-empty) string."""
+    if not isinstance(value, str):
+        raise ValueError(f"{location}: field {field!r}: expected a string, got {describe_value(value)}")
+    if non_empty and not value.strip():
+        raise ValueError(f"{location}: field {field!r}: expected a non-empty string, got {value!r}")
+
+
+def _check_optional_int(value: object, location: str, field: str) -> None:
+    """Raise naming ``location`` and ``field`` unless ``value`` is null or an integer (not a bool)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{location}: field {field!r}: expected an integer, got {describe_value(value)}")
+
+
+def _check_message(message: object, location: str, field: str) -> None:
+    """Raise unless ``message`` is ``{"role": one of CHAT_ROLES, "content": text without control characters}``."""
+    if not isinstance(message, dict):
+        raise ValueError(
+            f"{location}: field {field!r}: expected a chat message {{'role': ..., 'content': ...}}, "
+            f"got {describe_value(message)}"
+        )
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise ValueError(f"{location}: field '{field}.role': expected one of {list(CHAT_ROLES)}, got {describe_value(role)}")
+    content = message.get("content")
+    _check_string(content, location, f"{field}.content", non_empty=False)
+    control = FORBIDDEN_CONTROL_CHARACTER.search(content)
+    if control:
+        raise ValueError(
+            f"{location}: field '{field}.content': control character {control.group()!r} at position "
+            f"{control.start()} (in {content[max(0, control.start() - 20):control.end() + 20]!r}); only '\\n' is "
+            "allowed. It usually means a broken JSON escape upstream, e.g. '\\frac' read as form feed + 'rac'"
+        )
+
+
+def _check_row(row: object, location: str) -> None:
+    """Raise ValueError naming ``location`` and the field at fault unless ``row`` follows the schema."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{location}: expected a row object (a dict), got {describe_value(row)}")
+    for key in ("data_source", "prompt", "reward_model"):
+        if key not in row:
+            raise ValueError(
+                f"{location}: field {key!r}: missing; a row needs data_source, prompt and "
+                "reward_model.ground_truth (convert raw benchmark files with pacs.data.prepare)"
+            )
+    _check_string(row["data_source"], location, "data_source")
+    prompt = row["prompt"]
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(
+            f"{location}: field 'prompt': expected a non-empty list of chat messages "
+            f"[{{'role': 'user', 'content': ...}}], got {describe_value(prompt)}"
+        )
+    for position, message in enumerate(prompt):
+        _check_message(message, location, f"prompt[{position}]")
+    if row.get("ability") is not None:
+        _check_string(row["ability"], location, "ability")
+    reward_model = row["reward_model"]
+    if not isinstance(reward_model, dict):
+        raise ValueError(
+            f"{location}: field 'reward_model': expected {{'style': 'rule', 'ground_truth': ...}}, "
+            f"got {describe_value(reward_model)}"
+        )
+    if "ground_truth" not in reward_model:
+        raise ValueError(f"{location}: field 'reward_model.ground_truth': missing; expected a non-empty string")
+    _check_string(reward_model["ground_truth"], location, "reward_model.ground_truth")
+    style = reward_model.get("style")
+    if style is not None and style != REWARD_STYLE:
+        raise ValueError(f"{location}: field 'reward_model.style': expected {REWARD_STYLE!r}, got {describe_value(style)}")
+    extra_info = row.get("extra_info")
+    if extra_info is None:
+        return
+    if not isinstance(extra_info, dict):
+        raise ValueError(f"{location}: field 'extra_info': expected a dict, got {describe_value(extra_info)}")
+    for key in ("index", "repeat"):
+        _check_optional_int(extra_info.get(key), location, f"extra_info.{key}")
+
+
+def validate_rows(rows: list, source: str) -> None:
+    """Check every row of ``rows`` (read from ``source``, a file name) against the row schema.
+
+    Raises ValueError at the first problem, naming the source, the row index (counted from 0)
+    and the field, e.g. ``math500.parquet: row 17: field 'reward_model.ground_truth': expected
+    a string, got float 27.0``.
+    """
+    for index, row in enumerate(rows):
+        _check_row(row, f"{source}: row {index}")

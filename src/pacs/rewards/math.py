@@ -1,0 +1,166 @@
+"""Math answers judged by math-verify, as in the PACS paper, under a hard wall-clock limit.
+
+``math_score(solution_str, ground_truth)`` is 1.0 when the model's answer equals the ground truth:
+
+1. Fast path, string work only. When math-verify would read the model's sole ``\\boxed{...}``
+   (exactly one ``\\boxed`` and no ``\\fbox`` in the text, and no "final answer ... is" phrase,
+   which math-verify ranks at or above boxed answers), its content is compared with the ground
+   truth after ``normalize_answer``; equal texts score 1.0 without any symbolic work.
+2. Symbolic path: ``verify(parse("\\boxed{" + ground_truth + "}"), parse(solution_str))`` with the
+   extraction the paper used (``GOLD_EXTRACTION``, ``ANSWER_EXTRACTION``). math-verify's own
+   ``signal.alarm`` timeouts are disabled (they fail off the main thread, are per operation rather
+   than per call, and swallow the timeout into a False); instead the step runs in a worker process
+   of a ``ScoringPool``, killed at ``timeout_s``. Inside a pool worker the step runs
+   directly: the pool that owns the worker already enforces its limit.
+3. Any exception inside math-verify scores 0.0; so does a step stopped at the limit.
+
+Timeouts are counted where the limit is enforced. Under a ``ScoringPool`` (training), the pool
+kills the worker and reports it in ``BatchScores.timed_out``. A direct call of ``math_score``
+uses this module's own single-worker pool and adds to ``math_score_timeouts()``.
+
+math-verify and latex2sympy log whole inputs (sometimes megabytes) when they fail; importing this
+module sets their loggers to ERROR.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import TYPE_CHECKING
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from pacs.rewards.arithmetic import extract_boxed
+
+if TYPE_CHECKING:
+    from pacs.rewards.pool import ScoringPool
+
+MATH_DATA_SOURCES = ("math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "math")
+GOLD_EXTRACTION = (LatexExtractionConfig(),)
+ANSWER_EXTRACTION = (ExprExtractionConfig(), LatexExtractionConfig())
+SYMBOLIC_STEP_SPEC = "pacs.rewards.math:symbolic_compute_score"
+
+FINAL_ANSWER_PHRASE = re.compile(r"final answer.{0,100}?\s+is", re.IGNORECASE | re.DOTALL)
+INTEGER_LITERAL = re.compile(r"^([+-]?)([0-9]+)(?:\.0+)?$")
+IGNORED_MARKUP = re.compile(r"(?<!\\)\$|\\!|\\left(?![A-Za-z])|\\right(?![A-Za-z])|\^\\circ|\^\{\\circ\}")
+
+for _logger_name in ("math_verify", "latex2sympy2_extended"):
+    logging.getLogger(_logger_name).setLevel(logging.ERROR)
+
+_symbolic_pool: ScoringPool | None = None
+_symbolic_pool_lock = threading.Lock()
+_timeouts = 0
+
+
+def _forget_symbolic_pool() -> None:
+    """In a forked child, drop the parent's worker and lock: they belong to the parent."""
+    global _symbolic_pool, _symbolic_pool_lock, _timeouts
+    _symbolic_pool, _symbolic_pool_lock, _timeouts = None, threading.Lock(), 0
+
+
+os.register_at_fork(after_in_child=_forget_symbolic_pool)
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical text of an answer for the fast path; no parsing or evaluation.
+
+    Strips surrounding whitespace and removes unescaped ``$``, ``\\!``, ``\\left``/``\\right`` and
+    ``^\\circ``/``^{\\circ}``. An integer literal, optionally with a ``.0...`` tail, becomes its
+    plain value: ``"025"``, ``"+25"`` and ``"25.0"`` all give ``"25"``. Deliberately not touched,
+    because math-verify 0.9.0 reads them otherwise and the fast path must never disagree with it:
+    inner spaces (``1 2`` parses as 3), ``\\,`` (``1\\,000`` is not 1000) and a trailing ``.``
+    (``25.`` does not parse).
+    """
+    text = IGNORED_MARKUP.sub("", answer).strip()
+    integer = INTEGER_LITERAL.match(text)
+    if integer is None:
+        return text
+    sign, digits = integer.groups()
+    value = digits.lstrip("0") or "0"
+    return value if sign == "+" or value == "0" else sign + value
+
+
+def _sole_boxed_answer(solution_str: str) -> str | None:
+    """The content of the only ``\\boxed{...}`` when math-verify would read exactly that, else None."""
+    if solution_str.count("\\boxed") != 1 or "\\fbox" in solution_str:
+        return None
+    if FINAL_ANSWER_PHRASE.search(solution_str):
+        return None
+    return extract_boxed(solution_str)
+
+
+def _verifies(solution_str: str, ground_truth: str) -> bool:
+    """math-verify's judgement, without its signal-based timeouts; False on any exception."""
+    try:
+        gold = parse("\\boxed{" + ground_truth + "}", GOLD_EXTRACTION, parsing_timeout=None)
+        answer = parse(solution_str, ANSWER_EXTRACTION, parsing_timeout=None)
+        return verify(gold, answer, timeout_seconds=None)
+    except Exception:
+        return False
+
+
+def symbolic_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> float:
+    """The symbolic step as a reward function, so that a ``ScoringPool`` worker can run it."""
+    return 1.0 if _verifies(solution_str, ground_truth) else 0.0
+
+
+def _verifies_within(solution_str: str, ground_truth: str, timeout_s: float | None) -> bool:
+    """The symbolic step, in this module's worker process killed after ``timeout_s`` seconds.
+
+    Runs directly when ``timeout_s`` is None or when already inside a ``ScoringPool`` worker.
+    """
+    global _symbolic_pool, _timeouts
+    from pacs.rewards.pool import ScoringPool, inside_scoring_worker  # not on top: pool imports us
+
+    if timeout_s is None or inside_scoring_worker():
+        return _verifies(solution_str, ground_truth)
+    row = {"data_source": "math", "reward_model": {"ground_truth": ground_truth}}
+    with _symbolic_pool_lock:
+        if _symbolic_pool is None:
+            _symbolic_pool = ScoringPool(SYMBOLIC_STEP_SPEC, num_workers=1, timeout_s=timeout_s)
+        _symbolic_pool.timeout_s = timeout_s
+        result = _symbolic_pool.score([row], [solution_str])
+        _timeouts += result.timed_out + result.crashed
+    return result.scores[0] == 1.0
+
+
+def math_score(solution_str: str, ground_truth: str, *, timeout_s: float | None = 1.0) -> float:
+    """Return 1.0 if the model's final answer equals ``ground_truth`` (LaTeX), else 0.0.
+
+    ``timeout_s`` bounds the symbolic step in wall-clock seconds, from any thread; a step stopped
+    there scores 0.0 and is counted in ``math_score_timeouts()``. ``None`` runs it in this process
+    without a limit. Inside a ``ScoringPool`` worker the step always runs directly, under the
+    pool's limit. Concurrent callers share one worker and take turns.
+    """
+    if not isinstance(ground_truth, str):
+        raise ValueError(
+            f"Math ground truth must be a string, got {type(ground_truth).__name__} {ground_truth!r}"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s}")
+    boxed_answer = _sole_boxed_answer(solution_str)
+    if boxed_answer is not None:
+        normalized_answer = normalize_answer(boxed_answer)
+        if normalized_answer and normalized_answer == normalize_answer(ground_truth):
+            return 1.0
+    return 1.0 if _verifies_within(solution_str, ground_truth, timeout_s) else 0.0
+
+
+def math_score_timeouts() -> int:
+    """How many symbolic steps of direct ``math_score`` calls in this process got no answer.
+
+    Each was stopped at its ``timeout_s`` (or lost with a crashed worker) and scored 0.0.
+    Calls made inside a ``ScoringPool`` worker are counted by that pool instead.
+    """
+    return _timeouts
+
+
+def math_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
+) -> float:
+    """Adapt ``math_score`` (default 1 s limit) to the reward-function signature."""
+    return math_score(solution_str, ground_truth)

@@ -1,0 +1,23 @@
+"""`pacs demo` runs warm-start -> base eval -> PACS -> final eval and reports both (shortened here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pacs.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_reports_base_and_final_metrics_and_checkpoints(tmp_path, warm_model_dir, capsys):
+    out = tmp_path / "demo"
+    main(["demo", "--seed", "0", "--out", str(out), "train.steps=3", "train.eval_every=0", "train.save_every=0"])
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["base"]) == set(report["final"]) == {"pass@1", "pass@2", "pass@4", "pass@8", "pass@16"}
+    assert report["base_checkpoint"] == str(warm_model_dir)
+    assert (out / "train" / "checkpoints" / "final" / "model.safetensors").is_file()
+    assert report["final_checkpoint"] == str(out / "train" / "checkpoints" / "final")
+    printed = capsys.readouterr().out
+    assert "base (warm-start)" in printed and "gain" in printed

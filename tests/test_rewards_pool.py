@@ -1,0 +1,192 @@
+"""Specification of the scoring pool: worker processes, a hard limit per call, errors that surface."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pacs.rewards import BatchScores, ScoringPool
+
+PLUGIN_MODULE = "pacs_test_pool_plugin"
+PLUGIN_SOURCE = '''
+import os
+import time
+
+
+def length_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": len(solution_str) / 10, "length": len(solution_str)}
+
+
+def sleep_on_request(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "sleep":
+        time.sleep(3600)
+    return 1.0
+
+
+def exit_on_request(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "exit":
+        os._exit(3)
+    return 1.0
+
+
+def raise_key_error(data_source, solution_str, ground_truth, extra_info=None):
+    raise KeyError("missing_field")
+
+
+def too_high(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.5
+
+
+def process_id(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0 if os.getpid() == int(ground_truth) else 0.0
+'''
+TIMEOUT_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A reward-function module importable only from a directory this test puts on sys.path."""
+    directory = tmp_path_factory.mktemp("plugin")
+    (directory / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(directory))
+        yield PLUGIN_MODULE
+    sys.modules.pop(PLUGIN_MODULE, None)
+
+
+def rows(count: int, data_source: str = "plugin", ground_truth: str = "1") -> list[dict]:
+    return [
+        {
+            "data_source": data_source,
+            "reward_model": {"ground_truth": ground_truth},
+            "extra_info": {"index": index},
+        }
+        for index in range(count)
+    ]
+
+
+def test_scores_come_back_in_response_order(plugin: str) -> None:
+    responses = ["a" * length for length in [7, 1, 9, 3, 5, 2]]
+    with ScoringPool(f"{plugin}:length_score", num_workers=2) as pool:
+        batch = pool.score(rows(6), responses)
+    assert batch == BatchScores([0.7, 0.1, 0.9, 0.3, 0.5, 0.2], timed_out=0, crashed=0)
+
+
+def test_workers_import_a_plugin_from_the_callers_sys_path(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:length_score", num_workers=1) as pool:
+        assert pool.score(rows(1), ["abc"]).scores == [0.3]
+
+
+def test_workers_score_in_other_processes(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:process_id", num_workers=1) as pool:
+        assert pool.score(rows(1, ground_truth=str(os.getpid())), ["x"]).scores == [0.0]
+
+
+def test_a_call_past_the_limit_scores_zero_and_is_counted(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:sleep_on_request", num_workers=2, timeout_s=TIMEOUT_S) as pool:
+        batch = pool.score(rows(3), ["ok", "sleep", "ok"])
+    assert batch == BatchScores([1.0, 0.0, 1.0], timed_out=1, crashed=0)
+
+
+def test_a_stuck_call_does_not_hold_up_the_rest_of_the_batch(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:sleep_on_request", num_workers=2, timeout_s=TIMEOUT_S) as pool:
+        pool.score(rows(1), ["ok"])
+        start = time.monotonic()
+        batch = pool.score(rows(41), ["sleep"] + ["ok"] * 40)
+        elapsed_s = time.monotonic() - start
+    assert batch.scores == [0.0] + [1.0] * 40
+    assert elapsed_s < TIMEOUT_S + 0.5
+
+
+def test_the_pool_scores_normally_after_a_timeout(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:sleep_on_request", num_workers=1, timeout_s=TIMEOUT_S) as pool:
+        pool.score(rows(1), ["sleep"])
+        assert pool.score(rows(2), ["ok", "ok"]) == BatchScores([1.0, 1.0], timed_out=0, crashed=0)
+
+
+def test_the_limit_holds_when_scoring_from_a_thread(plugin: str) -> None:
+    outcome: dict[str, object] = {}
+
+    def score_in_thread() -> None:
+        with ScoringPool(f"{plugin}:sleep_on_request", num_workers=1, timeout_s=TIMEOUT_S) as pool:
+            outcome["batch"] = pool.score(rows(2), ["sleep", "ok"])
+
+    thread = threading.Thread(target=score_in_thread)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert outcome["batch"] == BatchScores([0.0, 1.0], timed_out=1, crashed=0)
+
+
+def test_a_worker_that_exits_is_counted_as_crashed_and_replaced(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:exit_on_request", num_workers=1, timeout_s=5.0) as pool:
+        batch = pool.score(rows(3), ["ok", "exit", "ok"])
+    assert batch == BatchScores([1.0, 0.0, 1.0], timed_out=0, crashed=1)
+
+
+def test_an_exception_in_the_reward_function_is_raised_naming_the_row(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:raise_key_error", num_workers=2) as pool:
+        with pytest.raises(ValueError, match=r"data_source 'plugin', extra_info index 0: KeyError: 'missing"):
+            pool.score(rows(1), ["x"])
+
+
+def test_a_score_outside_zero_one_is_rejected(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:too_high", num_workers=1) as pool:
+        with pytest.raises(ValueError, match=r"extra_info index 0 must be in \[0, 1\], got 1.5"):
+            pool.score(rows(1), ["x"])
+
+
+def test_the_pool_scores_normally_after_a_reward_function_error(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:length_score", num_workers=2) as pool:
+        with pytest.raises(ValueError):
+            pool.score(rows(2), ["a" * 11, "a"])
+        assert pool.score(rows(2), ["a", "aa"]).scores == [0.1, 0.2]
+
+
+def test_zero_workers_score_in_this_process(plugin: str) -> None:
+    pool = ScoringPool(f"{plugin}:process_id", num_workers=0)
+    assert pool.score(rows(1, ground_truth=str(os.getpid())), ["x"]).scores == [1.0]
+
+
+def test_zero_workers_raise_reward_function_errors_naming_the_row(plugin: str) -> None:
+    pool = ScoringPool(f"{plugin}:raise_key_error", num_workers=0)
+    with pytest.raises(ValueError, match=r"extra_info index 0: KeyError: 'missing_field'"):
+        pool.score(rows(1), ["x"])
+
+
+def test_the_default_function_scores_by_data_source() -> None:
+    batch_rows = rows(1, "arithmetic", "46") + rows(1, "amc23", "27.0")
+    with ScoringPool(num_workers=2) as pool:
+        assert pool.score(batch_rows, ["\\boxed{46}", "so \\boxed{\\frac{54}{2}}"]).scores == [1.0, 1.0]
+
+
+def test_a_math_answer_past_the_limit_is_counted_by_the_pool() -> None:
+    with ScoringPool(num_workers=1, timeout_s=TIMEOUT_S) as pool:
+        batch = pool.score(rows(1, "math500", "1"), ["\\boxed{(10^{10^{10}})!}"])
+    assert batch == BatchScores([0.0], timed_out=1, crashed=0)
+
+
+def test_an_unknown_function_is_rejected_when_the_pool_is_made() -> None:
+    with pytest.raises(ValueError, match="Cannot import module 'no_such_module_xyz'"):
+        ScoringPool("no_such_module_xyz:score")
+
+
+@pytest.mark.parametrize("num_workers", [-1, 1.5])
+def test_an_invalid_worker_count_is_rejected(num_workers: int) -> None:
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0"):
+        ScoringPool(num_workers=num_workers)
+
+
+def test_a_non_positive_limit_is_rejected() -> None:
+    with pytest.raises(ValueError, match="timeout_s must be a positive number of seconds, got 0"):
+        ScoringPool(timeout_s=0)
+
+
+def test_rows_and_responses_must_pair_up() -> None:
+    with pytest.raises(ValueError, match="Got 2 rows but 1 responses"):
+        ScoringPool(num_workers=0).score(rows(2, "arithmetic"), ["\\boxed{1}"])
