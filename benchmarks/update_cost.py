@@ -32,7 +32,10 @@ class ForcedPass:
     """PACS, but always computing the current log-probs with a no-grad pass."""
 
     def __init__(self, algorithm: PACS):
-        self.algorithm, self.group_size = algorithm, algorithm.group_size
+        self.algorithm, self.group_size, self.needs = algorithm, algorithm.group_size, algorithm.needs
+
+    def prepare_step(self, batch):
+        return self.algorithm.prepare_step(batch)
 
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy):
         return self.algorithm.prepare_update(minibatch, current_logprobs, False)

@@ -62,8 +62,13 @@ def test_override_without_equals_sign_is_rejected():
         load_config(None, ["train.steps"])
 
 
-def test_override_into_a_scalar_is_rejected():
+def test_override_into_a_scalar_of_the_file_is_rejected():
     with pytest.raises(ConfigError, match="'seed' is not a section"):
+        load_config("builtin:demo", ["seed.value=1"])
+
+
+def test_override_of_a_scalar_with_a_mapping_is_a_type_error():
+    with pytest.raises(ConfigError, match=r"seed: Input should be a valid integer \(got \{'value': 1\}\)"):
         load_config(None, ["seed.value=1"])
 
 

@@ -46,11 +46,27 @@ class DataConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["pacs"] = "pacs"
+    name: Literal["pacs", "grpo", "rloo"] = "pacs"
+    # PACS
     beta: float = Field(1.0, gt=0, allow_inf_nan=False)
     proxy: Literal["logratio", "mean_logprob"] = "logratio"
     estimator: Literal["rloo", "grpo", "naive"] = "rloo"
     weighting: Literal["question", "none", "only_positive", "only_negative"] = "question"
+    # clipped policy-gradient baselines (grpo, rloo)
+    clip_low: float = Field(0.2, gt=0, lt=1)
+    clip_high: float = Field(0.2, gt=0)
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None: off."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "seq-mean-token-sum-norm"
+    )
+    norm_by_std: bool = True
+    """grpo: divide group-centred rewards by the group's standard deviation."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the frozen initial model (grpo, rloo); 0 loads no reference."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus (grpo, rloo)."""
 
 
 class RolloutConfig(_Section):
@@ -119,11 +135,16 @@ class Config(_Section):
                 f"train.mini_batch_size={train.mini_batch_size} must divide "
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
-        if self.rollout.n < 2 and self.algorithm.estimator in ("rloo", "grpo"):
+        algorithm = self.algorithm
+        if algorithm.name == "pacs" and (algorithm.kl_coef or algorithm.entropy_coef):
             raise ValueError(
-                f"rollout.n={self.rollout.n} with algorithm.estimator='{self.algorithm.estimator}': "
-                "the group baseline needs at least 2 responses per prompt; "
-                "set rollout.n >= 2 or algorithm.estimator='naive'"
+                "algorithm.kl_coef and algorithm.entropy_coef apply to grpo and rloo; pacs has neither yet"
+            )
+        if self.rollout.n < 2 and (algorithm.name != "pacs" or algorithm.estimator in ("rloo", "grpo")):
+            raise ValueError(
+                f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "
+                f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "
+                "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
             )
         return self
 

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from pacs.algos.core import (
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    aggregate_loss,
+    aggregation_weights,
+    clipped_surrogate,
+    kl_penalty,
+    weighted_token_sum,
+)
+from pacs.algos.grpo import GRPO, grpo_advantages
 from pacs.algos.pacs import (
     ESTIMATORS,
+    PACS,
     PROXIES,
     WEIGHTINGS,
     class_weights,
@@ -12,14 +23,36 @@ from pacs.algos.pacs import (
     pacs_loss_from_proxy,
     reward_proxy,
 )
+from pacs.algos.pg import ClippedPolicyGradient
+from pacs.algos.ppo import PPO, explained_variance, gae_advantages, outcome_token_rewards, value_loss, whiten
+from pacs.algos.rloo import RLOO, rloo_advantages
 
 __all__ = [
     "ESTIMATORS",
+    "GRPO",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "PACS",
+    "PPO",
     "PROXIES",
+    "RLOO",
     "WEIGHTINGS",
+    "ClippedPolicyGradient",
+    "aggregate_loss",
+    "aggregation_weights",
     "class_weights",
+    "clipped_surrogate",
+    "explained_variance",
+    "gae_advantages",
     "group_scores",
+    "grpo_advantages",
+    "kl_penalty",
+    "outcome_token_rewards",
     "pacs_loss",
     "pacs_loss_from_proxy",
     "reward_proxy",
+    "rloo_advantages",
+    "value_loss",
+    "weighted_token_sum",
+    "whiten",
 ]

@@ -12,14 +12,29 @@ Masked reductions:
     masked_sum(v, m)  = Σ_t m_t · v_t
     masked_mean(v, m) = Σ_t m_t · v_t / max(Σ_t m_t, 1)
 
+Policy-gradient building blocks shared by GRPO, RLOO and PPO (``pacs.algos.pg``, ``ppo``):
+
+    clipped surrogate (PPO)   ℓ_it = max(−A_it ρ_it, −A_it clip(ρ_it, 1 − ε_low, 1 + ε_high)),
+                              ρ_it = exp(log π_θ(o_it) − log π_old(o_it)); dual clip: for A < 0,
+                              ℓ_it = min(ℓ_it, −c · A_it)
+    loss aggregation          L = Σ_i w_i Σ_t m_it ℓ_it, w_i set by the mode (``aggregation_weights``)
+    KL estimators             k1, k2, k3 of KL(π_θ ‖ π_ref) per token (``kl_penalty``)
+
 Pure tensor math: imports torch only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+MAX_LOG_RATIO = 20.0
+"""|log ρ| is clamped here before exponentiating, as verl does, so that ρ stays finite."""
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -117,3 +132,261 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         valid = ", ".join(repr(choice) for choice in choices)
         raise ValueError(f"unknown {name} {value!r}; valid: {valid}")
+
+
+def check_group_size(group_size: int, minimum: int, needed_by: str) -> None:
+    """Raise ValueError unless ``group_size`` is an integer of at least ``minimum``.
+
+    Args:
+        group_size: responses per prompt n (``rollout.n``).
+        minimum: the smallest valid n.
+        needed_by: what needs it, reported in the error, e.g. ``"RLOO's leave-one-out baseline"``.
+
+    Raises:
+        ValueError: e.g. ``RLOO's leave-one-out baseline needs group_size >= 2 (responses per
+            prompt, rollout.n), got 1``.
+    """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < minimum:
+        raise ValueError(
+            f"{needed_by} needs group_size >= {minimum} (responses per prompt, rollout.n), got {group_size!r}"
+        )
+
+
+def check_clip_range(clip_low: float, clip_high: float, dual_clip: float | None = None) -> None:
+    """Raise ValueError unless the PPO clip range ``[1 − clip_low, 1 + clip_high]`` is valid.
+
+    Valid: ``0 < clip_low <= 1`` (the lower bound 1 − clip_low lies in [0, 1)), ``clip_high > 0``
+    (``inf`` switches the upper clip off), and ``dual_clip`` None or a finite number > 1.
+
+    Raises:
+        ValueError: naming the argument, its value and the valid range.
+    """
+    if not 0 < clip_low <= 1:
+        raise ValueError(f"clip_low must be in (0, 1] (the ratio is clipped at 1 - clip_low), got {clip_low!r}")
+    if not clip_high > 0:
+        raise ValueError(f"clip_high must be > 0 (the ratio is clipped at 1 + clip_high), got {clip_high!r}")
+    if dual_clip is not None and not (math.isfinite(dual_clip) and dual_clip > 1):
+        raise ValueError(f"dual_clip must be None or a finite number > 1 (e.g. 3.0), got {dual_clip!r}")
+
+
+def clipped_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token clipped surrogate loss of PPO (Schulman et al. 2017, arXiv 1707.06347), with the
+    optional dual clip of Ye et al. 2020 (arXiv 1912.09729).
+
+    Formula (ε_low = ``clip_low``, ε_high = ``clip_high``, c = ``dual_clip``):
+        ρ_it = exp(clamp(logprobs_it − old_logprobs_it, −20, 20))
+        ℓ_it = max(−A_it · ρ_it, −A_it · clip(ρ_it, 1 − ε_low, 1 + ε_high))
+        dual clip, where A_it < 0:  ℓ_it = min(ℓ_it, −c · A_it)
+    Minimising ℓ maximises the clipped objective; its gradient is zero at clipped tokens.
+    Padding positions (``response_mask`` 0) get ρ = 1 whatever their log-probs, so their finite
+    ``ℓ = −A`` carries no nan into the gradient; aggregate with the mask (``aggregate_loss``).
+
+    Metrics, over response tokens:
+        clip_fraction: fraction of tokens where clipping (either clip) changed ℓ from −A·ρ.
+        approx_kl:     mean of k3 = ρ − 1 − log ρ, an unbiased estimate of KL(π_old ‖ π_θ) from
+                       the rollout samples (0 on-policy).
+
+    Args:
+        logprobs: (B, T) log-probs of the response tokens under the current policy π_θ.
+        old_logprobs: (B, T) log-probs under the rollout policy π_old, constants.
+        advantages: (B,) per response (broadcast over its tokens) or (B, T) per token, constants.
+        response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
+        clip_low: ε_low in (0, 1].
+        clip_high: ε_high > 0.
+        dual_clip: c > 1, or None for no dual clip.
+
+    Returns:
+        (B, T) per-token losses ℓ, and the metrics as floats.
+
+    Raises:
+        ValueError: invalid clip values (see ``check_clip_range``), ``logprobs`` not 2-D, shapes
+            that differ, or ``advantages`` neither (B,) nor (B, T).
+    """
+    check_clip_range(clip_low, clip_high, dual_clip)
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be 2-D (B, T), got shape {tuple(logprobs.shape)}")
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
+            f"{tuple(logprobs.shape)}, matching logprobs; got {tuple(advantages.shape)}"
+        )
+    token_advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    is_response = response_mask.bool()
+    log_ratio = torch.where(is_response, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = -token_advantages * ratio
+    clipped = -token_advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    losses = torch.maximum(unclipped, clipped)
+    changed = clipped > unclipped
+    if dual_clip is not None:
+        floor = -dual_clip * token_advantages
+        dual_clipped = (token_advantages < 0) & (floor < losses)
+        losses = torch.where(dual_clipped, floor, losses)
+        changed = changed | dual_clipped
+    with torch.no_grad():
+        metrics = {
+            "clip_fraction": float(masked_mean(changed.to(log_ratio.dtype).flatten(), is_response.flatten())),
+            "approx_kl": float(masked_mean((ratio - 1 - log_ratio).flatten(), is_response.flatten())),
+        }
+    return losses, metrics
+
+
+def aggregation_weights(
+    response_mask: torch.Tensor,
+    mode: str,
+    *,
+    num_rows: int | None = None,
+    num_tokens: float | None = None,
+    horizon: int | None = None,
+) -> torch.Tensor:
+    """Per-row weights w with which a loss mode aggregates per-token losses: L = Σ_i w_i Σ_t m_it ℓ_it.
+
+    The modes are defined over a mini-batch (one optimizer update) of ``num_rows`` rows holding
+    ``num_tokens`` response tokens in all; because every w_i depends on row i and those two
+    mini-batch constants only, the weights of any subset of rows (a micro-batch) give exactly
+    that subset's share of the mini-batch loss:
+
+        token-mean:               w_i = 1 / num_tokens
+        seq-mean-token-sum:       w_i = 1 / num_rows
+        seq-mean-token-mean:      w_i = 1 / (num_rows · max(Σ_t m_it, 1))
+        seq-mean-token-sum-norm:  w_i = 1 / (num_rows · horizon)
+
+    ``seq-mean-token-sum-norm`` is Dr. GRPO's unbiased aggregation (Liu et al. 2025, arXiv
+    2503.20783; verl's name, used by the paper's GRPO baseline): token sums divided by a constant,
+    the maximum response length, so that no response's tokens are up- or down-weighted by its
+    length. verl divides by the padded width of each micro-batch tensor instead, which varies with
+    the batch's longest response (and here with how the trainer trims padding per micro-batch), so
+    the same tokens would get different weights in different batches; the constant ``horizon``
+    keeps the weight a fixed 1 / (num_rows · horizon), as Dr. GRPO intends.
+
+    Args:
+        response_mask: (b, T) response mask of the rows to weight (float, int or bool).
+        mode: one of ``LOSS_AGG_MODES``.
+        num_rows: rows in the whole mini-batch; None: b (these rows are the mini-batch).
+        num_tokens: response tokens in the whole mini-batch, > 0; None: the mask's sum, at least 1.
+        horizon: the maximum response length, required by ``seq-mean-token-sum-norm``.
+
+    Returns:
+        (b,) weights, float64 for a float64 mask and float32 otherwise, no gradient.
+
+    Raises:
+        ValueError: unknown ``mode``, ``response_mask`` not 2-D, non-positive ``num_rows``,
+            ``num_tokens`` or ``horizon``, or a missing ``horizon`` for ``seq-mean-token-sum-norm``.
+    """
+    check_choice("loss_agg", mode, LOSS_AGG_MODES)
+    if response_mask.dim() != 2:
+        raise ValueError(f"response_mask must be 2-D (B, T), got shape {tuple(response_mask.shape)}")
+    dtype = torch.float64 if response_mask.dtype == torch.float64 else torch.float32
+    token_counts = response_mask.to(dtype).sum(dim=-1)
+    if num_rows is None:
+        num_rows = response_mask.shape[0]
+    elif isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
+        raise ValueError(f"num_rows must be a positive integer (rows in the mini-batch), got {num_rows!r}")
+    if num_tokens is None:
+        num_tokens = max(float(token_counts.sum()), 1.0)
+    elif not num_tokens > 0:
+        raise ValueError(f"num_tokens must be > 0 (response tokens in the mini-batch), got {num_tokens!r}")
+    ones = torch.ones_like(token_counts)
+    if mode == "token-mean":
+        return ones / num_tokens
+    if mode == "seq-mean-token-sum":
+        return ones / num_rows
+    if mode == "seq-mean-token-mean":
+        return 1 / (num_rows * token_counts.clamp(min=1))
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(
+            f"loss_agg 'seq-mean-token-sum-norm' needs horizon, the maximum response length, as a "
+            f"positive integer; got {horizon!r}"
+        )
+    return ones / (num_rows * horizon)
+
+
+def weighted_token_sum(per_token: torch.Tensor, response_mask: torch.Tensor, row_weights: torch.Tensor) -> torch.Tensor:
+    """Formula: ``Σ_i w_i Σ_t m_it · per_token_it``.
+
+    Args:
+        per_token: (B, T) per-token values, e.g. losses.
+        response_mask: (B, T) 1 at response tokens, 0 at padding.
+        row_weights: (B,) weights w, e.g. from ``aggregation_weights``; cast to ``per_token``'s dtype.
+
+    Returns:
+        0-dim sum, differentiable w.r.t. ``per_token``.
+    """
+    row_sums = masked_sum(per_token, response_mask)
+    check_same_shape(row_sums=row_sums, row_weights=row_weights)
+    return (row_weights.to(row_sums.dtype) * row_sums).sum()
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: str,
+    *,
+    num_rows: int | None = None,
+    num_tokens: float | None = None,
+    horizon: int | None = None,
+) -> torch.Tensor:
+    """These rows' share of a mini-batch loss under loss aggregation ``mode``.
+
+    Formula: ``L = Σ_i w_i Σ_t m_it ℓ_it`` with w from ``aggregation_weights`` (see there for the
+    modes). Called on each micro-batch with the mini-batch's ``num_rows`` and ``num_tokens``, the
+    shares sum to the mini-batch loss, in value and gradient. Without them the rows are taken to
+    be the whole mini-batch, e.g. token-mean is ``Σ_it m ℓ / Σ_it m``.
+
+    Args:
+        per_token_loss: (b, T) per-token losses ℓ.
+        response_mask: (b, T) 1 at response tokens, 0 at padding (float, int or bool).
+        mode: one of ``LOSS_AGG_MODES``.
+        num_rows, num_tokens, horizon: see ``aggregation_weights``.
+
+    Returns:
+        0-dim loss, differentiable w.r.t. ``per_token_loss``.
+
+    Raises:
+        ValueError: as ``aggregation_weights``, or shapes that differ.
+    """
+    check_same_shape(per_token_loss=per_token_loss, response_mask=response_mask)
+    weights = aggregation_weights(response_mask, mode, num_rows=num_rows, num_tokens=num_tokens, horizon=horizon)
+    return weighted_token_sum(per_token_loss, response_mask, weights)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from tokens sampled from π_θ (J. Schulman,
+    "Approximating KL divergence", 2020, http://joschu.net/blog/kl-approx.html).
+
+    Formula (δ_it = ref_logprobs_it − logprobs_it = log π_ref(o_it) − log π_θ(o_it)):
+        k1 = −δ                 unbiased, high variance, can be negative
+        k2 = ½ δ²               biased, low variance
+        k3 = exp(δ) − δ − 1     unbiased, low variance, ≥ 0 (GRPO's KL term)
+
+    Args:
+        logprobs: (B, T) log-probs under the current policy π_θ.
+        ref_logprobs: (B, T) log-probs of the same tokens under the reference policy π_ref.
+        estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
+
+    Returns:
+        (B, T) per-token estimates; padding positions are not masked (aggregate with the mask, and
+        keep padding log-probs finite: k3 exponentiates δ).
+
+    Raises:
+        ValueError: unknown ``estimator`` or shapes that differ.
+    """
+    check_choice("kl_estimator", estimator, KL_ESTIMATORS)
+    check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    delta = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -delta
+    if estimator == "k2":
+        return 0.5 * delta**2
+    return torch.exp(delta) - delta - 1

@@ -278,6 +278,12 @@ class PACS:
         self.group_size = group_size
         self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
 
+    needs: frozenset[str] = frozenset()
+
+    def prepare_step(self, batch) -> dict[str, torch.Tensor]:
+        """Nothing: PACS's terms depend on the current policy, so they are made per update."""
+        return {}
+
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         return reward_proxy(logprobs, rows["old_logprobs"], rows["response_mask"], beta=self.beta, proxy=self.proxy)
 

@@ -25,7 +25,8 @@ class PolicyBatch:
     response_mask: (B, R) 1.0 on response tokens (float, in the model's compute dtype)
     rewards:       (B,)   verifier outcome in [0, 1]
     old_logprobs:  (B, R) log-probabilities under the rollout policy (zeros until computed)
-    row_terms:     per-row tensors (B, ...) that an algorithm adds for its update
+    row_terms:     per-row (B,) or per-token (B, R) tensors that an algorithm adds (advantages,
+                   reference log-probs, values, ...)
     """
 
     prompt_ids: torch.Tensor
@@ -56,26 +57,42 @@ class PolicyBatch:
         selected = {
             f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "row_terms"
         }
-        selected["row_terms"] = {name: value[index] for name, value in self.row_terms.items()}
         prompt_start = int(selected["prompt_mask"].any(dim=0).long().argmax())
         response_width = int(selected["response_mask"].any(dim=0).sum())
-        trimmed = replace(self, **selected)
         return replace(
-            trimmed,
-            prompt_ids=trimmed.prompt_ids[:, prompt_start:],
-            prompt_mask=trimmed.prompt_mask[:, prompt_start:],
-            response_ids=trimmed.response_ids[:, :response_width],
-            response_mask=trimmed.response_mask[:, :response_width],
-            old_logprobs=trimmed.old_logprobs[:, :response_width],
+            self,
+            prompt_ids=selected["prompt_ids"][:, prompt_start:],
+            prompt_mask=selected["prompt_mask"][:, prompt_start:],
+            response_ids=selected["response_ids"][:, :response_width],
+            response_mask=selected["response_mask"][:, :response_width],
+            rewards=selected["rewards"],
+            old_logprobs=selected["old_logprobs"][:, :response_width],
+            row_terms={
+                name: value[index][:, :response_width] if value.dim() == 2 else value[index]
+                for name, value in self.row_terms.items()
+            },
         )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What an algorithm sees (`pacs.algos.base`): old_logprobs, response_mask, rewards and
+        every row term."""
+        return {
+            "old_logprobs": self.old_logprobs,
+            "response_mask": self.response_mask,
+            "rewards": self.rewards,
+            **self.row_terms,
+        }
 
     def to(self, device: torch.device) -> PolicyBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "row_terms"}
         return replace(self, **moved, row_terms={k: v.to(device) for k, v in self.row_terms.items()})
 
 
-def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(response_t | prompt, response_<t) for every response position: (B, R).
+def response_logprobs(
+    model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log pi(response_t | prompt, response_<t) for every response position: (B, R); with
+    `with_entropy`, also the policy's entropy at each position, (B, R).
 
     Logits are divided by the sampling temperature (the behaviour policy at temperature T is
     softmax(logits / T)). Padding positions hold finite garbage; callers mask them. Only the last
@@ -94,8 +111,13 @@ def response_logprobs(model: PreTrainedModel, batch: PolicyBatch, *, temperature
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     logits = logits / temperature
-    chosen = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
+    normaliser = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - normaliser
+    if not with_entropy:
+        return logprobs
+    log_distribution = logits - normaliser.unsqueeze(-1)
+    entropy = -(log_distribution.exp() * log_distribution).sum(dim=-1)
+    return logprobs, entropy
 
 
 @torch.no_grad()

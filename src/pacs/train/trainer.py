@@ -8,6 +8,7 @@ checkpoint. One process is accelerate's trivial case; a prompt's whole group sta
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from dataclasses import dataclass
@@ -111,7 +112,9 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
                 f"are longer than data.max_prompt_length={config.data.max_prompt_length} tokens and were left out"
             )
     scorer = ScoringPool(config.reward.function, num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
-    algorithm = build_algorithm(group_size=config.rollout.n, **config.algorithm.model_dump())
+    algorithm = build_algorithm(
+        group_size=config.rollout.n, horizon=config.data.max_response_length, **config.algorithm.model_dump()
+    )
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     sampler = PromptSampler(len(train_prompts.rows), config.seed)
@@ -140,6 +143,11 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
         grad_clip=config.train.grad_clip,
         temperature=config.rollout.temperature,
     )
+
+    @functools.cache
+    def reference_model():
+        """The frozen initial policy, loaded only when an algorithm asks for reference log-probs."""
+        return load_causal_lm(config.model.path, dtype=config.model.dtype).to(accelerator.device).eval()
 
     def trainer_state(step: int) -> dict:
         return {"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state(), "rng": rng_states()}
@@ -183,6 +191,11 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
             batch.old_logprobs = response_logprobs_no_grad(
                 model, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
             )
+            if "ref_logprobs" in algorithm.needs:
+                batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
+                    reference_model(), batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+                )
+            batch.row_terms.update(algorithm.prepare_step(batch.tensors()))
             metrics = update_policy(model, optimizer, accelerator, batch, algorithm, settings)
             skipped_updates += int(metrics["updates/skipped"])
             step_time = time.perf_counter() - step_start

@@ -31,10 +31,6 @@ class UpdateSettings:
     temperature: float = 1.0
 
 
-def _algorithm_inputs(batch: PolicyBatch) -> dict[str, torch.Tensor]:
-    return {"old_logprobs": batch.old_logprobs, "response_mask": batch.response_mask, "rewards": batch.rewards}
-
-
 def update_policy(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -58,20 +54,26 @@ def update_policy(
         for start in range(0, len(batch), rows_per_update):
             minibatch = batch.rows(slice(start, start + rows_per_update))
             row_terms, metrics = algorithm.prepare_update(
-                _algorithm_inputs(minibatch),
+                minibatch.tensors(),
                 lambda: response_logprobs_no_grad(
                     model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
                 ),
                 policy_is_rollout_policy=not policy_changed,
             )
-            minibatch.row_terms = row_terms
+            minibatch.row_terms = {**minibatch.row_terms, **row_terms}
             micro_starts = range(0, len(minibatch), settings.micro_batch_size)
             for micro_start in micro_starts:
                 micro = minibatch.rows(slice(micro_start, micro_start + settings.micro_batch_size))
                 is_last = micro_start == micro_starts[-1]
                 with accelerator.no_sync(model) if not is_last else nullcontext():
-                    logprobs = response_logprobs(model, micro, temperature=settings.temperature)
-                    loss = algorithm.micro_batch_loss(logprobs, _algorithm_inputs(micro), micro.row_terms)
+                    inputs = micro.tensors()
+                    if "entropy" in algorithm.needs:
+                        logprobs, inputs["entropy"] = response_logprobs(
+                            model, micro, temperature=settings.temperature, with_entropy=True
+                        )
+                    else:
+                        logprobs = response_logprobs(model, micro, temperature=settings.temperature)
+                    loss = algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
                     accelerator.backward(loss)
             grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), settings.grad_clip))
             if math.isfinite(grad_norm) and math.isfinite(metrics["loss"]):

@@ -1,0 +1,162 @@
+"""Clipped policy gradient: the trainer plug-in shared by GRPO, RLOO and PPO's actor.
+
+Each algorithm supplies advantages A (``prepare_step``: per response (B,) or per token (B, T));
+the update is PPO's clipped surrogate with an optional KL penalty to a reference policy and an
+entropy bonus, aggregated over tokens by one loss aggregation mode:
+
+    ρ_it = π_θ(o_it) / π_old(o_it)
+    ℓ_it = max(−A_it ρ_it, −A_it clip(ρ_it, 1 − ε_low, 1 + ε_high))
+           [dual clip c, where A_it < 0: ℓ_it = min(ℓ_it, −c A_it)]
+           + kl_coef · KL_k(π_θ ‖ π_ref)_it − entropy_coef · H_it
+    L    = Σ_i w_i Σ_t m_it ℓ_it      w = aggregation_weights(mini-batch mask, loss_agg)
+
+w_i depends only on row i and constants of the mini-batch, so ``prepare_update`` computes it once
+per mini-batch and each micro-batch adds ``Σ_{i ∈ micro} w_i Σ_t m_it ℓ_it``: the shares sum to L in
+value and gradient at any micro-batch size (see ``pacs.algos.base``). See ``core.clipped_surrogate``,
+``core.aggregation_weights`` and ``core.kl_penalty`` for the pieces.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pacs.algos.core import (
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    aggregation_weights,
+    check_choice,
+    check_clip_range,
+    check_group_size,
+    clipped_surrogate,
+    group_view,
+    kl_penalty,
+    masked_mean,
+    weighted_token_sum,
+)
+
+
+def mixed_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of prompt groups whose rewards are not all equal (the groups that carry signal).
+
+    Args:
+        rewards: (B,) rewards, B a multiple of ``group_size``.
+        group_size: responses per prompt n.
+
+    Returns:
+        #{g : R_gk ≠ R_g0 for some k} / (B / n), a float.
+    """
+    grouped = group_view(rewards, group_size)
+    return float((grouped != grouped[:, :1]).any(dim=-1).float().mean())
+
+
+class ClippedPolicyGradient:
+    """Base of the GRPO, RLOO and PPO plug-ins (`pacs.algos.base.Algorithm`); a subclass defines
+    ``prepare_step``, returning at least ``{"advantages": (B,) or (B, T)}``.
+
+    Args:
+        group_size: responses per prompt n.
+        horizon: the maximum response length (``seq-mean-token-sum-norm`` divides by it).
+        clip_low, clip_high: ε_low in (0, 1] and ε_high > 0 of the clip range [1 − ε_low, 1 + ε_high].
+        dual_clip: c > 1, or None.
+        loss_agg: one of ``LOSS_AGG_MODES``; the default is the paper's GRPO baseline (Dr. GRPO).
+        kl_coef: weight ≥ 0 of the per-token KL to the reference policy; > 0 needs "ref_logprobs".
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (see ``core.kl_penalty``).
+        entropy_coef: weight ≥ 0 of the entropy bonus; > 0 needs "entropy".
+    """
+
+    min_group_size = 1
+
+    def __init__(
+        self,
+        group_size: int,
+        *,
+        horizon: int,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        dual_clip: float | None = None,
+        loss_agg: str = "seq-mean-token-sum-norm",
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        entropy_coef: float = 0.0,
+    ):
+        check_group_size(group_size, self.min_group_size, type(self).__name__)
+        check_clip_range(clip_low, clip_high, dual_clip)
+        check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
+        check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be a positive integer (the maximum response length), got {horizon!r}")
+        for name, coef in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
+            if not (math.isfinite(coef) and coef >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 (0 switches the term off), got {coef!r}")
+        self.group_size, self.horizon = group_size, horizon
+        self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
+        self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
+        self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
+        needs = set()
+        if kl_coef > 0:
+            needs.add("ref_logprobs")
+        if entropy_coef > 0:
+            needs.add("entropy")
+        self.needs = frozenset(needs)
+
+    def _policy_loss(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
+        """(B, T) per-token surrogate + kl_coef · KL (no entropy), and its metrics."""
+        mask = rows["response_mask"]
+        per_token, surrogate_metrics = clipped_surrogate(
+            logprobs,
+            rows["old_logprobs"],
+            rows["advantages"],
+            mask,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            dual_clip=self.dual_clip,
+        )
+        metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
+        if self.kl_coef > 0:
+            is_response = mask.bool()
+            kl = kl_penalty(
+                torch.where(is_response, logprobs, torch.zeros_like(logprobs)),
+                torch.where(is_response, rows["ref_logprobs"], torch.zeros_like(logprobs)),
+                self.kl_estimator,
+            )
+            per_token = per_token + self.kl_coef * kl
+            metrics["actor/kl_ref"] = float(masked_mean(kl.detach().flatten(), mask.flatten()))
+        return per_token, metrics
+
+    def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy):
+        """row_terms["loss_weight"]: (B,) aggregation weights w of the mini-batch's rows.
+
+        Metrics, at the current policy (``old_logprobs`` on the first update after a rollout,
+        else one no-grad pass ``current_logprobs()``, the price of an exact "loss"): "loss" (L
+        without the entropy bonus, since entropy reaches micro-batches only), "actor/clip_fraction",
+        "actor/approx_kl" (k3 of KL(π_old ‖ π_θ)), "actor/kl_ref" (mean per-token KL to the
+        reference, if kl_coef > 0), "advantages/mean" (over rows, or response tokens if per
+        token) and "groups/mixed_fraction".
+        """
+        logprobs = minibatch["old_logprobs"] if policy_is_rollout_policy else current_logprobs()
+        mask = minibatch["response_mask"]
+        loss_weight = aggregation_weights(mask, self.loss_agg, horizon=self.horizon)
+        with torch.no_grad():
+            per_token, metrics = self._policy_loss(logprobs, minibatch)
+            loss = weighted_token_sum(per_token, mask, loss_weight)
+        advantages = minibatch["advantages"]
+        if advantages.dim() == 1:
+            mean_advantage = advantages.mean()
+        else:
+            mean_advantage = masked_mean(advantages.flatten(), mask.flatten())
+        metrics = {
+            "loss": float(loss),
+            **metrics,
+            "advantages/mean": float(mean_advantage),
+            "groups/mixed_fraction": mixed_group_fraction(minibatch["rewards"], self.group_size),
+        }
+        return {"loss_weight": loss_weight}, metrics
+
+    def micro_batch_loss(self, logprobs, micro, row_terms) -> torch.Tensor:
+        """Σ_{i ∈ micro} w_i Σ_t m_it ℓ_it: this micro-batch's share of L (entropy bonus included)."""
+        per_token, _ = self._policy_loss(logprobs, micro)
+        if self.entropy_coef > 0:
+            per_token = per_token - self.entropy_coef * micro["entropy"]
+        return weighted_token_sum(per_token, micro["response_mask"], row_terms["loss_weight"])
