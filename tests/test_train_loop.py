@@ -120,7 +120,7 @@ def small_overrides(output_dir, model_dir):
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--config", "builtin:demo", "train.mini_batch_size=5", f"output_dir={tmp_path}"])
+        main(["train", "--config", "builtin:demo", "train.batch_size=32", "train.mini_batch_size=5", f"output_dir={tmp_path}"])
     assert exit_info.value.code == 2
     assert "train.mini_batch_size=5 must divide train.batch_size=32" in capsys.readouterr().err
 
@@ -131,8 +131,9 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
         ["algorithm.name=grpo"],
         ["algorithm.name=rloo"],
         ["algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01", "algorithm.loss_agg=token-mean"],
+        ["algorithm.name=ppo", "critic.warmup_steps=1", "critic.lr=1e-4"],
     ],
-    ids=["grpo", "rloo", "grpo-kl-entropy"],
+    ids=["grpo", "rloo", "grpo-kl-entropy", "ppo"],
 )
 def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_model_dir, algorithm):
     overrides = [*algorithm, "train.steps=2", "train.save_every=1", "data.val=null"]
@@ -140,5 +141,10 @@ def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_m
     resumed = train(small_config(tmp_path / "run", warm_model_dir, *overrides, "train.steps=3", "resume=auto"), show_progress=False)
     rows = read_metrics(tmp_path / "run")
     assert [row["step"] for row in rows] == [1, 2, 3]
-    assert all("actor/clip_fraction" in row and row["updates/skipped"] == 0 for row in rows)
+    policy_rows = [row for row in rows if "actor/critic_warmup" not in row]
+    assert len(policy_rows) >= 2
+    assert all("actor/clip_fraction" in row and row["updates/skipped"] == 0 for row in policy_rows)
     assert (resumed.final_checkpoint / "model.safetensors").is_file()
+    if "algorithm.name=ppo" in algorithm:
+        assert all("critic/value_loss" in row for row in rows)
+        assert (resumed.final_checkpoint / "critic" / "model.safetensors").is_file()

@@ -46,13 +46,13 @@ class DataConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["pacs", "grpo", "rloo"] = "pacs"
+    name: Literal["pacs", "grpo", "rloo", "ppo"] = "pacs"
     # PACS
     beta: float = Field(1.0, gt=0, allow_inf_nan=False)
     proxy: Literal["logratio", "mean_logprob"] = "logratio"
     estimator: Literal["rloo", "grpo", "naive"] = "rloo"
     weighting: Literal["question", "none", "only_positive", "only_negative"] = "question"
-    # clipped policy-gradient baselines (grpo, rloo)
+    # clipped policy-gradient baselines (grpo, rloo, ppo)
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.2, gt=0)
     dual_clip: float | None = Field(None, gt=1)
@@ -66,7 +66,22 @@ class AlgorithmConfig(_Section):
     """Weight of the KL penalty to the frozen initial model (grpo, rloo); 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
-    """Weight of the entropy bonus (grpo, rloo)."""
+    """Weight of the entropy bonus (grpo, rloo, ppo)."""
+    # ppo
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    value_clip: float | None = Field(0.5, gt=0)
+    """Clip range of the critic's values around their rollout-time values; None: no clipping."""
+
+
+class CriticConfig(_Section):
+    """PPO's critic: the policy's architecture with a value head."""
+
+    path: str | None = None
+    """Weights to start from; None: the policy's (`model.path`)."""
+    lr: float = Field(1e-5, gt=0, allow_inf_nan=False)
+    warmup_steps: int = Field(0, ge=0)
+    """Steps at the start that update only the critic."""
 
 
 class RolloutConfig(_Section):
@@ -126,6 +141,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     reward: RewardConfig = RewardConfig()
+    critic: CriticConfig = CriticConfig()
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
@@ -138,9 +154,9 @@ class Config(_Section):
         algorithm = self.algorithm
         if algorithm.name == "pacs" and (algorithm.kl_coef or algorithm.entropy_coef):
             raise ValueError(
-                "algorithm.kl_coef and algorithm.entropy_coef apply to grpo and rloo; pacs has neither yet"
+                "algorithm.kl_coef and algorithm.entropy_coef apply to grpo, rloo and ppo; pacs has neither yet"
             )
-        if self.rollout.n < 2 and (algorithm.name != "pacs" or algorithm.estimator in ("rloo", "grpo")):
+        if self.rollout.n < 2 and (algorithm.name in ("grpo", "rloo") or (algorithm.name == "pacs" and algorithm.estimator != "naive")):
             raise ValueError(
                 f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "
                 f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "

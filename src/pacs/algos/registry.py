@@ -10,6 +10,7 @@ from typing import Any, Callable
 from pacs.algos.base import Algorithm
 from pacs.algos.grpo import GRPO
 from pacs.algos.pacs import PACS
+from pacs.algos.ppo import PPO
 from pacs.algos.rloo import RLOO
 
 CLIPPED_PG_OPTIONS = ("horizon", "clip_low", "clip_high", "dual_clip", "loss_agg", "kl_coef", "kl_estimator", "entropy_coef")
@@ -18,6 +19,7 @@ ALGORITHMS: dict[str, tuple[Callable[..., Algorithm], tuple[str, ...]]] = {
     "pacs": (PACS, ("beta", "proxy", "estimator", "weighting")),
     "grpo": (GRPO, (*CLIPPED_PG_OPTIONS, "norm_by_std")),
     "rloo": (RLOO, CLIPPED_PG_OPTIONS),
+    "ppo": (PPO, (*CLIPPED_PG_OPTIONS, "gamma", "lam", "value_clip")),
 }
 
 

@@ -14,7 +14,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
@@ -100,3 +106,13 @@ def load_causal_lm(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
     return _from_pretrained(partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype]), path)
+
+
+def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
+    """A critic for PPO: the architecture and weights at ``path`` (a causal LM checkpoint is fine)
+    with a freshly initialised value head of one output per token, as a token-classification model.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
+    load = partial(AutoModelForTokenClassification.from_pretrained, num_labels=1, dtype=DTYPES[dtype])
+    return _from_pretrained(load, path)

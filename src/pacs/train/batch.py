@@ -8,6 +8,7 @@ those of the policy that sampled the responses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -88,6 +89,42 @@ class PolicyBatch:
         return replace(self, **moved, row_terms={k: v.to(device) for k, v in self.row_terms.items()})
 
 
+def _sequence_inputs(batch: PolicyBatch) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and position_ids (B, P + R) of [prompt | response]."""
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
+    attention_mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def response_values(critic: PreTrainedModel, batch: PolicyBatch) -> torch.Tensor:
+    """The critic's value of the state before each response token: (B, R), in float32 or wider.
+
+    `critic` is a token-classification model with one output (a value head); position t of the
+    response is valued from the hidden state that predicts token t, as log-probs are.
+    """
+    response_width = batch.response_ids.shape[1]
+    scores = critic(**_sequence_inputs(batch)).logits[:, -response_width - 1 : -1, 0]
+    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+
+
+@torch.no_grad()
+def per_token_no_grad(
+    compute: Callable[[PolicyBatch], torch.Tensor], batch: PolicyBatch, *, micro_batch_size: int
+) -> torch.Tensor:
+    """`compute(micro)` (b, R) over the whole batch in micro-batches, without gradient: (B, R)."""
+    out = torch.zeros_like(batch.response_mask)
+    for start in range(0, len(batch), micro_batch_size):
+        micro = batch.rows(slice(start, start + micro_batch_size))
+        out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = compute(micro).to(out.dtype)
+    return out
+
+
+def response_values_no_grad(critic: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int) -> torch.Tensor:
+    """`response_values` over the whole batch, without gradient: (B, R)."""
+    return per_token_no_grad(lambda micro: response_values(critic, micro), batch, micro_batch_size=micro_batch_size)
+
+
 def response_logprobs(
     model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -98,16 +135,8 @@ def response_logprobs(
     softmax(logits / T)). Padding positions hold finite garbage; callers mask them. Only the last
     R + 1 positions' logits are computed (`logits_to_keep`), never the prompt's.
     """
-    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
-    attention_mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     response_width = batch.response_ids.shape[1]
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=response_width + 1,
-    ).logits[:, :-1]
+    logits = model(**_sequence_inputs(batch), logits_to_keep=response_width + 1).logits[:, :-1]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     logits = logits / temperature
@@ -120,15 +149,10 @@ def response_logprobs(
     return logprobs, entropy
 
 
-@torch.no_grad()
 def response_logprobs_no_grad(
     model: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """`response_logprobs` over the whole batch in micro-batches, without gradient: (B, R)."""
-    out = torch.zeros_like(batch.response_mask)
-    for start in range(0, len(batch), micro_batch_size):
-        micro = batch.rows(slice(start, start + micro_batch_size))
-        out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = response_logprobs(
-            model, micro, temperature=temperature
-        ).to(out.dtype)
-    return out
+    """`response_logprobs` over the whole batch, without gradient: (B, R)."""
+    return per_token_no_grad(
+        lambda micro: response_logprobs(model, micro, temperature=temperature), batch, micro_batch_size=micro_batch_size
+    )

@@ -2,6 +2,7 @@
 
     checkpoints/step_N/   config.json, model.safetensors, tokenizer files  (any HF tool reads it)
                           trainer_state.pt: step, optimizer, RNG states, data position
+                          critic/: PPO's critic (value head), when there is one
     checkpoints/final/    the same after the last step
 
 A checkpoint is assembled in a hidden temporary directory and renamed into place, so a crash
@@ -22,18 +23,27 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 TRAINER_STATE = "trainer_state.pt"
+CRITIC_DIR = "critic"
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def save_checkpoint(
-    directory: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, trainer_state: dict[str, Any]
+    directory: Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    trainer_state: dict[str, Any],
+    *,
+    critic: PreTrainedModel | None = None,
 ) -> Path:
-    """Write model, tokenizer and `trainer_state` to `directory`, replacing it atomically."""
+    """Write model, tokenizer, `trainer_state` (and PPO's critic, in `critic/`) to `directory`,
+    replacing it atomically."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
+    if critic is not None:
+        critic.save_pretrained(staging / CRITIC_DIR, safe_serialization=True)
     torch.save(trainer_state, staging / TRAINER_STATE)
     if directory.exists():
         retired = directory.parent / f".old-{directory.name}-{os.getpid()}"

@@ -25,13 +25,14 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
-from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.models.loading import load_causal_lm, load_tokenizer, load_value_model
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
-from pacs.train.batch import PolicyBatch, response_logprobs_no_grad
+from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import (
+    CRITIC_DIR,
     latest_checkpoint,
     load_trainer_state,
     restore_rng_states,
@@ -40,7 +41,7 @@ from pacs.train.checkpoint import (
 )
 from pacs.train.metrics import MetricsLogger
 from pacs.train.sampler import PromptSampler
-from pacs.train.update import UpdateSettings, update_policy
+from pacs.train.update import UpdateSettings, update_critic, update_policy
 
 
 
@@ -117,16 +118,27 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     )
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    critic = critic_optimizer = None
+    if "values" in algorithm.needs:
+        critic_source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
+        critic = load_value_model(critic_source, dtype=config.model.dtype)
+        critic_optimizer = torch.optim.AdamW(
+            critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay
+        )
     sampler = PromptSampler(len(train_prompts.rows), config.seed)
     start_step = 0
     if resume_from:
         state = load_trainer_state(resume_from)
         optimizer.load_state_dict(state["optimizer"])
+        if critic_optimizer is not None:
+            critic_optimizer.load_state_dict(state["critic_optimizer"])
         sampler = PromptSampler(**state["sampler"])
         restore_rng_states(state["rng"])
         start_step = state["step"]
         console.print(f"resuming from {resume_from} (step {start_step})")
     model, optimizer = accelerator.prepare(model, optimizer)
+    if critic is not None:
+        critic, critic_optimizer = accelerator.prepare(critic, critic_optimizer)
     engine = TransformersEngine(
         accelerator.unwrap_model(model), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size
     )
@@ -150,7 +162,19 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
         return load_causal_lm(config.model.path, dtype=config.model.dtype).to(accelerator.device).eval()
 
     def trainer_state(step: int) -> dict:
-        return {"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state(), "rng": rng_states()}
+        state = {"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state(), "rng": rng_states()}
+        if critic_optimizer is not None:
+            state["critic_optimizer"] = critic_optimizer.state_dict()
+        return state
+
+    def checkpoint(name: str, step: int) -> Path:
+        return save_checkpoint(
+            checkpoints_dir / name,
+            accelerator.unwrap_model(model),
+            tokenizer,
+            trainer_state(step),
+            critic=accelerator.unwrap_model(critic) if critic is not None else None,
+        )
 
     def validate() -> dict[str, float]:
         params = SamplingParams(
@@ -195,8 +219,18 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
                 batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
                     reference_model(), batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
                 )
+            if critic is not None:
+                batch.row_terms["values"] = response_values_no_grad(
+                    critic, batch, micro_batch_size=config.train.micro_batch_size
+                )
             batch.row_terms.update(algorithm.prepare_step(batch.tensors()))
-            metrics = update_policy(model, optimizer, accelerator, batch, algorithm, settings)
+            metrics = {}
+            if critic is not None:
+                metrics.update(update_critic(critic, critic_optimizer, accelerator, batch, algorithm, settings))
+            if step > config.critic.warmup_steps or critic is None:
+                metrics.update(update_policy(model, optimizer, accelerator, batch, algorithm, settings))
+            else:
+                metrics.update({"loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0})
             skipped_updates += int(metrics["updates/skipped"])
             step_time = time.perf_counter() - step_start
             num_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
@@ -217,12 +251,10 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
             logger.log(step, metrics)
             progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
             if config.train.save_every and step % config.train.save_every == 0:
-                save_checkpoint(checkpoints_dir / f"step_{step}", accelerator.unwrap_model(model), tokenizer, trainer_state(step))
+                checkpoint(f"step_{step}", step)
         progress.close()
     finally:
         logger.close()
         scorer.close()
-    final = save_checkpoint(
-        checkpoints_dir / "final", accelerator.unwrap_model(model), tokenizer, trainer_state(config.train.steps)
-    )
+    final = checkpoint("final", config.train.steps)
     return TrainResult(output_dir, final, metrics, skipped_updates)
