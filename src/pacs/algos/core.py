@@ -118,6 +118,45 @@ def group_view(values: torch.Tensor, group_size: int) -> torch.Tensor:
     return values.view(batch_size // group_size, group_size)
 
 
+GRPO_STD_EPS = 1e-6
+"""Added to the group standard deviation before dividing by it (as in verl's GRPO)."""
+
+
+def leave_one_out_centred(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each value minus the mean of the other values of its group (differentiable).
+
+    Formula: ``out_i = x_i − 1/(n−1) · Σ_{j≠i} x_j`` over the n = ``group_size`` rows of i's group.
+
+    Args:
+        values: (B,) tensor, B a multiple of ``group_size`` (callers check n ≥ 2).
+
+    Returns:
+        (B,) centred values.
+    """
+    grouped = group_view(values, group_size)
+    others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others_mean).reshape(-1)
+
+
+def group_normalised(values: torch.Tensor, group_size: int, *, divide_by_std: bool = True, eps: float) -> torch.Tensor:
+    """Each value centred on its group's mean, and divided by the group's std (differentiable).
+
+    Formula: ``out_i = (x_i − mean_j x_j) / (std_j x_j + eps)``, std unbiased (divides by n − 1,
+    as ``torch.std`` and verl); without the division when ``divide_by_std`` is False.
+
+    Args:
+        values: (B,) tensor, B a multiple of ``group_size`` (callers check n ≥ 2).
+
+    Returns:
+        (B,) normalised values.
+    """
+    grouped = group_view(values, group_size)
+    centred = grouped - grouped.mean(dim=-1, keepdim=True)
+    if divide_by_std:
+        centred = centred / (grouped.std(dim=-1, keepdim=True) + eps)
+    return centred.reshape(-1)
+
+
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     """Raise ValueError unless ``value`` is one of ``choices``.
 

@@ -17,10 +17,9 @@ import math
 
 import torch
 
-from pacs.algos.core import check_group_size, group_view
+from pacs.algos.core import GRPO_STD_EPS, check_group_size, group_normalised
 from pacs.algos.pg import ClippedPolicyGradient
 
-GRPO_STD_EPS = 1e-6
 
 
 def check_std_eps(eps: float) -> None:
@@ -55,11 +54,7 @@ def grpo_advantages(
     check_group_size(group_size, 2, "GRPO's group-relative advantage")
     check_std_eps(eps)
     rewards = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
-    grouped = group_view(rewards, group_size)
-    centered = grouped - grouped.mean(dim=-1, keepdim=True)
-    if norm_by_std:
-        centered = centered / (grouped.std(dim=-1, keepdim=True) + eps)
-    return centered.reshape(-1)
+    return group_normalised(rewards, group_size, divide_by_std=norm_by_std, eps=eps)
 
 
 class GRPO(ClippedPolicyGradient):

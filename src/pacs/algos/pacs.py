@@ -34,13 +34,21 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pacs.algos.core import check_choice, check_same_shape, group_view, masked_mean, masked_sum
+from pacs.algos.core import (
+    GRPO_STD_EPS,
+    check_choice,
+    check_same_shape,
+    group_normalised,
+    group_view,
+    leave_one_out_centred,
+    masked_mean,
+    masked_sum,
+)
 
 PROXIES = ("logratio", "mean_logprob")
 ESTIMATORS = ("rloo", "grpo", "naive")
 WEIGHTINGS = ("question", "none", "only_positive", "only_negative")
 
-GRPO_STD_EPS = 1e-6
 
 
 def reward_proxy(
@@ -105,7 +113,7 @@ def group_scores(proxy_rewards: torch.Tensor, group_size: int, *, estimator: str
             ``group_size < 2`` with ``rloo``/``grpo``.
     """
     check_choice("estimator", estimator, ESTIMATORS)
-    grouped = group_view(proxy_rewards, group_size)
+    group_view(proxy_rewards, group_size)  # B must hold whole groups, whatever the estimator
     if estimator == "naive":
         return proxy_rewards
     if group_size < 2:
@@ -115,12 +123,8 @@ def group_scores(proxy_rewards: torch.Tensor, group_size: int, *, estimator: str
             "set rollout.n >= 2 or use estimator='naive'"
         )
     if estimator == "rloo":
-        others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
-        scores = grouped - others_mean
-    else:
-        centered = grouped - grouped.mean(dim=-1, keepdim=True)
-        scores = centered / (grouped.std(dim=-1, keepdim=True) + GRPO_STD_EPS)
-    return scores.reshape(-1)
+        return leave_one_out_centred(proxy_rewards, group_size)
+    return group_normalised(proxy_rewards, group_size, eps=GRPO_STD_EPS)
 
 
 def class_weights(rewards: torch.Tensor, group_size: int, *, weighting: str = "question") -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from pacs.algos.core import check_group_size, group_view
+from pacs.algos.core import check_group_size, leave_one_out_centred
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -36,9 +36,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """
     check_group_size(group_size, 2, "RLOO's leave-one-out baseline")
     rewards = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
-    grouped = group_view(rewards, group_size)
-    others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others_mean).reshape(-1)
+    return leave_one_out_centred(rewards, group_size)
 
 
 class RLOO(ClippedPolicyGradient):
