@@ -74,6 +74,27 @@ def _prepare(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def _compare(args: argparse.Namespace) -> None:
+    from pacs.compare import run_comparison
+
+    run_comparison(
+        args.config,
+        [name for name in args.algorithms.split(",") if name],
+        [int(seed) for seed in args.seeds.split(",") if seed],
+        args.out,
+        eval_n=args.eval_n,
+        overrides=args.overrides,
+    )
+
+
+def _plot(args: argparse.Namespace) -> None:
+    from pacs.eval.plots import plot_runs
+
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "plots"
+    for path in plot_runs([Path(run) for run in args.runs], out):
+        print(f"wrote {path}")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from pacs.demo import run_demo
 
@@ -120,6 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
     prepare.add_argument("--check", metavar="FILE", help="only validate a prepared file against the schema")
     prepare.set_defaults(run=_prepare)
+
+    compare = commands.add_parser("compare", help="train PACS and baselines identically and tabulate pass@k")
+    compare.add_argument("--config", required=True, help="YAML file or builtin:NAME, e.g. builtin:compare-demo")
+    compare.add_argument("--algorithms", default="pacs,grpo,ppo,rloo", help="comma-separated: pacs, grpo, ppo, rloo")
+    compare.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
+    compare.add_argument("--eval-n", type=int, default=16, help="samples per held-out problem (pass@k up to k = N)")
+    compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
+    compare.set_defaults(run=_compare)
+
+    plot = commands.add_parser("plot", help="PNG curves of runs' metrics, several runs on the same axes")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("--out", help="directory for the PNGs (default: RUN_DIR/plots of the first run)")
+    plot.set_defaults(run=_plot)
 
     demo = commands.add_parser("demo", help="warm-start, evaluate, train with PACS, evaluate again (CPU, minutes)")
     demo.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,186 @@
+"""Figures of training runs and evaluation results, written as PNG files.
+
+- `plot_runs`: what `pacs plot RUN_DIR [RUN_DIR ...]` draws, one PNG per metric of the runs'
+  `metrics.jsonl` (training reward, loss, response length, gradient norm, validation pass@1 per
+  data source), every run on the same axes against step.
+- `plot_reward_curves`: one curve per method, the mean over seeds with a ± one standard deviation
+  band (the paper's training-reward figure).
+- `plot_pass_at_k`: pass@k against k per method, mean ± std over seeds, k on a log2 axis.
+
+Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting needs no display
+and leaves the process's matplotlib backend and figure registry alone.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pacs.train.metrics import read_metrics
+
+TRAINING_METRICS = {
+    "reward/mean": "training reward (mean)",
+    "loss": "loss",
+    "response_length/mean": "response length (tokens, mean)",
+    "grad_norm": "gradient norm",
+}
+"""metrics.jsonl key -> axis label, for the training metrics `plot_runs` draws (in this order)."""
+VALIDATION_PASS_AT_1 = re.compile(r"^val/(?P<source>.+)/pass@1$")
+"""metrics.jsonl keys of validation pass@1, one per data source."""
+MARKER_MAX_POINTS = 60
+"""Curves with at most this many points get a marker per point, so that sparse ones (validation
+every N steps, a one-step run) stay visible."""
+DPI = 120
+FIGURE_SIZE = (7.0, 4.5)
+
+
+def _new_axes(title: str, x_label: str, y_label: str) -> tuple[Figure, Axes]:
+    """A figure with one titled, labelled, gridded axes on an Agg canvas."""
+    figure = Figure(figsize=FIGURE_SIZE, dpi=DPI)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.set_title(title)
+    axes.set_xlabel(x_label)
+    axes.set_ylabel(y_label)
+    axes.grid(True, alpha=0.3)
+    return figure, axes
+
+
+def _save(figure: Figure, out_path: Path) -> Path:
+    """Lay out, write `out_path` (parents created) and return it."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(out_path, dpi=DPI)
+    return out_path
+
+
+def _marker(num_points: int) -> str | None:
+    return "o" if num_points <= MARKER_MAX_POINTS else None
+
+
+def metric_file_name(metric: str) -> str:
+    """PNG file name for a metrics.jsonl key: `reward/mean` -> `reward_mean.png`,
+    `val/math500/pass@1` -> `val_math500_pass_at_1.png`."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", metric.replace("@", "_at_")) + ".png"
+
+
+def _series(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
+    """Steps and values of `metric` in the rows that hold it."""
+    points = [(row["step"], row[metric]) for row in rows if row.get(metric) is not None]
+    return [step for step, _ in points], [value for _, value in points]
+
+
+def plot_runs(run_dirs: list[Path], out_dir: Path, *, labels: list[str] | None = None) -> list[Path]:
+    """Draw every run's training metrics and validation pass@1 against step, one PNG per metric.
+
+    run_dirs: training output directories, each with a `metrics.jsonl`.
+    labels: legend entry per run (default: each directory's name).
+    Metrics: `TRAINING_METRICS`, then `val/<source>/pass@1` for every source any run validated on
+    (in percent). A metric that no run logged is skipped. Returns the written paths, in that order.
+    """
+    if not run_dirs:
+        raise ValueError("plot_runs needs at least one run directory")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"labels has {len(labels)} entries for {len(run_dirs)} run directories; give one per run")
+    runs: list[tuple[str, list[dict]]] = []
+    for index, run_dir in enumerate(run_dirs):
+        run_dir = Path(run_dir)
+        if not (run_dir / "metrics.jsonl").is_file():
+            raise FileNotFoundError(f"{run_dir} has no metrics.jsonl; pass directories that `pacs train` wrote")
+        runs.append((labels[index] if labels is not None else run_dir.name, read_metrics(run_dir)))
+
+    logged = {key for _, rows in runs for row in rows for key in row}
+    validation_sources = sorted(match["source"] for key in logged if (match := VALIDATION_PASS_AT_1.match(key)))
+    metrics = {metric: (label, 1.0) for metric, label in TRAINING_METRICS.items() if metric in logged}
+    metrics |= {f"val/{source}/pass@1": (f"{source} pass@1 (%)", 100.0) for source in validation_sources}
+
+    written = []
+    for metric, (y_label, scale) in metrics.items():
+        figure, axes = _new_axes(metric, "step", y_label)
+        for label, rows in runs:
+            steps, values = _series(rows, metric)
+            if steps:
+                axes.plot(steps, np.asarray(values) * scale, label=label, marker=_marker(len(steps)), markersize=3)
+        axes.legend()
+        written.append(_save(figure, Path(out_dir) / metric_file_name(metric)))
+    return written
+
+
+def _mean_and_std_over_seeds(runs: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps any seed logged, the mean over the seeds that logged each, and their sample standard
+    deviation (NaN where fewer than 2 seeds logged the step)."""
+    values_by_step: dict[int, list[float]] = {}
+    for run in runs:
+        for step, value in run:
+            values_by_step.setdefault(step, []).append(value)
+    steps = np.array(sorted(values_by_step))
+    means = np.array([np.mean(values_by_step[step]) for step in steps])
+    stds = np.array(
+        [np.std(values_by_step[step], ddof=1) if len(values_by_step[step]) > 1 else np.nan for step in steps]
+    )
+    return steps, means, stds
+
+
+def plot_reward_curves(
+    curves: dict[str, list[list[tuple[int, float]]]],
+    out_path: Path,
+    *,
+    metric_label: str = "training reward",
+) -> Path:
+    """Draw per method the mean over seeds against step, shaded ± one standard deviation.
+
+    curves: method -> runs (one per seed) -> (step, value) points. Seeds may log different steps;
+    each step averages the seeds that logged it, and the band (sample std) is drawn where at least
+    two did. Returns `out_path`.
+    """
+    if not curves:
+        raise ValueError("plot_reward_curves needs at least one method in curves")
+    for method, runs in curves.items():
+        if not runs or not all(runs):
+            raise ValueError(
+                f"curves[{method!r}] must hold at least one run, each with at least one (step, value) point"
+            )
+    figure, axes = _new_axes(f"{metric_label} (mean ± std over seeds)", "step", metric_label)
+    for method, runs in curves.items():
+        steps, means, stds = _mean_and_std_over_seeds(runs)
+        seeds = f"{len(runs)} seed" + ("s" if len(runs) > 1 else "")
+        (line,) = axes.plot(steps, means, label=f"{method} ({seeds})", marker=_marker(len(steps)), markersize=3)
+        has_band = ~np.isnan(stds)
+        if has_band.any():
+            axes.fill_between(
+                steps, means - stds, means + stds, where=has_band, color=line.get_color(), alpha=0.2, linewidth=0
+            )
+    axes.legend()
+    return _save(figure, Path(out_path))
+
+
+def plot_pass_at_k(table: dict[str, dict[int, tuple[float, float]]], out_path: Path, *, title: str = "") -> Path:
+    """Draw per method pass@k against k with error bars, k on a log2 axis ticked at each k.
+
+    table: method -> k -> (mean, std over seeds) of pass@k as a fraction in [0, 1] (as
+    `pacs.eval.evaluate` reports it); drawn in percent. Returns `out_path`.
+    """
+    if not table:
+        raise ValueError("plot_pass_at_k needs at least one method in table")
+    for method, by_k in table.items():
+        if not by_k or any(not isinstance(k, int) or k < 1 for k in by_k):
+            raise ValueError(
+                f"table[{method!r}] must map integers k >= 1 to (mean, std); got ks {sorted(by_k, key=str)}"
+            )
+    figure, axes = _new_axes(title or "pass@k", "k", "pass@k (%)")
+    for method, by_k in table.items():
+        ks = sorted(by_k)
+        means = np.array([by_k[k][0] for k in ks]) * 100.0
+        stds = np.array([by_k[k][1] for k in ks]) * 100.0
+        axes.errorbar(ks, means, yerr=stds, label=method, marker="o", markersize=4, capsize=3)
+    all_ks = sorted({k for by_k in table.values() for k in by_k})
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(all_ks, [str(k) for k in all_ks])
+    axes.minorticks_off()
+    axes.legend()
+    return _save(figure, Path(out_path))
