@@ -48,7 +48,7 @@ def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_mo
     assert load_config(str(run / "config.yaml")).train.steps == 4
     rows = read_metrics(run)
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
-    for key in ("reward/mean", "loss", "grad_norm", "response_length/mean", "time/step_s", "throughput/tokens_per_s"):
+    for key in ("reward/mean", "loss", "grad_norm", "response_length/mean", "actor/entropy", "time/step_s", "throughput/tokens_per_s"):
         assert all(key in row for row in rows), key
     assert "val/arithmetic/pass@1" in rows[-1]
     assert list((run / "tensorboard").iterdir())

@@ -172,3 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, ValueError, FileNotFoundError) as error:
         print(f"pacs {args.command}: error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -110,14 +110,20 @@ def response_values(critic: PreTrainedModel, batch: PolicyBatch) -> torch.Tensor
 
 @torch.no_grad()
 def per_token_no_grad(
-    compute: Callable[[PolicyBatch], torch.Tensor], batch: PolicyBatch, *, micro_batch_size: int
-) -> torch.Tensor:
-    """`compute(micro)` (b, R) over the whole batch in micro-batches, without gradient: (B, R)."""
-    out = torch.zeros_like(batch.response_mask)
+    compute: Callable[[PolicyBatch], torch.Tensor | tuple[torch.Tensor, ...]], batch: PolicyBatch, *, micro_batch_size: int
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """`compute(micro)` -> (b, R) tensor(s), over the whole batch in micro-batches, without
+    gradient: (B, R), or a tuple of them when `compute` returns a tuple."""
+    outputs: list[torch.Tensor] = []
     for start in range(0, len(batch), micro_batch_size):
         micro = batch.rows(slice(start, start + micro_batch_size))
-        out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = compute(micro).to(out.dtype)
-    return out
+        results = compute(micro)
+        results = results if isinstance(results, tuple) else (results,)
+        if not outputs:
+            outputs = [torch.zeros_like(batch.response_mask) for _ in results]
+        for out, result in zip(outputs, results):
+            out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = result.to(out.dtype)
+    return tuple(outputs) if len(outputs) > 1 else outputs[0]
 
 
 def response_values_no_grad(critic: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int) -> torch.Tensor:
@@ -150,9 +156,16 @@ def response_logprobs(
 
 
 def response_logprobs_no_grad(
-    model: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int, temperature: float = 1.0
-) -> torch.Tensor:
-    """`response_logprobs` over the whole batch, without gradient: (B, R)."""
+    model: PreTrainedModel,
+    batch: PolicyBatch,
+    *,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`response_logprobs` over the whole batch, without gradient: (B, R) (and the entropy)."""
     return per_token_no_grad(
-        lambda micro: response_logprobs(model, micro, temperature=temperature), batch, micro_batch_size=micro_batch_size
+        lambda micro: response_logprobs(model, micro, temperature=temperature, with_entropy=with_entropy),
+        batch,
+        micro_batch_size=micro_batch_size,
     )

@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from rich.console import Console
 from tqdm.auto import tqdm
 
+from pacs.algos.core import masked_mean
 from pacs.algos.registry import build_algorithm
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
@@ -212,8 +213,12 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
             scored = scorer.score(rows, rollouts.response_texts)
             rewards = torch.tensor(scored.scores)
             batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(accelerator.device)
-            batch.old_logprobs = response_logprobs_no_grad(
-                model, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+            batch.old_logprobs, rollout_entropy = response_logprobs_no_grad(
+                model,
+                batch,
+                micro_batch_size=config.train.micro_batch_size,
+                temperature=config.rollout.temperature,
+                with_entropy=True,
             )
             if "ref_logprobs" in algorithm.needs:
                 batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
@@ -237,6 +242,7 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
             metrics.update(_group_metrics(batch.rewards, batch.response_mask, config.rollout.n))
             metrics.update(
                 {
+                    "actor/entropy": float(masked_mean(rollout_entropy, batch.response_mask).mean()),
                     "reward/timeouts": float(scored.timed_out),
                     "reward/crashes": float(scored.crashed),
                     "time/step_s": step_time,
