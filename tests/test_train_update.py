@@ -127,3 +127,15 @@ def test_update_with_non_finite_loss_is_skipped_and_counted(setup):
     metrics = update_policy(trained, optimizer, Accelerator(cpu=True), broken, PACS(GROUP_SIZE), settings)
     assert metrics["updates/skipped"] == 1.0
     assert all(torch.isfinite(p).all() for p in trained.parameters())
+
+
+def test_pacs_with_kl_and_entropy_gives_the_same_update_at_any_micro_batch_size(setup):
+    model, batch = setup
+    regularised = copy.deepcopy(batch)
+    regularised.row_terms["ref_logprobs"] = regularised.old_logprobs - 0.1
+    options = {"kl_coef": 0.5, "entropy_coef": 0.1, "horizon": 8}
+    whole = run_trainer_update(model, regularised, 16, **options)
+    split = run_trainer_update(model, regularised, 3, **options)
+    plain = run_trainer_update(model, batch, 16)
+    assert max_weight_difference(whole, split) < 1e-10
+    assert max_weight_difference(whole, plain) > 1e-6, "the penalty and the bonus must change the update"

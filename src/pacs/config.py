@@ -52,7 +52,7 @@ class AlgorithmConfig(_Section):
     proxy: Literal["logratio", "mean_logprob"] = "logratio"
     estimator: Literal["rloo", "grpo", "naive"] = "rloo"
     weighting: Literal["question", "none", "only_positive", "only_negative"] = "question"
-    # clipped policy-gradient baselines (grpo, rloo, ppo)
+    # clipped policy-gradient baselines (grpo, rloo, ppo); loss_agg, kl_* and entropy_coef: all
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.2, gt=0)
     dual_clip: float | None = Field(None, gt=1)
@@ -63,10 +63,10 @@ class AlgorithmConfig(_Section):
     norm_by_std: bool = True
     """grpo: divide group-centred rewards by the group's standard deviation."""
     kl_coef: float = Field(0.0, ge=0)
-    """Weight of the KL penalty to the frozen initial model (grpo, rloo); 0 loads no reference."""
+    """Weight of the KL penalty to the frozen initial model (every algorithm); 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
-    """Weight of the entropy bonus (grpo, rloo, ppo)."""
+    """Weight of the entropy bonus (every algorithm)."""
     # ppo
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
@@ -152,10 +152,6 @@ class Config(_Section):
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
         algorithm = self.algorithm
-        if algorithm.name == "pacs" and (algorithm.kl_coef or algorithm.entropy_coef):
-            raise ValueError(
-                "algorithm.kl_coef and algorithm.entropy_coef apply to grpo, rloo and ppo; pacs has neither yet"
-            )
         if self.rollout.n < 2 and (algorithm.name in ("grpo", "rloo") or (algorithm.name == "pacs" and algorithm.estimator != "naive")):
             raise ValueError(
                 f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "

@@ -36,13 +36,18 @@ import torch.nn.functional as F
 
 from pacs.algos.core import (
     GRPO_STD_EPS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    aggregation_weights,
     check_choice,
     check_same_shape,
     group_normalised,
     group_view,
     leave_one_out_centred,
+    kl_penalty,
     masked_mean,
     masked_sum,
+    weighted_token_sum,
 )
 
 PROXIES = ("logratio", "mean_logprob")
@@ -265,6 +270,14 @@ class PACS:
     Computing c needs r at the current θ, i.e. a no-grad pass over the mini-batch; on the first
     update after a rollout θ = θ_old and r is known in closed form (logratio: r = 0 so ψ = 0;
     mean_logprob: from `old_logprobs`), so that pass is skipped.
+
+    Optional, off by default as for every algorithm: a KL penalty to the frozen reference policy
+    and an entropy bonus, added per token and aggregated by `loss_agg` (see
+    `core.aggregation_weights`; `horizon` is the maximum response length):
+
+        L_total = L + Σ_i v_i Σ_t m_it (kl_coef · KL_k(π_θ ‖ π_ref)_it − entropy_coef · H_it)
+
+    with v the aggregation weights of the mini-batch. The reported "loss" is L alone.
     """
 
     def __init__(
@@ -275,14 +288,27 @@ class PACS:
         proxy: str = "logratio",
         estimator: str = "rloo",
         weighting: str = "question",
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        entropy_coef: float = 0.0,
+        loss_agg: str = "seq-mean-token-sum-norm",
+        horizon: int | None = None,
     ):
         check_choice("proxy", proxy, PROXIES)
         check_choice("estimator", estimator, ESTIMATORS)
         check_choice("weighting", weighting, WEIGHTINGS)
+        check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+        check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
+        for name, coef in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
+            if not (math.isfinite(coef) and coef >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {coef!r}")
         self.group_size = group_size
         self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
-
-    needs: frozenset[str] = frozenset()
+        self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
+        self.loss_agg, self.horizon = loss_agg, horizon
+        self.needs = frozenset({"ref_logprobs"} if kl_coef > 0 else set()) | frozenset(
+            {"entropy"} if entropy_coef > 0 else set()
+        )
 
     def prepare_step(self, batch) -> dict[str, torch.Tensor]:
         """Nothing: PACS's terms depend on the current policy, so they are made per update."""
@@ -306,8 +332,22 @@ class PACS:
         for name, rows in (("correct", rewards == 1), ("incorrect", rewards == 0)):
             if rows.any():
                 metrics[f"pacs/predicted_p_on_{name}"] = float(predicted[rows].mean())
-        return {"proxy_grad": proxy_grad}, metrics
+        row_terms = {"proxy_grad": proxy_grad}
+        if self.needs:
+            row_terms["regulariser_weight"] = aggregation_weights(
+                minibatch["response_mask"], self.loss_agg, horizon=self.horizon
+            )
+        return row_terms, metrics
 
     def micro_batch_loss(self, logprobs, micro, row_terms) -> torch.Tensor:
-        """Σ_{i ∈ micro} c_i · r_i(θ): its gradient is this micro-batch's share of ∇L."""
-        return (row_terms["proxy_grad"] * self._proxy(logprobs, micro)).sum()
+        """Σ_{i ∈ micro} c_i · r_i(θ) (+ this micro-batch's share of the KL penalty and entropy
+        bonus): its gradient is this micro-batch's share of ∇L_total."""
+        loss = (row_terms["proxy_grad"] * self._proxy(logprobs, micro)).sum()
+        if not self.needs:
+            return loss
+        per_token = torch.zeros_like(logprobs)
+        if self.kl_coef > 0:
+            per_token = per_token + self.kl_coef * kl_penalty(logprobs, micro["ref_logprobs"], self.kl_estimator)
+        if self.entropy_coef > 0:
+            per_token = per_token - self.entropy_coef * micro["entropy"]
+        return loss + weighted_token_sum(per_token, micro["response_mask"], row_terms["regulariser_weight"])

@@ -16,7 +16,7 @@ from pacs.algos.rloo import RLOO
 CLIPPED_PG_OPTIONS = ("horizon", "clip_low", "clip_high", "dual_clip", "loss_agg", "kl_coef", "kl_estimator", "entropy_coef")
 
 ALGORITHMS: dict[str, tuple[Callable[..., Algorithm], tuple[str, ...]]] = {
-    "pacs": (PACS, ("beta", "proxy", "estimator", "weighting")),
+    "pacs": (PACS, ("beta", "proxy", "estimator", "weighting", "kl_coef", "kl_estimator", "entropy_coef", "loss_agg", "horizon")),
     "grpo": (GRPO, (*CLIPPED_PG_OPTIONS, "norm_by_std")),
     "rloo": (RLOO, CLIPPED_PG_OPTIONS),
     "ppo": (PPO, (*CLIPPED_PG_OPTIONS, "gamma", "lam", "value_clip")),
