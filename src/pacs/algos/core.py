@@ -157,6 +157,20 @@ def group_normalised(values: torch.Tensor, group_size: int, *, divide_by_std: bo
     return centred.reshape(-1)
 
 
+def mixed_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of prompt groups whose rewards are not all equal (the groups that carry signal).
+
+    Args:
+        rewards: (B,) rewards, B a multiple of ``group_size``.
+        group_size: responses per prompt n.
+
+    Returns:
+        #{g : R_gk ≠ R_g0 for some k} / (B / n), a float.
+    """
+    grouped = group_view(rewards, group_size)
+    return float((grouped != grouped[:, :1]).any(dim=-1).float().mean())
+
+
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
     """Raise ValueError unless ``value`` is one of ``choices``.
 

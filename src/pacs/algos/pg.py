@@ -30,25 +30,11 @@ from pacs.algos.core import (
     check_clip_range,
     check_group_size,
     clipped_surrogate,
-    group_view,
     kl_penalty,
     masked_mean,
+    mixed_group_fraction,
     weighted_token_sum,
 )
-
-
-def mixed_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
-    """Fraction of prompt groups whose rewards are not all equal (the groups that carry signal).
-
-    Args:
-        rewards: (B,) rewards, B a multiple of ``group_size``.
-        group_size: responses per prompt n.
-
-    Returns:
-        #{g : R_gk ≠ R_g0 for some k} / (B / n), a float.
-    """
-    grouped = group_view(rewards, group_size)
-    return float((grouped != grouped[:, :1]).any(dim=-1).float().mean())
 
 
 class ClippedPolicyGradient:

@@ -74,17 +74,25 @@ def evaluate(
     scorer: ScoringPool,
     *,
     max_prompt_length: int | None = None,
+    context_length: int | None = None,
     sequences_per_call: int = 512,
     show_progress: bool = True,
 ) -> EvalResult:
     """Sample `params.n` responses per copy of every problem, score them, compute pass@k.
 
-    A sample counts as correct when its score is 1 (full credit).
+    With `context_length` (the model's), prompts that leave no room to generate are left out and
+    counted like over-long ones, and `params.max_new_tokens` is capped by the context length
+    minus the longest remaining prompt. A sample counts as correct when its score is 1.
     """
+    if context_length is not None:
+        max_prompt_length = min(max_prompt_length or context_length - 1, context_length - 1)
     problems = merge_repeats(rows)
     prompts = encode_prompts(tokenizer, [row for row, _ in problems], max_prompt_length)
     if not prompts.rows:
         raise ValueError(f"no prompt is within max_prompt_length={max_prompt_length} tokens; nothing to evaluate")
+    if context_length is not None:
+        longest_prompt = max(len(ids) for ids in prompts.token_ids)
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, context_length - longest_prompt))
     copies_of = {id(row): copies for row, copies in problems}
     by_samples: dict[int, list[int]] = defaultdict(list)
     for position, row in enumerate(prompts.rows):
@@ -147,7 +155,7 @@ def evaluate_model(
     `eval_rollout.jsonl` and `eval_metrics.json`.
 
     Prompts that do not fit the model's context are left out and counted (`num_filtered`);
-    `max_tokens` is capped by the context length minus the longest remaining prompt.
+    `max_tokens` is capped by the context length minus the longest remaining prompt (`evaluate`).
     """
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_path)
@@ -155,16 +163,17 @@ def evaluate_model(
     if torch.cuda.is_available():
         model = model.cuda()
     rows = [row for spec in specs for row in load_rows(spec, default_split="val")]
-    context = getattr(model.config, "max_position_embeddings", None)
-    max_prompt_length = context - 1 if context else None
-    kept = encode_prompts(tokenizer, rows, max_prompt_length).token_ids
-    if context and kept:
-        max_tokens = min(max_tokens, context - max(len(ids) for ids in kept))
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     engine = TransformersEngine(model, tokenizer)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
         result = evaluate(
-            engine, tokenizer, rows, params, scorer, max_prompt_length=max_prompt_length, show_progress=show_progress
+            engine,
+            tokenizer,
+            rows,
+            params,
+            scorer,
+            context_length=getattr(model.config, "max_position_embeddings", None),
+            show_progress=show_progress,
         )
     result.write(out_dir)
     return result

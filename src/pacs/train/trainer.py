@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from rich.console import Console
 from tqdm.auto import tqdm
 
-from pacs.algos.core import masked_mean
+from pacs.algos.core import masked_mean, mixed_group_fraction
 from pacs.algos.registry import build_algorithm
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
@@ -72,11 +72,10 @@ def load_prompts(specs: str | list[str], tokenizer, max_prompt_length: int, defa
 
 
 def _group_metrics(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int) -> dict[str, float]:
-    groups = rewards.view(-1, group_size)
     lengths = response_mask.sum(dim=1)
     return {
         "reward/mean": float(rewards.mean()),
-        "reward/groups_mixed_fraction": float((groups.max(dim=1).values != groups.min(dim=1).values).float().mean()),
+        "reward/groups_mixed_fraction": mixed_group_fraction(rewards, group_size),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
     }
