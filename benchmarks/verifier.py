@@ -22,7 +22,7 @@ from rich.table import Table
 
 from pacs.rewards import ScoringPool, math_score
 
-MATH500 = Path(__file__).resolve().parents[2] / "shared" / "data" / "math500.jsonl"
+MATH500 = Path(__file__).resolve().parents[1] / "data" / "benchmarks" / "math500.jsonl"
 CORRECT_FORMATS = [
     "We simplify step by step. Therefore, the result is $\\boxed{ANSWER}$.",
     "Putting it together:\n\n**Final Answer**\n\\[\n\\boxed{ANSWER}\n\\]",

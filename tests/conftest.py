@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
+"""The public benchmark files kept in the repository (see data/benchmarks/README.md)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
