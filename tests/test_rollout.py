@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from transformers import GenerationConfig
+
 from pacs.models.loading import load_causal_lm, load_tokenizer
-from pacs.rollout.base import SamplingParams, pad_rows
+from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train.batch import PolicyBatch, response_logprobs
 
@@ -44,25 +46,70 @@ def test_response_mask_ends_at_the_first_end_token(engine):
     assert (lengths < 12).any(), "a random tiny model should emit the end token within 12 tokens sometimes"
 
 
-def test_recomputed_logprobs_are_those_of_the_sampling_distribution(engine):
-    """Scores returned by `generate` (float32 logits / temperature) against the trainer's recomputation."""
-    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=8)
-    config = engine._generation_config(params)
-    config.output_logits, config.return_dict_in_generate = True, True
-    ids = [torch.tensor(p) for p in prompt_ids(engine)]
-    input_ids = pad_rows(ids, engine.tokenizer.pad_token_id, left=True)
-    attention_mask = pad_rows([torch.ones_like(p) for p in ids], 0, left=True)
-    torch.manual_seed(3)
-    output = engine.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-    sampled = output.sequences[:, input_ids.shape[1] :]
-    expected = torch.log_softmax(torch.stack(output.logits, dim=1).double() / 0.7, dim=-1)
-    expected = expected.gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+def recomputed_logprobs(engine, rollouts, temperature):
+    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float64)
+    return response_logprobs(engine.model, batch, temperature=temperature), batch.response_mask.bool()
 
+
+def test_recomputed_logprobs_are_those_of_the_sampling_distribution(engine):
     torch.manual_seed(3)
-    rollouts = engine.generate(prompt_ids(engine), params)
-    width = rollouts.response_ids.shape[1]
-    assert torch.equal(rollouts.response_ids[rollouts.response_mask.bool()], sampled[:, :width][rollouts.response_mask.bool()])
-    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(4), torch.float64)
-    recomputed = response_logprobs(engine.model, batch, temperature=0.7)
-    mask = batch.response_mask.bool()
-    assert torch.allclose(recomputed[mask], expected[:, :width][mask], atol=1e-5)
+    rollouts = engine.generate(prompt_ids(engine), SamplingParams(n=2, temperature=0.7, max_new_tokens=8, return_logprobs=True))
+    recomputed, mask = recomputed_logprobs(engine, rollouts, 0.7)
+    assert torch.allclose(recomputed[mask], rollouts.response_logprobs[mask].double(), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def instruct_style_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with an instruct model's generation defaults, as Qwen2.5-Instruct ships them:
+    a repetition penalty, its own temperature / top-p / top-k, and two end-of-turn tokens."""
+    directory = tmp_path_factory.mktemp("instruct") / "model"
+    model = load_causal_lm(str(tiny_model_dir), dtype="float64")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model.generation_config = GenerationConfig(
+        repetition_penalty=1.05,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        do_sample=True,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def instruct_engine(instruct_style_model_dir):
+    model = load_causal_lm(str(instruct_style_model_dir), dtype="float64")
+    return TransformersEngine(model, load_tokenizer(str(instruct_style_model_dir)))
+
+
+def test_the_models_generation_defaults_do_not_reshape_sampling(instruct_engine):
+    """Behaviour log-probs (from generate's processed scores) equal the trainer's recomputation,
+    although the model's generation_config.json asks for a repetition penalty, top-k and top-p."""
+    torch.manual_seed(0)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24, return_logprobs=True)
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine) * 2, params)
+    recomputed, mask = recomputed_logprobs(instruct_engine, rollouts, 1.0)
+    assert mask.sum() > 100
+    assert torch.allclose(recomputed[mask], rollouts.response_logprobs[mask].double(), atol=1e-5)
+
+
+def test_the_models_generation_config_is_restored_after_generating(instruct_engine):
+    instruct_engine.generate(prompt_ids(instruct_engine), SamplingParams(n=1, max_new_tokens=2))
+    assert instruct_engine.model.generation_config.repetition_penalty == 1.05
+
+
+def test_a_response_ends_at_any_declared_end_of_sequence_token(instruct_engine):
+    tokenizer = instruct_engine.tokenizer
+    end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")}
+    assert set(instruct_engine.eos_ids) == end_ids
+    torch.manual_seed(1)
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine) * 16, SamplingParams(n=4, max_new_tokens=16))
+    lengths = rollouts.response_mask.sum(dim=1)
+    last_tokens = rollouts.response_ids[torch.arange(len(lengths)), lengths - 1]
+    for ids, length in zip(rollouts.response_ids, lengths):
+        assert not end_ids & set(ids[: length - 1].tolist())
+    ended = lengths < 16
+    assert set(last_tokens[ended].tolist()) == end_ids, "both end tokens should end some response"

@@ -17,12 +17,15 @@ import torch
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample: `n` responses per prompt at `temperature` / `top_p`, at most
-    `max_new_tokens` each, stopping at the tokenizer's end-of-sequence token."""
+    `max_new_tokens` each, stopping at any end-of-sequence token the model declares. With
+    `return_logprobs`, the engine also reports the log-probability of each sampled token under
+    the distribution it sampled from."""
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 32
+    return_logprobs: bool = False
 
 
 @dataclass
@@ -34,6 +37,8 @@ class Rollouts:
     response_ids:   (B, R) right-padded response tokens (the end-of-sequence token included)
     response_mask:  (B, R) 1 on generated tokens, 0 on padding after the end
     response_texts: B decoded responses, special tokens removed
+    response_logprobs: (B, R) log-probability of each response token under the sampling
+                       distribution (0.0 at padding), when `SamplingParams.return_logprobs`; else None
     """
 
     prompt_ids: torch.Tensor
@@ -42,6 +47,7 @@ class Rollouts:
     response_mask: torch.Tensor
     response_texts: list[str]
     group_size: int
+    response_logprobs: torch.Tensor | None = None
 
 
 class RolloutEngine(Protocol):

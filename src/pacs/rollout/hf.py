@@ -1,18 +1,47 @@
 """Rollout engine on transformers' `generate`: batched, left-padded prompts, pure sampling.
 
-Sampling is exactly softmax(logits / temperature) restricted to the top-p nucleus: top-k,
-repetition penalties and every other logits processor are off, so the behaviour policy is the one
-the trainer's log-probabilities describe.
+Sampling is exactly softmax(logits / temperature), restricted to the top-p nucleus when
+`top_p < 1` (evaluation only: the trainer refuses it, see `pacs.config`). Every other logits
+processor is off, whatever the model's own `generation_config.json` asks for: `generate()` fills
+each field a call leaves unset from the model's generation config, so an instruct model's
+`repetition_penalty: 1.05` or `top_k: 20` would otherwise reshape every sample, and the
+behaviour policy would no longer be the one the trainer's log-probabilities describe. The engine
+therefore generates against a clean generation config that keeps only the model's declared
+end-of-sequence ids (Qwen2.5-Instruct declares two: `<|im_end|>` and `<|endoftext|>`); a
+response ends at the first of any of them.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts, SamplingParams, pad_rows
+
+
+def end_of_sequence_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Every token id that ends a response: the tokenizer's EOS and each id the model's
+    generation config declares (`eos_token_id` may be an int or a list), in that order."""
+    declared = getattr(model.generation_config, "eos_token_id", None)
+    declared = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    ids = [tokenizer.eos_token_id, *declared]
+    return tuple(dict.fromkeys(int(token) for token in ids if token is not None))
+
+
+@contextmanager
+def _clean_generation_defaults(model: PreTrainedModel, eos_ids: tuple[int, ...], pad_id: int) -> Iterator[None]:
+    """While generating, the model's own generation config (whose fields `generate()` would merge
+    into ours) is replaced by one that holds only the end-of-sequence and padding ids."""
+    declared = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=pad_id)
+    try:
+        yield
+    finally:
+        model.generation_config = declared
 
 
 class TransformersEngine:
@@ -24,8 +53,13 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_sequences_per_call = max_sequences_per_call
+        self.eos_ids = end_of_sequence_ids(model, tokenizer)
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
+        """Pure sampling at `params.temperature` and `params.top_p`. Fields left unset take
+        transformers' global defaults, which are neutral (no penalty, no cut-off), because the model's
+        own generation config is swapped out while generating (`_clean_generation_defaults`);
+        top-k's global default is 50, so it is switched off here."""
         return GenerationConfig(
             do_sample=True,
             temperature=params.temperature,
@@ -33,8 +67,10 @@ class TransformersEngine:
             top_k=0,
             max_new_tokens=params.max_new_tokens,
             num_return_sequences=params.n,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=list(self.eos_ids),
             pad_token_id=self.tokenizer.pad_token_id,
+            output_scores=params.return_logprobs,
+            return_dict_in_generate=True,
         )
 
     @torch.no_grad()
@@ -42,23 +78,26 @@ class TransformersEngine:
         device = next(self.model.parameters()).device
         prompts_per_call = max(1, self.max_sequences_per_call // params.n)
         generation_config = self._generation_config(params)
-        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        was_training = self.model.training
-        self.model.eval()
-        prompt_rows, response_rows = [], []
-        for start in range(0, len(prompt_token_ids), prompts_per_call):
-            chunk = [torch.tensor(ids, dtype=torch.long) for ids in prompt_token_ids[start : start + prompts_per_call]]
-            input_ids = pad_rows(chunk, pad_id, left=True).to(device)
-            attention_mask = pad_rows([torch.ones_like(ids) for ids in chunk], 0, left=True).to(device)
-            output = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
-            )
-            responses = output[:, input_ids.shape[1] :].cpu()
-            for row, ids in enumerate(chunk):
-                prompt_rows.extend([ids] * params.n)
-                for sample in range(params.n):
-                    response_rows.append(_cut_after_eos(responses[row * params.n + sample], eos_id))
-        self.model.train(was_training)
+        pad_id = self.tokenizer.pad_token_id
+        prompt_rows, response_rows, logprob_rows = [], [], []
+        with eval_mode(self.model), _clean_generation_defaults(self.model, self.eos_ids, pad_id):
+            for start in range(0, len(prompt_token_ids), prompts_per_call):
+                chunk = [torch.tensor(ids, dtype=torch.long) for ids in prompt_token_ids[start : start + prompts_per_call]]
+                input_ids = pad_rows(chunk, pad_id, left=True).to(device)
+                attention_mask = pad_rows([torch.ones_like(ids) for ids in chunk], 0, left=True).to(device)
+                output = self.model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+                )
+                responses = output.sequences[:, input_ids.shape[1] :]
+                lengths = _lengths_through_first_end(responses, self.eos_ids)
+                if params.return_logprobs:
+                    sampled_logprobs = _sampled_logprobs(output.scores, responses)
+                for ids in chunk:
+                    prompt_rows.extend([ids] * params.n)
+                for sequence, length in enumerate(lengths.tolist()):
+                    response_rows.append(responses[sequence, :length].cpu())
+                    if params.return_logprobs:
+                        logprob_rows.append(sampled_logprobs[sequence, :length].cpu())
         response_ids = pad_rows(response_rows, pad_id, left=False)
         return Rollouts(
             prompt_ids=pad_rows(prompt_rows, pad_id, left=True),
@@ -67,10 +106,22 @@ class TransformersEngine:
             response_mask=pad_rows([torch.ones_like(ids) for ids in response_rows], 0, left=False),
             response_texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
             group_size=params.n,
+            response_logprobs=pad_rows(logprob_rows, 0, left=False) if params.return_logprobs else None,
         )
 
 
-def _cut_after_eos(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """(R,) generated tokens -> the prefix up to and including the first end-of-sequence token."""
-    ends = (tokens == eos_id).nonzero()
-    return tokens[: int(ends[0]) + 1] if len(ends) else tokens
+def _lengths_through_first_end(responses: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:
+    """(S, R) generated tokens -> (S,) lengths of each prefix up to and including its first
+    end-of-sequence token (R where there is none)."""
+    is_end = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
+    first_end = torch.where(is_end.any(dim=1), is_end.int().argmax(dim=1) + 1, responses.shape[1])
+    return first_end
+
+
+def _sampled_logprobs(scores: tuple[torch.Tensor, ...], responses: torch.Tensor) -> torch.Tensor:
+    """log of the sampling distribution at each sampled token: `scores` are generate's processed
+    logits, one (S, V) tensor per new token (after temperature and top-p); returns (S, R) in fp32
+    or wider."""
+    logits = torch.stack(scores, dim=1)
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
