@@ -178,6 +178,17 @@ def test_grpo_advantages_are_zero_in_groups_with_one_reward_value():
     assert torch.equal(advantages, torch.zeros(6))
 
 
+@pytest.mark.parametrize("norm_by_std", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("group_size", [3, 6, 7, 8])
+def test_grpo_advantages_of_a_group_of_equal_rewards_are_exactly_zero(group_size, dtype, norm_by_std):
+    """Not the rounding error of x − mean x divided by std + eps (float32, eight 0.7s: ±0.056)."""
+    rewards = torch.tensor([0.7] * group_size + [1.0] + [0.0] * (group_size - 1), dtype=dtype)
+    advantages = grpo_advantages(rewards, group_size, norm_by_std=norm_by_std)
+    assert torch.equal(advantages[:group_size], torch.zeros(group_size, dtype=dtype))
+    assert advantages[group_size] > 0
+
+
 def test_grpo_advantages_of_low_precision_rewards_are_float32():
     assert grpo_advantages(torch.tensor([1.0, 0.0], dtype=torch.bfloat16), 2).dtype == torch.float32
 
@@ -325,30 +336,31 @@ def test_seq_mean_token_mean_averages_each_row_over_its_own_tokens():
 
 
 @pytest.mark.parametrize("estimator", KL_ESTIMATORS)
-def test_kl_estimators_match_their_formulas(estimator):
+def test_kl_estimators_match_their_formulas_at_response_tokens_and_are_zero_at_padding(estimator):
     batch = make_batch()
-    logprobs, ref_logprobs = batch["logprobs"], batch["ref_logprobs"]
-    kl = kl_penalty(logprobs, ref_logprobs, estimator)
+    logprobs, ref_logprobs, mask = batch["logprobs"], batch["ref_logprobs"], batch["response_mask"]
+    kl = kl_penalty(logprobs, ref_logprobs, mask, estimator)
     expected = torch.stack(
         [
             torch.stack([reference_kl(logprobs[row, t], ref_logprobs[row, t], estimator) for t in range(NUM_TOKENS)])
             for row in range(logprobs.shape[0])
         ]
     )
+    expected = torch.where(mask.bool(), expected, 0.0)
     torch.testing.assert_close(kl, expected, atol=1e-12, rtol=0)
 
 
 def test_kl_estimators_on_one_token():
-    logprobs, ref_logprobs = torch.tensor([-1.0]), torch.tensor([-2.0])
-    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, "k1"), torch.tensor([1.0]))
-    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, "k2"), torch.tensor([0.5]))
-    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, "k3"), torch.tensor([math.exp(-1) + 1 - 1]))
+    logprobs, ref_logprobs, mask = torch.tensor([-1.0]), torch.tensor([-2.0]), torch.ones(1)
+    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, mask, "k1"), torch.tensor([1.0]))
+    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, mask, "k2"), torch.tensor([0.5]))
+    torch.testing.assert_close(kl_penalty(logprobs, ref_logprobs, mask, "k3"), torch.tensor([math.exp(-1) + 1 - 1]))
 
 
 @pytest.mark.parametrize("estimator", KL_ESTIMATORS)
 def test_kl_estimators_are_zero_when_the_policies_agree(estimator):
     logprobs = torch.tensor([-0.5, -3.0])
-    assert torch.equal(kl_penalty(logprobs, logprobs, estimator), torch.zeros(2))
+    assert torch.equal(kl_penalty(logprobs, logprobs, torch.ones(2), estimator), torch.zeros(2))
 
 
 # --- the clipped policy-gradient plug-in (shared by GRPO, RLOO and PPO) ----------------------
@@ -357,7 +369,7 @@ PLUGIN_OPTIONS = [
     dict(),
     dict(loss_agg="token-mean", clip_high=0.28, kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01),
     dict(loss_agg="seq-mean-token-mean", dual_clip=1.5, kl_coef=0.05, kl_estimator="k2"),
-    dict(loss_agg="seq-mean-token-sum", kl_coef=0.2, kl_estimator="k1", entropy_coef=0.02),
+    dict(loss_agg="seq-mean-token-sum", kl_coef=0.2, kl_estimator="k2", entropy_coef=0.02),
 ]
 
 
@@ -468,7 +480,7 @@ def test_advantages_of_the_wrong_shape_are_rejected():
 
 def test_unknown_kl_estimator_is_rejected():
     with pytest.raises(ValueError, match=r"unknown kl_estimator 'k0'"):
-        kl_penalty(torch.zeros(2), torch.zeros(2), "k0")
+        kl_penalty(torch.zeros(2), torch.zeros(2), torch.ones(2), "k0")
 
 
 def test_seq_mean_token_sum_norm_without_horizon_is_rejected():

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from pacs.algos import (
     ESTIMATORS,
+    PACS,
     PROXIES,
     WEIGHTINGS,
     class_weights,
@@ -198,6 +199,33 @@ def test_grpo_score_divides_centered_proxy_by_unbiased_std():
     unbiased_std = math.sqrt(((1.5**2) * 2 + (0.5**2) * 2) / 3)
     expected = (proxy_rewards - 2.5) / (unbiased_std + 1e-6)
     torch.testing.assert_close(group_scores(proxy_rewards, 4, estimator="grpo"), expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("group_size", [3, 6, 7, 8])
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_scores_of_a_group_of_equal_proxy_rewards_are_exactly_zero(estimator, group_size, dtype):
+    proxy_rewards = torch.tensor([0.7] * group_size + [0.5] + [0.0] * (group_size - 1), dtype=dtype)
+    scores = group_scores(proxy_rewards, group_size, estimator=estimator)
+    assert torch.equal(scores[:group_size], torch.zeros(group_size, dtype=dtype))
+    assert scores[group_size] > 0
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_on_policy_coefficients_are_the_gradient_through_the_zero_scores(estimator):
+    """At θ = θ_old every proxy is 0, so every group's scores are exactly 0, yet c = ∂L/∂r is the
+    formula's: with e_i = w_i (σ(0) − R_i) / B, rloo gives c_i = n/(n−1) · (e_i − mean_group e) and
+    grpo c_i = (e_i − mean_group e) / 1e-6 (so 0 in groups of equal rewards, up to rounding)."""
+    group_size = 4
+    _, old_logprobs, response_mask, rewards = make_batch(group_size)
+    minibatch = {"old_logprobs": old_logprobs, "response_mask": response_mask, "rewards": rewards}
+    row_terms, _ = PACS(group_size, estimator=estimator).prepare_update(minibatch, None, True)
+    errors = class_weights(rewards, group_size) * (0.5 - rewards) / len(rewards)
+    grouped = group_view(errors, group_size)
+    centred = (grouped - grouped.mean(dim=-1, keepdim=True)).reshape(-1)
+    expected = centred * group_size / (group_size - 1) if estimator == "rloo" else centred / 1e-6
+    assert centred[: 2 * group_size].abs().max() == 0 and expected.abs().max() > 0
+    torch.testing.assert_close(row_terms["proxy_grad"], expected, atol=1e-9, rtol=1e-12)
 
 
 def test_naive_score_is_the_proxy_itself():

@@ -186,6 +186,32 @@ def test_explained_variance_is_one_for_perfect_values_and_nan_for_constant_retur
     assert math.isnan(explained_variance(values, torch.ones_like(values), mask))
 
 
+@pytest.mark.parametrize("reward", [0.0, 0.7, 1.0])
+def test_explained_variance_is_nan_for_float32_returns_constant_up_to_rounding(reward):
+    """Every reward equal: G = Â + V is the reward up to float32 rounding (variance ~1e-13), which
+    must not give EV ≈ −1e14."""
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(8, 64)
+    mask[::2, 32:] = 0
+    values = 3 * torch.randn(8, 64, generator=generator)
+    _, returns = gae_advantages(outcome_token_rewards(torch.full((8,), reward), mask), values, mask)
+    assert math.isnan(explained_variance(values, returns, mask))
+
+
+def test_explained_variance_of_float32_returns_that_vary_matches_its_formula():
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(8, 64)
+    mask[::2, 32:] = 0
+    values = 3 * torch.randn(8, 64, generator=generator)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    _, returns = gae_advantages(outcome_token_rewards(rewards, mask), values, mask)
+    tokens = mask.bool()
+    targets = returns[tokens].double()
+    errors = targets - values[tokens].double()
+    expected = 1 - float(errors.var(unbiased=False)) / float(targets.var(unbiased=False))
+    assert explained_variance(values, returns, mask) == pytest.approx(expected, rel=1e-12)
+
+
 # --- the PPO plug-in -------------------------------------------------------------------------
 
 

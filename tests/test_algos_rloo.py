@@ -37,6 +37,15 @@ def test_rloo_advantages_are_n_over_n_minus_1_times_the_centered_rewards():
     torch.testing.assert_close(rloo_advantages(rewards, 3), (3 / 2 * centered).reshape(-1), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("group_size", [3, 6, 7, 8])
+def test_rloo_advantages_of_a_group_of_equal_rewards_are_exactly_zero(group_size, dtype):
+    rewards = torch.tensor([0.7] * group_size + [1.0] + [0.0] * (group_size - 1), dtype=dtype)
+    advantages = rloo_advantages(rewards, group_size)
+    assert torch.equal(advantages[:group_size], torch.zeros(group_size, dtype=dtype))
+    assert advantages[group_size] == 1
+
+
 def test_rloo_advantages_carry_no_gradient():
     rewards = torch.tensor([1.0, 0.0], requires_grad=True)
     assert not rloo_advantages(rewards, 2).requires_grad

@@ -28,11 +28,33 @@ plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 import torch
 
 Tensors = Mapping[str, torch.Tensor]
+SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a tensor over every process of a data-parallel run (the identity with one process)."""
+
+
+@dataclass(frozen=True)
+class MiniBatchTotals:
+    """Counts of the whole mini-batch (one optimizer update) of which an algorithm sees a share:
+    with N processes each holds 1/N of its rows, and every loss is normalised by these global
+    counts, so the shares' gradients sum to the mini-batch gradient.
+
+    num_rows:   responses in the mini-batch, over every process
+    num_tokens: response tokens in the mini-batch, over every process
+    """
+
+    num_rows: int
+    num_tokens: float
+
+    @classmethod
+    def of(cls, response_mask: torch.Tensor) -> MiniBatchTotals:
+        """The totals of a mini-batch held whole: (B, R) mask."""
+        return cls(num_rows=response_mask.shape[0], num_tokens=max(float(response_mask.sum()), 1.0))
 
 
 class Algorithm(Protocol):
@@ -40,9 +62,10 @@ class Algorithm(Protocol):
     needs: frozenset[str]
     """Extra tensors the trainer must provide: a subset of {"ref_logprobs", "values", "entropy"}."""
 
-    def prepare_step(self, batch: Tensors) -> dict[str, torch.Tensor]:
-        """Per-row (B,) or per-token (B, R) tensors computed once from the step's whole batch
-        (B = every row of the step), e.g. advantages; {} when there are none."""
+    def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
+        """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every
+        row of the step on this process), e.g. advantages; {} when there are none. Statistics over
+        the whole step (PPO's whitening) reduce with `sum_over_ranks` (None: one process)."""
         ...
 
     def prepare_update(
@@ -50,13 +73,16 @@ class Algorithm(Protocol):
         minibatch: Tensors,
         current_logprobs: Callable[[], torch.Tensor],
         policy_is_rollout_policy: bool,
+        totals: MiniBatchTotals | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Per-row tensors (B,) for `micro_batch_loss`, and the mini-batch's metrics.
 
         `current_logprobs()` runs a no-grad pass of the current policy over the mini-batch,
         returning (B, R); call it only when the update needs it. `policy_is_rollout_policy` is
         True on the first update after a rollout, when the current log-probs equal
-        `old_logprobs` and that pass can be skipped.
+        `old_logprobs` and that pass can be skipped. `totals`: counts of the global mini-batch
+        whose share `minibatch` is (None: `minibatch` is the whole mini-batch); losses are
+        normalised by them. Metrics describe this share.
         """
         ...
 

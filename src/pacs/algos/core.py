@@ -18,7 +18,8 @@ Policy-gradient building blocks shared by GRPO, RLOO and PPO (``pacs.algos.pg``,
                               ρ_it = exp(log π_θ(o_it) − log π_old(o_it)); dual clip: for A < 0,
                               ℓ_it = min(ℓ_it, −c · A_it)
     loss aggregation          L = Σ_i w_i Σ_t m_it ℓ_it, w_i set by the mode (``aggregation_weights``)
-    KL estimators             k1, k2, k3 of KL(π_θ ‖ π_ref) per token (``kl_penalty``)
+    KL penalty to π_ref       k2 (gradient of KL(π_θ ‖ π_ref)) or k3 (gradient of KL(π_ref ‖ π_θ)),
+                              per token (``kl_penalty``)
 
 Pure tensor math: imports torch only.
 """
@@ -122,39 +123,53 @@ GRPO_STD_EPS = 1e-6
 """Added to the group standard deviation before dividing by it (as in verl's GRPO)."""
 
 
+def _shifted_to_first_of_group(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) values → (B // n, n) float64 ``d[g, k] = x[g·n + k] − x[g·n]`` (differentiable)."""
+    grouped = group_view(values, group_size).to(torch.float64)
+    return grouped - grouped[:, :1]
+
+
 def leave_one_out_centred(values: torch.Tensor, group_size: int) -> torch.Tensor:
     """Each value minus the mean of the other values of its group (differentiable).
 
-    Formula: ``out_i = x_i − 1/(n−1) · Σ_{j≠i} x_j`` over the n = ``group_size`` rows of i's group.
+    Formula: ``out_i = x_i − 1/(n−1) · Σ_{j≠i} x_j`` over the n = ``group_size`` rows of i's group,
+    computed in float64 on ``d_j = x_j − x_first`` (the same value: the shift cancels), so that a
+    group whose values are all equal gets exactly 0 (every d_j is then exactly 0) rather than
+    rounding error.
 
     Args:
         values: (B,) tensor, B a multiple of ``group_size`` (callers check n ≥ 2).
 
     Returns:
-        (B,) centred values.
+        (B,) centred values in ``values``' dtype, with gradient if ``values`` has one.
     """
-    grouped = group_view(values, group_size)
-    others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others_mean).reshape(-1)
+    shifted = _shifted_to_first_of_group(values, group_size)
+    others_mean = (shifted.sum(dim=-1, keepdim=True) - shifted) / (group_size - 1)
+    return (shifted - others_mean).reshape(-1).to(values.dtype)
 
 
 def group_normalised(values: torch.Tensor, group_size: int, *, divide_by_std: bool = True, eps: float) -> torch.Tensor:
     """Each value centred on its group's mean, and divided by the group's std (differentiable).
 
     Formula: ``out_i = (x_i − mean_j x_j) / (std_j x_j + eps)``, std unbiased (divides by n − 1,
-    as ``torch.std`` and verl); without the division when ``divide_by_std`` is False.
+    as ``torch.std`` and verl); without the division when ``divide_by_std`` is False. Computed in
+    float64 on ``d_j = x_j − x_first`` (mean and std are shifted alike, so ``out`` is unchanged),
+    so that a group whose values are all equal gets exactly 0 (every d_j is then exactly 0; in
+    float32, eight rewards 0.7 lie 6e-8 from their computed mean, which the division by
+    std + eps = 6e-8 + 1e-6 would turn into 0.056).
+    The gradient is the formula's: at an all-equal group ``∂out_i/∂x_j = (δ_ij − 1/n) / eps``.
 
     Args:
         values: (B,) tensor, B a multiple of ``group_size`` (callers check n ≥ 2).
 
     Returns:
-        (B,) normalised values.
+        (B,) normalised values in ``values``' dtype, with gradient if ``values`` has one.
     """
-    grouped = group_view(values, group_size)
-    centred = grouped - grouped.mean(dim=-1, keepdim=True)
+    shifted = _shifted_to_first_of_group(values, group_size)
+    centred = shifted - shifted.mean(dim=-1, keepdim=True)
     if divide_by_std:
-        centred = centred / (grouped.std(dim=-1, keepdim=True) + eps)
-    return centred.reshape(-1)
+        centred = centred / (shifted.std(dim=-1, keepdim=True) + eps)
+    return centred.reshape(-1).to(values.dtype)
 
 
 def mixed_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
@@ -414,30 +429,60 @@ def aggregate_loss(
     return weighted_token_sum(per_token_loss, response_mask, weights)
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from tokens sampled from π_θ (J. Schulman,
-    "Approximating KL divergence", 2020, http://joschu.net/blog/kl-approx.html).
+def check_kl_penalty(kl_coef: float, kl_estimator: str) -> None:
+    """Raise ValueError unless ``kl_estimator`` can serve as a KL penalty with weight ``kl_coef``.
 
-    Formula (δ_it = ref_logprobs_it − logprobs_it = log π_ref(o_it) − log π_θ(o_it)):
-        k1 = −δ                 unbiased, high variance, can be negative
-        k2 = ½ δ²               biased, low variance
-        k3 = exp(δ) − δ − 1     unbiased, low variance, ≥ 0 (GRPO's KL term)
+    ``k1`` is refused as a loss (``kl_coef > 0``): its expected gradient is zero (see
+    ``kl_penalty``), so it adds noise and pulls π_θ nowhere.
+
+    Raises:
+        ValueError: an unknown ``kl_estimator``, or ``"k1"`` with ``kl_coef > 0``, naming the valid
+            choices.
+    """
+    check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+    if kl_estimator == "k1" and kl_coef > 0:
+        raise ValueError(
+            f"kl_estimator 'k1' with kl_coef={kl_coef!r}: as a loss on tokens sampled from the policy, "
+            "k1 = log π_θ − log π_ref has expected gradient zero (E[∇log π_θ] = 0), so it adds noise and "
+            "does not regularise; valid with kl_coef > 0: 'k2' (follows the gradient of KL(π_θ ‖ π_ref)), "
+            "'k3' (follows the gradient of KL(π_ref ‖ π_θ); GRPO's default)"
+        )
+
+
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor, estimator: str = "k3"
+) -> torch.Tensor:
+    """Per-token KL estimators between π_θ and the reference π_ref on tokens sampled from π_θ
+    (J. Schulman, "Approximating KL divergence", 2020, http://joschu.net/blog/kl-approx.html).
+
+    Formula (δ_it = ref_logprobs_it − logprobs_it = log π_ref(o_it) − log π_θ(o_it) at response
+    tokens, δ = 0 at padding, so padding gives exactly 0 and no gradient, whatever its log-probs):
+        k1 = −δ                 value: unbiased for KL(π_θ ‖ π_ref), high variance, can be < 0
+        k2 = ½ δ²               value: biased, low variance
+        k3 = exp(δ) − δ − 1     value: unbiased for KL(π_θ ‖ π_ref), low variance, ≥ 0
+
+    As a loss, back-propagated on samples o ~ π_old = π_θ (the sample itself held fixed), the
+    estimators follow different divergences; in expectation over o given its prefix:
+        k1:  ∇k1 = ∇log π_θ(o),                        E = 0: no regularisation, only noise
+        k2:  ∇k2 = (log π_θ(o) − log π_ref(o)) ∇log π_θ(o),   E = ∇KL(π_θ ‖ π_ref)  (forward)
+        k3:  ∇k3 = (1 − π_ref(o)/π_θ(o)) ∇log π_θ(o),        E = ∇KL(π_ref ‖ π_θ)  (reverse; GRPO's)
+    so k1 is refused as a penalty (``check_kl_penalty``); k2 and k3 both pull π_θ towards π_ref.
 
     Args:
         logprobs: (B, T) log-probs under the current policy π_θ.
         ref_logprobs: (B, T) log-probs of the same tokens under the reference policy π_ref.
+        response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
         estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
 
     Returns:
-        (B, T) per-token estimates; padding positions are not masked (aggregate with the mask, and
-        keep padding log-probs finite: k3 exponentiates δ).
+        (B, T) per-token estimates, exactly 0 at padding positions.
 
     Raises:
         ValueError: unknown ``estimator`` or shapes that differ.
     """
     check_choice("kl_estimator", estimator, KL_ESTIMATORS)
-    check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    delta = ref_logprobs - logprobs
+    check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs, response_mask=response_mask)
+    delta = torch.where(response_mask.bool(), ref_logprobs - logprobs, torch.zeros_like(logprobs))
     if estimator == "k1":
         return -delta
     if estimator == "k2":

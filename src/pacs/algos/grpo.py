@@ -73,7 +73,7 @@ class GRPO(ClippedPolicyGradient):
         check_std_eps(eps)
         self.norm_by_std, self.eps = norm_by_std, eps
 
-    def prepare_step(self, batch) -> dict[str, torch.Tensor]:
+    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """{"advantages": (B,) ``grpo_advantages`` of the step's rewards}."""
         advantages = grpo_advantages(batch["rewards"], self.group_size, norm_by_std=self.norm_by_std, eps=self.eps)
         return {"advantages": advantages}

@@ -34,12 +34,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from pacs.algos.base import MiniBatchTotals
 from pacs.algos.core import (
     GRPO_STD_EPS,
-    KL_ESTIMATORS,
     LOSS_AGG_MODES,
     aggregation_weights,
     check_choice,
+    check_kl_penalty,
     check_same_shape,
     group_normalised,
     group_view,
@@ -275,9 +276,12 @@ class PACS:
     and an entropy bonus, added per token and aggregated by `loss_agg` (see
     `core.aggregation_weights`; `horizon` is the maximum response length):
 
-        L_total = L + Σ_i v_i Σ_t m_it (kl_coef · KL_k(π_θ ‖ π_ref)_it − entropy_coef · H_it)
+        L_total = L + Σ_i v_i Σ_t m_it (kl_coef · k_it − entropy_coef · H_it)
 
-    with v the aggregation weights of the mini-batch. The reported "loss" is L alone.
+    with v the aggregation weights of the mini-batch and k the per-token estimator
+    `kl_estimator` (`core.kl_penalty`): "k2" follows the gradient of KL(π_θ ‖ π_ref), "k3" (the
+    default) that of KL(π_ref ‖ π_θ); "k1", whose expected gradient is zero, is refused when
+    kl_coef > 0. The reported "loss" is L alone.
     """
 
     def __init__(
@@ -297,11 +301,11 @@ class PACS:
         check_choice("proxy", proxy, PROXIES)
         check_choice("estimator", estimator, ESTIMATORS)
         check_choice("weighting", weighting, WEIGHTINGS)
-        check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
         for name, coef in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
             if not (math.isfinite(coef) and coef >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {coef!r}")
+        check_kl_penalty(kl_coef, kl_estimator)
         self.group_size = group_size
         self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
@@ -310,23 +314,26 @@ class PACS:
             {"entropy"} if entropy_coef > 0 else set()
         )
 
-    def prepare_step(self, batch) -> dict[str, torch.Tensor]:
+    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """Nothing: PACS's terms depend on the current policy, so they are made per update."""
         return {}
 
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         return reward_proxy(logprobs, rows["old_logprobs"], rows["response_mask"], beta=self.beta, proxy=self.proxy)
 
-    def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy):
-        """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i; metrics: the mini-batch loss and the
-        mean predicted probability of success σ(ψ) on correct (R = 1) and incorrect (R = 0) rows."""
+    def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
+        """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
+        over its `totals.num_rows` rows; groups are whole on each share, so ψ and the class weights
+        are local); metrics: this share's loss and the mean predicted probability of success σ(ψ)
+        on correct (R = 1) and incorrect (R = 0) rows."""
+        totals = totals or MiniBatchTotals.of(minibatch["response_mask"])
         logprobs = minibatch["old_logprobs"] if policy_is_rollout_policy else current_logprobs()
         proxy_rewards = self._proxy(logprobs, minibatch).detach().requires_grad_(True)
         rewards = minibatch["rewards"]
         loss = pacs_loss_from_proxy(
             proxy_rewards, rewards, self.group_size, estimator=self.estimator, weighting=self.weighting
         )
-        (proxy_grad,) = torch.autograd.grad(loss, proxy_rewards)
+        (proxy_grad,) = torch.autograd.grad(loss * (len(rewards) / totals.num_rows), proxy_rewards)
         predicted = torch.sigmoid(group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator))
         metrics = {"loss": float(loss.detach())}
         for name, rows in (("correct", rewards == 1), ("incorrect", rewards == 0)):
@@ -335,7 +342,11 @@ class PACS:
         row_terms = {"proxy_grad": proxy_grad}
         if self.needs:
             row_terms["regulariser_weight"] = aggregation_weights(
-                minibatch["response_mask"], self.loss_agg, horizon=self.horizon
+                minibatch["response_mask"],
+                self.loss_agg,
+                num_rows=totals.num_rows,
+                num_tokens=totals.num_tokens,
+                horizon=self.horizon,
             )
         return row_terms, metrics
 
@@ -347,7 +358,8 @@ class PACS:
             return loss
         per_token = torch.zeros_like(logprobs)
         if self.kl_coef > 0:
-            per_token = per_token + self.kl_coef * kl_penalty(logprobs, micro["ref_logprobs"], self.kl_estimator)
+            kl = kl_penalty(logprobs, micro["ref_logprobs"], micro["response_mask"], self.kl_estimator)
+            per_token = per_token + self.kl_coef * kl
         if self.entropy_coef > 0:
             per_token = per_token - self.entropy_coef * micro["entropy"]
         return loss + weighted_token_sum(per_token, micro["response_mask"], row_terms["regulariser_weight"])

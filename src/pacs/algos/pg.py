@@ -7,13 +7,16 @@ entropy bonus, aggregated over tokens by one loss aggregation mode:
     ρ_it = π_θ(o_it) / π_old(o_it)
     ℓ_it = max(−A_it ρ_it, −A_it clip(ρ_it, 1 − ε_low, 1 + ε_high))
            [dual clip c, where A_it < 0: ℓ_it = min(ℓ_it, −c A_it)]
-           + kl_coef · KL_k(π_θ ‖ π_ref)_it − entropy_coef · H_it
+           + kl_coef · k_it − entropy_coef · H_it
     L    = Σ_i w_i Σ_t m_it ℓ_it      w = aggregation_weights(mini-batch mask, loss_agg)
 
 w_i depends only on row i and constants of the mini-batch, so ``prepare_update`` computes it once
 per mini-batch and each micro-batch adds ``Σ_{i ∈ micro} w_i Σ_t m_it ℓ_it``: the shares sum to L in
-value and gradient at any micro-batch size (see ``pacs.algos.base``). See ``core.clipped_surrogate``,
-``core.aggregation_weights`` and ``core.kl_penalty`` for the pieces.
+value and gradient at any micro-batch size (see ``pacs.algos.base``). k is the per-token KL
+estimator ``kl_estimator`` (``core.kl_penalty``): "k2" follows the gradient of KL(π_θ ‖ π_ref), "k3"
+(the default, GRPO's) that of KL(π_ref ‖ π_θ); "k1", whose expected gradient is zero, is refused
+when kl_coef > 0. See ``core.clipped_surrogate``, ``core.aggregation_weights`` and
+``core.kl_penalty`` for the pieces.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import math
 
 import torch
 
+from pacs.algos.base import MiniBatchTotals
 from pacs.algos.core import (
-    KL_ESTIMATORS,
     LOSS_AGG_MODES,
     aggregation_weights,
     check_choice,
     check_clip_range,
     check_group_size,
+    check_kl_penalty,
     clipped_surrogate,
     kl_penalty,
     masked_mean,
@@ -48,7 +52,8 @@ class ClippedPolicyGradient:
         dual_clip: c > 1, or None.
         loss_agg: one of ``LOSS_AGG_MODES``; the default is the paper's GRPO baseline (Dr. GRPO).
         kl_coef: weight ≥ 0 of the per-token KL to the reference policy; > 0 needs "ref_logprobs".
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (see ``core.kl_penalty``).
+        kl_estimator: ``"k2"`` (gradient of KL(π_θ ‖ π_ref)) or ``"k3"`` (gradient of KL(π_ref ‖ π_θ));
+            ``"k1"`` only with kl_coef = 0 (see ``core.kl_penalty``).
         entropy_coef: weight ≥ 0 of the entropy bonus; > 0 needs "entropy".
     """
 
@@ -70,12 +75,12 @@ class ClippedPolicyGradient:
         check_group_size(group_size, self.min_group_size, type(self).__name__)
         check_clip_range(clip_low, clip_high, dual_clip)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
-        check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon must be a positive integer (the maximum response length), got {horizon!r}")
         for name, coef in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
             if not (math.isfinite(coef) and coef >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (0 switches the term off), got {coef!r}")
+        check_kl_penalty(kl_coef, kl_estimator)
         self.group_size, self.horizon = group_size, horizon
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
         self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
@@ -101,32 +106,32 @@ class ClippedPolicyGradient:
         )
         metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
         if self.kl_coef > 0:
-            is_response = mask.bool()
-            kl = kl_penalty(
-                torch.where(is_response, logprobs, torch.zeros_like(logprobs)),
-                torch.where(is_response, rows["ref_logprobs"], torch.zeros_like(logprobs)),
-                self.kl_estimator,
-            )
+            kl = kl_penalty(logprobs, rows["ref_logprobs"], mask, self.kl_estimator)
             per_token = per_token + self.kl_coef * kl
             metrics["actor/kl_ref"] = float(masked_mean(kl.detach().flatten(), mask.flatten()))
         return per_token, metrics
 
-    def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy):
+    def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["loss_weight"]: (B,) aggregation weights w of the mini-batch's rows.
 
         Metrics, at the current policy (``old_logprobs`` on the first update after a rollout,
         else one no-grad pass ``current_logprobs()``, the price of an exact "loss"): "loss" (L
         without the entropy bonus, since entropy reaches micro-batches only), "actor/clip_fraction",
-        "actor/approx_kl" (k3 of KL(π_old ‖ π_θ)), "actor/kl_ref" (mean per-token KL to the
-        reference, if kl_coef > 0), "advantages/mean" (over rows, or response tokens if per
-        token) and "groups/mixed_fraction".
+        "actor/approx_kl" (k3 of KL(π_old ‖ π_θ)), "actor/kl_ref" (mean per-token estimate k of the
+        KL to the reference, if kl_coef > 0), "advantages/mean" (over rows, or response tokens if per
+        token) and "groups/mixed_fraction", all of this share of the mini-batch. The weights are
+        those of the global mini-batch (`totals`); "loss" is this share's own loss (its rows
+        weighted as if they were the mini-batch).
         """
         logprobs = minibatch["old_logprobs"] if policy_is_rollout_policy else current_logprobs()
         mask = minibatch["response_mask"]
-        loss_weight = aggregation_weights(mask, self.loss_agg, horizon=self.horizon)
+        totals = totals or MiniBatchTotals.of(mask)
+        loss_weight = aggregation_weights(
+            mask, self.loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
+        )
         with torch.no_grad():
             per_token, metrics = self._policy_loss(logprobs, minibatch)
-            loss = weighted_token_sum(per_token, mask, loss_weight)
+            loss = weighted_token_sum(per_token, mask, aggregation_weights(mask, self.loss_agg, horizon=self.horizon))
         advantages = minibatch["advantages"]
         if advantages.dim() == 1:
             mean_advantage = advantages.mean()

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from pacs.algos.base import MiniBatchTotals, SumOverRanks
 from pacs.algos.core import (
     LOSS_AGG_MODES,
     aggregation_weights,
@@ -36,6 +37,9 @@ from pacs.algos.core import (
 from pacs.algos.pg import ClippedPolicyGradient
 
 WHITEN_EPS = 1e-8
+CONSTANT_RETURNS_ULPS = 1000
+"""``explained_variance`` treats returns as constant when their std is within this many machine
+epsilons of their scale (rounding error, not signal)."""
 
 
 def check_discounts(gamma: float, lam: float) -> None:
@@ -82,10 +86,15 @@ def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) ->
     return token_rewards
 
 
-def whiten(values: torch.Tensor, response_mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
+def whiten(
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    eps: float = WHITEN_EPS,
+    sum_over_ranks: SumOverRanks | None = None,
+) -> torch.Tensor:
     """Standardise ``values`` over every response token of the batch (verl's ``masked_whiten``).
 
-    Formula (N = Σ_it m_it, sums over response tokens):
+    Formula (N = Σ_it m_it, sums over response tokens of every process's rows):
         μ = Σ v / N,   σ² = Σ (v − μ)² / max(N − 1, 1)  (unbiased),   out = (v − μ) / sqrt(σ² + eps)
     Padding positions of the output are 0.
 
@@ -93,16 +102,19 @@ def whiten(values: torch.Tensor, response_mask: torch.Tensor, eps: float = WHITE
         values: (B, T) values, e.g. advantages.
         response_mask: (B, T) 1 at response tokens, 0 at padding.
         eps: added to the variance, > 0.
+        sum_over_ranks: sums over the processes of a data-parallel run (None: this batch is all).
 
     Returns:
         (B, T) whitened values.
     """
     check_same_shape(values=values, response_mask=response_mask)
+    total = sum_over_ranks or (lambda tensor: tensor)
     is_response = response_mask.bool()
     flat_values, flat_mask = values.flatten(), is_response.flatten()
-    mean = masked_mean(flat_values, flat_mask)
-    num_tokens = int(flat_mask.sum())
-    variance = ((flat_values - mean) ** 2)[flat_mask].sum() / max(num_tokens - 1, 1)
+    count_and_sum = total(torch.stack([flat_mask.sum().to(values.dtype), flat_values[flat_mask].sum()]))
+    num_tokens = int(count_and_sum[0])
+    mean = count_and_sum[1] / max(num_tokens, 1)
+    variance = total(((flat_values - mean) ** 2)[flat_mask].sum()) / max(num_tokens - 1, 1)
     whitened = (values - mean) / torch.sqrt(variance + eps)
     return torch.where(is_response, whitened, torch.zeros_like(whitened))
 
@@ -114,6 +126,7 @@ def gae_advantages(
     *,
     gamma: float = 1.0,
     lam: float = 1.0,
+    sum_over_ranks: SumOverRanks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimates over response tokens, whitened, and the returns.
 
@@ -130,6 +143,7 @@ def gae_advantages(
         response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
         gamma: discount γ in [0, 1].
         lam: GAE λ in [0, 1].
+        sum_over_ranks: whitening statistics over every process (see ``whiten``).
 
     Returns:
         (advantages, returns), both (B, T), 0 at padding positions, no gradient.
@@ -153,7 +167,7 @@ def gae_advantages(
         next_value = torch.where(is_response[:, t], values[:, t], next_value)
         raw_advantages[:, t] = next_advantage
     raw_advantages = torch.where(is_response, raw_advantages, 0.0)
-    return whiten(raw_advantages, response_mask), raw_advantages + values
+    return whiten(raw_advantages, response_mask, sum_over_ranks=sum_over_ranks), raw_advantages + values
 
 
 def value_loss(
@@ -196,24 +210,31 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mas
     """How much of the returns' variance the values explain, over every response token.
 
     Formula: EV = 1 − Var[G − V] / Var[G], variances over response tokens; 1 is perfect, 0 no
-    better than a constant, < 0 worse. NaN when Var[G] = 0.
+    better than a constant, < 0 worse. Undefined when the returns are constant (e.g. every reward
+    of the step equal): then EV is nan, which the metrics writer records as null. Returns count
+    as constant when std[G] ≤ 1000 · ε · max_t(|G_t|, |V_t|), ε the machine epsilon of their dtype
+    (1.2e-7 in float32): G = Â + V carries rounding error of order ε · |V|, and dividing by its
+    variance instead of 0 would give EV ≈ −1e14.
 
     Args:
         values: (B, T) critic values V.
-        returns: (B, T) returns G.
+        returns: (B, T) returns G, floating point.
         response_mask: (B, T) 1 at response tokens, 0 at padding.
 
     Returns:
-        EV as a float.
+        EV as a float, nan if undefined (constant returns or no response token).
     """
     check_same_shape(values=values, returns=returns, response_mask=response_mask)
     is_response = response_mask.bool()
     returns_at_tokens = returns.detach()[is_response].double()
-    errors = returns_at_tokens - values.detach()[is_response].double()
-    returns_variance = float(returns_at_tokens.var(unbiased=False)) if returns_at_tokens.numel() else 0.0
-    if returns_variance == 0:
+    values_at_tokens = values.detach()[is_response].double()
+    if returns_at_tokens.numel() == 0:
         return math.nan
-    return 1.0 - float(errors.var(unbiased=False)) / returns_variance
+    scale = float(torch.maximum(returns_at_tokens.abs(), values_at_tokens.abs()).max())
+    returns_variance = float(returns_at_tokens.var(unbiased=False))
+    if math.sqrt(returns_variance) <= CONSTANT_RETURNS_ULPS * torch.finfo(returns.dtype).eps * scale:
+        return math.nan
+    return 1.0 - float((returns_at_tokens - values_at_tokens).var(unbiased=False)) / returns_variance
 
 
 class PPO(ClippedPolicyGradient):
@@ -246,16 +267,23 @@ class PPO(ClippedPolicyGradient):
         self.gamma, self.lam, self.value_clip, self.critic_loss_agg = gamma, lam, value_clip, critic_loss_agg
         self.needs = self.needs | {"values"}
 
-    def prepare_step(self, batch) -> dict[str, torch.Tensor]:
+    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """{"advantages": (B, T) whitened GAE, "returns": (B, T)} from the step's rewards and values."""
         mask = batch["response_mask"]
         token_rewards = outcome_token_rewards(batch["rewards"], mask)
-        advantages, returns = gae_advantages(token_rewards, batch["values"], mask, gamma=self.gamma, lam=self.lam)
+        advantages, returns = gae_advantages(
+            token_rewards, batch["values"], mask, gamma=self.gamma, lam=self.lam, sum_over_ranks=sum_over_ranks
+        )
         return {"advantages": advantages, "returns": returns}
 
-    def critic_row_terms(self, minibatch) -> dict[str, torch.Tensor]:
-        """{"loss_weight": (B,) aggregation weights of the mini-batch's rows under critic_loss_agg}."""
-        weights = aggregation_weights(minibatch["response_mask"], self.critic_loss_agg, horizon=self.horizon)
+    def critic_row_terms(self, minibatch, totals: MiniBatchTotals | None = None) -> dict[str, torch.Tensor]:
+        """{"loss_weight": (B,) aggregation weights of the mini-batch's rows under critic_loss_agg},
+        normalised by the global mini-batch's `totals` (None: `minibatch` is all of it)."""
+        mask = minibatch["response_mask"]
+        totals = totals or MiniBatchTotals.of(mask)
+        weights = aggregation_weights(
+            mask, self.critic_loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
+        )
         return {"loss_weight": weights}
 
     def critic_micro_batch_loss(self, values: torch.Tensor, micro, row_terms) -> torch.Tensor:

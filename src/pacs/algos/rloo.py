@@ -49,6 +49,6 @@ class RLOO(ClippedPolicyGradient):
 
     min_group_size = 2
 
-    def prepare_step(self, batch) -> dict[str, torch.Tensor]:
+    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """{"advantages": (B,) ``rloo_advantages`` of the step's rewards}."""
         return {"advantages": rloo_advantages(batch["rewards"], self.group_size)}
