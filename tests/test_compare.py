@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -34,9 +35,25 @@ def test_every_method_and_the_unweighted_ablation_is_trained_and_evaluated(compa
     out, report = comparison
     rows = report["results"]["arithmetic"]
     assert list(rows) == ["base model", "pacs", "grpo", "ppo", "pacs (no weighting)"]
-    assert set(rows["pacs"]) == {"pass@1", "pass@2", "pass@4"}
-    assert rows["pacs"]["pass@1"]["std"] == 0.0 and len(rows["pacs"]["pass@1"]["per_seed"]) == 1
+    assert set(rows["pacs"]["pass@k"]) == {"pass@1", "pass@2", "pass@4"}
+    assert rows["pacs"]["pass@k"]["pass@1"]["std"] == 0.0 and len(rows["pacs"]["pass@k"]["pass@1"]["per_seed"]) == 1
     assert json.loads((out / "comparison.json").read_text())["seeds"] == [0]
+
+
+def test_each_evaluations_counts_are_carried_into_the_json_and_the_table(comparison):
+    out, report = comparison
+    (counts,) = report["results"]["arithmetic"]["grpo"]["per_seed"]
+    assert counts == {
+        "problems": 8,
+        "samples_per_problem": 4,
+        "prompts_dropped_too_long": 0,
+        "timeouts": 0,
+        "crashes": 0,
+        "max_new_tokens": {"requested": 16, "min": 16, "max": 16, "prompts_below_requested": 0},
+    }
+    table = (out / "comparison.md").read_text()
+    assert "| method | problems | samples per problem | prompts too long | timeouts | crashes | max new tokens |" in table
+    assert "| grpo | 8 | 4 | 0 | 0 | 0 | 16 |" in table
 
 
 def test_runs_differ_only_in_the_algorithm(comparison):
@@ -56,11 +73,30 @@ def test_table_and_plots_are_written(comparison):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
 
 
-def test_an_interrupted_comparison_reuses_finished_runs(comparison, monkeypatch):
+def test_an_interrupted_comparison_reuses_finished_runs_and_evaluations(comparison, monkeypatch):
     out, report = comparison
     monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr("pacs.compare.evaluate_model", lambda *a, **k: pytest.fail("a finished evaluation was redone"))
     again = run_comparison("builtin:compare-demo", ["pacs", "grpo", "ppo"], [0], out, eval_n=4, overrides=TINY, show_progress=False)
     assert again["results"] == report["results"]
+
+
+def test_evaluations_made_with_other_settings_are_redone_not_reused(comparison, tmp_path, monkeypatch, capsys):
+    out = shutil.copytree(comparison[0], tmp_path / "compare")
+    monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = run_comparison("builtin:compare-demo", ["grpo"], [0], out, eval_n=2, overrides=TINY, show_progress=False)
+    rows = again["results"]["arithmetic"]
+    assert set(rows["base model"]["pass@k"]) == set(rows["grpo"]["pass@k"]) == {"pass@1", "pass@2"}
+    assert rows["grpo"]["per_seed"][0]["samples_per_problem"] == 2
+    assert "was evaluated with other settings (n: 4 -> 2): evaluating again" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_run_trained_with_other_settings_is_trained_again_and_the_old_one_kept(comparison, tmp_path, capsys):
+    out = shutil.copytree(comparison[0], tmp_path / "compare")
+    run_comparison("builtin:compare-demo", ["grpo"], [0], out, eval_n=4, overrides=[*TINY, "train.lr=0.0002"], show_progress=False)
+    assert "train.lr: 0.0001 -> 0.0002" in " ".join(capsys.readouterr().out.split())
+    assert "lr: 0.0002" in (out / "grpo" / "seed_0" / "config.yaml").read_text()
+    assert "lr: 0.0001" in (out / "grpo" / "seed_0.superseded" / "config.yaml").read_text()
 
 
 def test_unknown_algorithm_is_named(tmp_path, capsys):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import BENCHMARK_DATA
 from pacs.data.loading import load_rows
 from pacs.data.prepare import (
     PROMPT_SUFFIX,
@@ -45,28 +45,28 @@ def _content(row: dict) -> str:
 @pytest.mark.parametrize("file_name", SHARED_FILES)
 def test_every_shared_file_prepares_every_row_and_passes_the_schema(file_name: str) -> None:
     source, row_count = SHARED_FILES[file_name]
-    prepared = prepare_dataset(SHARED_DATA / file_name)
+    prepared = prepare_dataset(BENCHMARK_DATA / file_name)
     assert len(prepared.rows) == prepared.report.rows_read == prepared.report.rows_written == row_count
     assert {row["data_source"] for row in prepared.rows} == {source}
     validate_rows(prepared.rows, file_name)
 
 
 def test_prompt_is_the_problem_as_one_user_message_with_the_boxed_suffix() -> None:
-    record = read_records(SHARED_DATA / "math500.jsonl")[0]
-    row = prepare_dataset(SHARED_DATA / "math500.jsonl").rows[0]
+    record = read_records(BENCHMARK_DATA / "math500.jsonl")[0]
+    row = prepare_dataset(BENCHMARK_DATA / "math500.jsonl").rows[0]
     assert PROMPT_SUFFIX == " Please reason step by step, and put your final answer within \\boxed{}."
     assert row["prompt"] == [{"role": "user", "content": record["problem"] + PROMPT_SUFFIX}]
 
 
 def test_rows_are_math_with_a_rule_reward_on_the_source_answer() -> None:
-    row = prepare_dataset(SHARED_DATA / "math500.jsonl").rows[0]
+    row = prepare_dataset(BENCHMARK_DATA / "math500.jsonl").rows[0]
     assert row["ability"] == "math"
     assert row["reward_model"] == {"style": "rule", "ground_truth": "\\left( 3, \\frac{\\pi}{2} \\right)"}
 
 
 def test_extra_info_keeps_the_source_position_and_reference_fields() -> None:
-    record = read_records(SHARED_DATA / "math500.jsonl")[7]
-    extra_info = prepare_dataset(SHARED_DATA / "math500.jsonl").rows[7]["extra_info"]
+    record = read_records(BENCHMARK_DATA / "math500.jsonl")[7]
+    extra_info = prepare_dataset(BENCHMARK_DATA / "math500.jsonl").rows[7]["extra_info"]
     assert extra_info == {
         "split": "test",
         "index": 7,
@@ -76,38 +76,42 @@ def test_extra_info_keeps_the_source_position_and_reference_fields() -> None:
 
 
 def test_deepscaler_defaults_to_the_train_split() -> None:
-    rows = prepare_dataset(SHARED_DATA / "deepscaler_sample.json").rows
+    rows = prepare_dataset(BENCHMARK_DATA / "deepscaler_sample.json").rows
     assert {row["extra_info"]["split"] for row in rows} == {"train"}
     assert set(rows[0]["extra_info"]) >= {"solution", "answer", "difficulty"}
 
 
 def test_split_can_be_chosen() -> None:
-    rows = prepare_dataset(SHARED_DATA / "aime2025.jsonl", split="val").rows
+    rows = prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl", split="val").rows
     assert {row["extra_info"]["split"] for row in rows} == {"val"}
 
 
 def test_amc23_float_answers_become_integer_text_and_are_counted() -> None:
-    prepared = prepare_dataset(SHARED_DATA / "amc23.jsonl")
+    prepared = prepare_dataset(BENCHMARK_DATA / "amc23.jsonl")
     assert prepared.rows[0]["reward_model"]["ground_truth"] == "27"
     assert prepared.rows[0]["extra_info"]["answer"] == 27.0
     assert all(re.fullmatch(r"-?\d+", row["reward_model"]["ground_truth"]) for row in prepared.rows)
     assert prepared.report.normalised_answers == 40
 
 
-def test_non_integral_float_answer_keeps_its_decimal_text(tmp_path: Path) -> None:
-    path = _write_jsonl(tmp_path / "amc23.jsonl", [{"problem": "Halve 5.", "answer": 2.5}])
-    assert prepare_dataset(path).rows[0]["reward_model"]["ground_truth"] == "2.5"
+@pytest.mark.parametrize(
+    ("answer", "text"),
+    [(2.5, "2.5"), (1e-07, "0.0000001"), (1.5e-10, "0.00000000015"), (-0.25, "-0.25"), (1e20, "100000000000000000000")],
+)
+def test_float_answers_are_written_in_plain_positional_decimal_notation(tmp_path: Path, answer: float, text: str) -> None:
+    path = _write_jsonl(tmp_path / "amc23.jsonl", [{"problem": "Compute it.", "answer": answer}])
+    assert prepare_dataset(path).rows[0]["reward_model"]["ground_truth"] == text
 
 
 def test_aime2024_answers_keep_their_leading_zeros() -> None:
-    ground_truths = [row["reward_model"]["ground_truth"] for row in prepare_dataset(SHARED_DATA / "aime2024.jsonl").rows]
+    ground_truths = [row["reward_model"]["ground_truth"] for row in prepare_dataset(BENCHMARK_DATA / "aime2024.jsonl").rows]
     assert ground_truths[:3] == ["204", "113", "371"]
     assert {"025", "073", "023", "045", "033", "080", "055"} <= set(ground_truths)
 
 
 def test_gsm8k_ground_truth_is_the_number_after_the_hashes_without_commas() -> None:
-    records = read_records(SHARED_DATA / "gsm8k_test.jsonl")
-    prepared = prepare_dataset(SHARED_DATA / "gsm8k_test.jsonl")
+    records = read_records(BENCHMARK_DATA / "gsm8k_test.jsonl")
+    prepared = prepare_dataset(BENCHMARK_DATA / "gsm8k_test.jsonl")
     with_commas = [index for index, record in enumerate(records) if record["answer"].endswith("#### 2,125")]
     assert len(with_commas) == 1
     row = prepared.rows[with_commas[0]]
@@ -127,7 +131,7 @@ def test_gsm8k_answer_without_hashes_is_refused_naming_the_row(tmp_path: Path) -
 
 
 def test_aime2025_broken_latex_escapes_are_repaired_and_reported() -> None:
-    prepared = prepare_dataset(SHARED_DATA / "aime2025.jsonl")
+    prepared = prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl")
     assert prepared.report.repaired_control_characters == [18, 19, 27]
     assert "\\prod^{63}_{k=4} \\frac{\\log_k (5^{k^2 - 1})}" in _content(prepared.rows[18])
     assert "The circumcircle of $\\triangle DEF$ intersects" in _content(prepared.rows[19])
@@ -137,7 +141,7 @@ def test_aime2025_broken_latex_escapes_are_repaired_and_reported() -> None:
 
 
 def test_whitespace_tabs_become_spaces_and_are_reported() -> None:
-    prepared = prepare_dataset(SHARED_DATA / "math500.jsonl")
+    prepared = prepare_dataset(BENCHMARK_DATA / "math500.jsonl")
     assert prepared.report.tabs_replaced == [17, 426]
     assert prepared.report.repaired_control_characters == []
     assert _content(prepared.rows[426]).startswith("A square and an equilateral triangle have equal perimeters. The area")
@@ -162,6 +166,41 @@ def test_control_character_starting_a_latex_command_is_repaired_and_a_tab_before
     assert _content(prepare_dataset(path).rows[0]) == repaired + PROMPT_SUFFIX
 
 
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "A square and\tan equilateral triangle have equal perimeters.",
+        "Walk\to the door.",
+        "The Greek letter is\tau in French.",
+        "Sort by\top score.",
+        "The last letter is\tt.",
+    ],
+)
+def test_a_whitespace_tab_before_a_word_that_ends_a_latex_command_stays_whitespace_outside_math(
+    tmp_path: Path, problem: str
+) -> None:
+    prepared = prepare_dataset(_write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": problem, "answer": "1"}]))
+    assert _content(prepared.rows[0]) == problem.replace("\t", " ") + PROMPT_SUFFIX
+    assert prepared.report.tabs_replaced == [0] and prepared.report.repaired_control_characters == []
+
+
+@pytest.mark.parametrize(
+    ("problem", "repaired"),
+    [
+        ("Find $\tan x$ and\tan angle.", "Find $\\tan x$ and an angle."),
+        ("As \\(x\to 0\\), find $$\tau^2$$.", "As \\(x\\to 0\\), find $$\\tau^2$$."),
+        ("Let \\[A^\top B\\].", "Let \\[A^\\top B\\]."),
+        ("Cost \\$5 and\tan $x$.", "Cost \\$5 and an $x$."),
+    ],
+    ids=["inline", "parenthesis-and-display", "bracket-display", "escaped-dollar"],
+)
+def test_a_tab_before_a_word_that_ends_a_latex_command_is_that_command_inside_math(
+    tmp_path: Path, problem: str, repaired: str
+) -> None:
+    path = _write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": problem, "answer": "1"}])
+    assert _content(prepare_dataset(path).rows[0]) == repaired + PROMPT_SUFFIX
+
+
 @pytest.mark.parametrize("problem", ["Ring \x07 the bell.", "Page\x0c 2.", "Line\rOne ends."])
 def test_unrepairable_control_character_is_refused_naming_file_row_field_and_character(tmp_path: Path, problem: str) -> None:
     character = FORBIDDEN_CONTROL_CHARACTER.search(problem).group()
@@ -171,7 +210,7 @@ def test_unrepairable_control_character_is_refused_naming_file_row_field_and_cha
 
 
 def test_aime2024_capitalised_spellings_in_parquet_are_accepted(tmp_path: Path) -> None:
-    records = read_records(SHARED_DATA / "aime2024.jsonl")[:3]
+    records = read_records(BENCHMARK_DATA / "aime2024.jsonl")[:3]
     capitalised = [
         {"Problem": record["problem"], "Solution": record["solution"], "Answer": record["answer"]} for record in records
     ]
@@ -231,11 +270,11 @@ def test_explicit_source_is_used_whatever_the_file_name(tmp_path: Path) -> None:
 
 def test_unknown_source_is_refused_listing_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"Unknown source 'aime2026'; valid: math500, .*deepscaler"):
-        prepare_dataset(SHARED_DATA / "aime2025.jsonl", source="aime2026")
+        prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl", source="aime2026")
 
 
 def test_repeat_writes_consecutive_copies_that_share_the_source_index() -> None:
-    prepared = prepare_dataset(SHARED_DATA / "aime2024.jsonl", repeat=4)
+    prepared = prepare_dataset(BENCHMARK_DATA / "aime2024.jsonl", repeat=4)
     assert len(prepared.rows) == prepared.report.rows_written == 120
     assert [(row["extra_info"]["index"], row["extra_info"]["repeat"]) for row in prepared.rows[:8]] == [
         (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3),
@@ -247,12 +286,12 @@ def test_repeat_writes_consecutive_copies_that_share_the_source_index() -> None:
 @pytest.mark.parametrize("repeat", [0, -1, 1.5, True])
 def test_repeat_below_one_or_not_an_integer_is_refused(repeat: object) -> None:
     with pytest.raises(ValueError, match="repeat must be an integer >= 1"):
-        prepare_dataset(SHARED_DATA / "aime2024.jsonl", repeat=repeat)
+        prepare_dataset(BENCHMARK_DATA / "aime2024.jsonl", repeat=repeat)
 
 
 @pytest.mark.parametrize("file_name", SHARED_FILES)
 def test_written_parquet_reads_back_identical_and_checks_clean(tmp_path: Path, file_name: str) -> None:
-    rows = prepare_dataset(SHARED_DATA / file_name, repeat=2).rows
+    rows = prepare_dataset(BENCHMARK_DATA / file_name, repeat=2).rows
     path = tmp_path / "prepared" / "rows.parquet"
     write_parquet(rows, path)
     assert read_records(path) == rows
@@ -260,7 +299,7 @@ def test_written_parquet_reads_back_identical_and_checks_clean(tmp_path: Path, f
 
 
 def test_write_parquet_refuses_invalid_rows_naming_row_and_field(tmp_path: Path) -> None:
-    rows = prepare_dataset(SHARED_DATA / "aime2025.jsonl").rows
+    rows = prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl").rows
     rows[3]["reward_model"]["ground_truth"] = 27.0
     with pytest.raises(ValueError, match=r"out\.parquet: row 3: field 'reward_model\.ground_truth': expected a string"):
         write_parquet(rows, tmp_path / "out.parquet")
@@ -268,7 +307,7 @@ def test_write_parquet_refuses_invalid_rows_naming_row_and_field(tmp_path: Path)
 
 
 def test_write_parquet_keeps_keys_that_the_first_row_lacks_as_nulls(tmp_path: Path) -> None:
-    rows = prepare_dataset(SHARED_DATA / "aime2025.jsonl").rows[:2]
+    rows = prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl").rows[:2]
     del rows[0]["ability"]
     write_parquet(rows, tmp_path / "rows.parquet")
     assert [row["ability"] for row in read_records(tmp_path / "rows.parquet")] == [None, "math"]
@@ -276,12 +315,12 @@ def test_write_parquet_keeps_keys_that_the_first_row_lacks_as_nulls(tmp_path: Pa
 
 def test_check_file_refuses_a_raw_benchmark_file_naming_row_and_field() -> None:
     with pytest.raises(ValueError, match=r"math500\.jsonl: row 0: field 'data_source': missing"):
-        check_file(SHARED_DATA / "math500.jsonl")
+        check_file(BENCHMARK_DATA / "math500.jsonl")
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".json", ".jsonl"])
 def test_load_rows_reads_every_prepared_file_type(tmp_path: Path, suffix: str) -> None:
-    rows = prepare_dataset(SHARED_DATA / "amc23.jsonl").rows
+    rows = prepare_dataset(BENCHMARK_DATA / "amc23.jsonl").rows
     path = tmp_path / f"amc23_prepared{suffix}"
     if suffix == ".parquet":
         write_parquet(rows, path)

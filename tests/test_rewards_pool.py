@@ -171,6 +171,12 @@ def test_a_math_answer_past_the_limit_is_counted_by_the_pool() -> None:
     assert batch == BatchScores([0.0], timed_out=1, crashed=0)
 
 
+def test_a_math_answer_past_the_verifiers_own_limit_is_counted_in_process() -> None:
+    pool = ScoringPool(num_workers=0)
+    batch = pool.score(rows(2, "math500", "1"), ["\\boxed{(10^{10^{10}})!}", "\\boxed{1}"])
+    assert batch == BatchScores([0.0, 1.0], timed_out=1, crashed=0)
+
+
 def test_an_unknown_function_is_rejected_when_the_pool_is_made() -> None:
     with pytest.raises(ValueError, match="Cannot import module 'no_such_module_xyz'"):
         ScoringPool("no_such_module_xyz:score")

@@ -10,20 +10,32 @@ class weighting; columns pass@k; cells mean ± std over seeds.
     out/METHOD/seed_S/               the training run (config, metrics, checkpoints) and eval/
     out/comparison.md, comparison.json, reward_curves.png, pass_at_k_<source>.png
 
-A run whose evaluation is already on disk is reused, so an interrupted comparison continues.
+What is already on disk is reused only when it was made with the settings asked for now, so an
+interrupted comparison continues and a changed one never mixes old and new results: a run is
+kept when its `config.yaml` equals this run's config (`output_dir` and `resume` aside), else it is
+moved to `seed_S.superseded` and trained again; an evaluation is kept when the settings stored in
+its `eval_metrics.json` equal this one's (`pacs.eval.evaluate.EvalSettings`), else it is redone.
+Each replacement is announced with the settings that differ.
+
+`comparison.json` holds, per data source and method, pass@k mean ± std over seeds (null when a
+seed generated no problem of that source) and each seed's counts from `eval_metrics.json`:
+problems, samples per problem, prompts left out as too long, scoring timeouts and crashes, and
+the generation cap. `comparison.md` shows both, one table each.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
 
-from pacs.config import ConfigError, load_config
-from pacs.eval.evaluate import evaluate_model
+from pacs.config import Config, ConfigError, load_config
+from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.metrics import read_metrics
@@ -37,6 +49,10 @@ METHODS: dict[str, list[str]] = {
 }
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
 EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")
+"""Keys of a data source's entry in `eval_metrics.json` carried into the comparison, per seed."""
+TRAINING_IRRELEVANT = {"output_dir", "resume"}
+"""Config keys that do not change what a run trains."""
 
 
 def _methods(algorithms: list[str]) -> dict[str, list[str]]:
@@ -54,13 +70,56 @@ def _base_model(model_path: str, seed: int) -> str:
     return str(warm_started_tiny(seed)) if model_path == "builtin:tiny-arithmetic" else model_path
 
 
-def _summarise(per_seed: list[dict[str, float]]) -> dict[str, dict[str, float | list[float]]]:
-    summary = {}
-    for key in per_seed[0]:
-        values = [metrics[key] for metrics in per_seed]
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        summary[key] = {"mean": statistics.fmean(values), "std": std, "per_seed": values}
-    return summary
+def _differences(stored: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """"key: stored -> wanted" for every (dotted) key whose value differs between two settings."""
+    lines = []
+    for key in dict.fromkeys([*stored, *wanted]):
+        old, new = stored.get(key, "absent"), wanted.get(key, "absent")
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines += _differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            lines.append(f"{prefix}{key}: {old!r} -> {new!r}")
+    return lines
+
+
+def _training_changes(run_dir: Path, run_config: Config) -> list[str]:
+    """How the config that `run_dir` was trained with differs from `run_config` (nothing to compare: [])."""
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        return []
+    try:
+        stored = load_config(str(config_file)).model_dump(exclude=TRAINING_IRRELEVANT)
+    except ConfigError as error:
+        return [f"its config.yaml no longer loads: {error}"]
+    return _differences(stored, run_config.model_dump(exclude=TRAINING_IRRELEVANT))
+
+
+def _summarise(per_seed: list[dict]) -> dict:
+    """One method's `eval_metrics.json` entries for one data source, one per seed -> {"pass@k": {k:
+    {"mean", "std", "per_seed"}} or None if a seed generated no problem, "per_seed": [counts]}."""
+    pass_at_k = None
+    if all(report["pass@k"] is not None for report in per_seed):
+        pass_at_k = {}
+        for key in per_seed[0]["pass@k"]:
+            values = [report["pass@k"][key] for report in per_seed]
+            std = statistics.stdev(values) if len(values) > 1 else 0.0
+            pass_at_k[key] = {"mean": statistics.fmean(values), "std": std, "per_seed": values}
+    return {"pass@k": pass_at_k, "per_seed": [{key: report[key] for key in EVALUATION_COUNTS} for report in per_seed]}
+
+
+def _seeds_text(values: list) -> str:
+    """One value when every seed agrees, else each seed's, e.g. "0 / 2 / 1"."""
+    texts = [str(value) for value in values]
+    return texts[0] if len(set(texts)) == 1 else " / ".join(texts)
+
+
+def _cap_text(cap: dict) -> str:
+    """The generation cap of one evaluation, e.g. "4096" or "37–4096 (3 below 4096)"."""
+    if cap["min"] is None:
+        return "—"
+    if not cap["prompts_below_requested"]:
+        return str(cap["requested"])
+    return f"{cap['min']}–{cap['max']} ({cap['prompts_below_requested']} below {cap['requested']})"
 
 
 def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int) -> str:
@@ -69,14 +128,31 @@ def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int) 
         "",
         f"Config `{config_source}`, seeds {', '.join(map(str, seeds))}; every method trained with the same "
         f"data, sampler, reward, batch sizes, optimizer and steps. Held-out pass@k in %, {eval_n} samples per "
-        f"problem at temperature {EVAL_SAMPLING['temperature']}, top_p {EVAL_SAMPLING['top_p']}; "
-        "mean ± std over seeds.",
+        f"prompt (per copy of a repeated problem) at temperature {EVAL_SAMPLING['temperature']}, top_p "
+        f"{EVAL_SAMPLING['top_p']}; mean ± std over seeds. Under each table, what every evaluation covered "
+        "(one value when all seeds agree, else seed by seed): prompts left out as too long for the model's "
+        "context are not in pass@k; answers whose scoring timed out or crashed scored 0.",
     ]
     for source, rows in results.items():
-        ks = list(next(iter(rows.values())))
-        lines += ["", f"## {source}", "", "| method | " + " | ".join(ks) + " |", "|---" * (len(ks) + 1) + "|"]
+        ks = next((list(summary["pass@k"]) for summary in rows.values() if summary["pass@k"]), [])
+        lines += ["", f"## {source}", ""]
+        if ks:
+            lines += ["| method | " + " | ".join(ks) + " |", "|---" * (len(ks) + 1) + "|"]
+            for method, summary in rows.items():
+                by_k = summary["pass@k"]
+                cells = [f"{100 * by_k[k]['mean']:.1f} ± {100 * by_k[k]['std']:.1f}" if by_k else "—" for k in ks]
+                lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        else:
+            lines.append("No prompt of this data source fits the model's context: no pass@k.")
+        lines += [
+            "",
+            "| method | problems | samples per problem | prompts too long | timeouts | crashes | max new tokens |",
+            "|---" * 7 + "|",
+        ]
         for method, summary in rows.items():
-            cells = [f"{100 * summary[k]['mean']:.1f} ± {100 * summary[k]['std']:.1f}" for k in ks]
+            per_seed = summary["per_seed"]
+            cells = [_seeds_text([counts[key] for counts in per_seed]) for key in EVALUATION_COUNTS[:-1]]
+            cells.append(_seeds_text([_cap_text(counts["max_new_tokens"]) for counts in per_seed]))
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -103,24 +179,31 @@ def run_comparison(
     start = time.perf_counter()
     total = len(seeds) * len(methods)
 
-    def evaluate(model: str, directory: Path, seed: int) -> dict[str, dict[str, float]]:
+    def evaluate(model: str, directory: Path, seed: int) -> dict[str, dict]:
+        """`eval_metrics.json`'s data sources for `model`, evaluated into `directory` unless there already."""
+        settings = EvalSettings(
+            model_path=model,
+            specs=val_specs,
+            n=eval_n,
+            **EVAL_SAMPLING,
+            max_tokens=config.data.max_response_length,
+            seed=seed,
+            dtype=config.model.dtype,
+            reward_function=config.reward.function,
+            reward_timeout_s=config.reward.timeout_s,
+            reward_workers=config.reward.num_workers,
+        )
         metrics_file = directory / "eval_metrics.json"
-        if not metrics_file.is_file():
-            evaluate_model(
-                model,
-                val_specs,
-                n=eval_n,
-                out_dir=directory,
-                max_tokens=config.data.max_response_length,
-                seed=seed,
-                dtype=config.model.dtype,
-                reward_function=config.reward.function,
-                reward_timeout_s=config.reward.timeout_s,
-                reward_workers=config.reward.num_workers,
-                show_progress=show_progress,
-                **EVAL_SAMPLING,
-            )
-        return json.loads(metrics_file.read_text())
+        if metrics_file.is_file():
+            stored = json.loads(metrics_file.read_text())
+            if "settings" not in stored:
+                console.print(f"{metrics_file} records no settings (an older pacs wrote it): evaluating again")
+            elif changes := _differences(stored["settings"], asdict(settings)):
+                console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
+            else:
+                return stored["data_sources"]
+        evaluate_model(**asdict(settings), out_dir=directory, show_progress=show_progress)
+        return json.loads(metrics_file.read_text())["data_sources"]
 
     evaluations: dict[str, list[dict]] = {"base model": [], **{method: [] for method in methods}}
     reward_curves: dict[str, list[list[tuple[int, float]]]] = {method: [] for method in methods}
@@ -133,12 +216,20 @@ def run_comparison(
             run += 1
             run_dir = out / method.replace(" ", "_").replace("(", "").replace(")", "") / f"seed_{seed}"
             console.rule(f"run {run}/{total}: {method}, seed {seed} ({time.perf_counter() - start:.0f} s so far)")
+            run_config = load_config(
+                config_source,
+                [*overrides, *method_overrides, f"seed={seed}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
+            )
+            if changes := _training_changes(run_dir, run_config):
+                superseded = run_dir.with_name(run_dir.name + ".superseded")
+                shutil.rmtree(superseded, ignore_errors=True)
+                run_dir.rename(superseded)
+                console.print(
+                    f"{run_dir} was trained with other settings ({'; '.join(changes)}): training again; "
+                    f"the old run is now {superseded}"
+                )
             final = run_dir / "checkpoints" / "final"
             if not (final / "model.safetensors").is_file():
-                run_config = load_config(
-                    config_source,
-                    [*overrides, *method_overrides, f"seed={seed}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
-                )
                 train(run_config, show_progress=show_progress)
             evaluations[method].append(evaluate(str(final), run_dir / "eval", seed))
             reward_curves[method].append([(row["step"], row["reward/mean"]) for row in read_metrics(run_dir)])
@@ -153,7 +244,7 @@ def run_comparison(
         "overrides": list(overrides),
         "algorithms": list(methods),
         "seeds": seeds,
-        "eval": {"n": eval_n, **EVAL_SAMPLING, "data": val_specs},
+        "eval": {"n": eval_n, **EVAL_SAMPLING, "max_tokens": config.data.max_response_length, "data": val_specs},
         "seconds": round(time.perf_counter() - start, 1),
         "results": results,
     }
@@ -163,10 +254,12 @@ def run_comparison(
     plot_reward_curves(reward_curves, out / "reward_curves.png")
     for source, rows in results.items():
         table = {
-            method: {int(k.split("@")[1]): (summary[k]["mean"], summary[k]["std"]) for k in summary}
+            method: {int(k.split("@")[1]): (by_k["mean"], by_k["std"]) for k, by_k in summary["pass@k"].items()}
             for method, summary in rows.items()
+            if summary["pass@k"]
         }
-        plot_pass_at_k(table, out / f"pass_at_k_{source}.png", title=f"{source}: pass@k, mean ± std over seeds")
+        if table:
+            plot_pass_at_k(table, out / f"pass_at_k_{source}.png", title=f"{source}: pass@k, mean ± std over seeds")
     console.print((out / "comparison.md").read_text())
     console.print(f"done in {report['seconds']:.0f} s; {out / 'comparison.md'}, {out / 'comparison.json'}")
     return report

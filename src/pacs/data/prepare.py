@@ -14,8 +14,11 @@ Sources (``SOURCES``) and the field spellings each accepts, first match wins:
 Each output row asks the problem as one user message followed by ``PROMPT_SUFFIX``, with
 ``ability`` "math", ``reward_model = {"style": "rule", "ground_truth": <answer text>}`` and
 ``extra_info = {"split", "index" (position in the source file), "repeat", <kept fields>}``.
-A numeric answer (int, or float such as ``27.0``) is written as its shortest decimal text (``"27"``,
-``"0.5"``) and counted in the report as normalised, as is a gsm8k answer whose commas were removed.
+A numeric answer (int, or float such as ``27.0``) is written as plain positional decimal text, the
+shortest that reads back as the same float and never in exponent notation, which math-verify would
+read otherwise (``1e-07`` as e − 7): ``27.0`` -> ``"27"``, ``0.5`` -> ``"0.5"``, ``1e-07`` ->
+``"0.0000001"``, ``1e20`` -> ``"100000000000000000000"``. It is counted in the report as
+normalised, as is a gsm8k answer whose commas were removed.
 
 Control characters in problem text. A LaTeX command written with one backslash in a JSON string
 decodes as a JSON escape: ``"\\frac"`` becomes a form feed + ``rac``, ``"\\times"`` a tab + ``imes``
@@ -26,7 +29,10 @@ decodes as a JSON escape: ``"\\frac"`` becomes a form feed + ``rac``, ``"\\times
 - a tab or carriage return followed by letters is a lost ``\\t`` / ``\\r`` command only when the
   result is a known LaTeX command (``\\times``, ``\\triangle``, ``\\text``, ``\\tan``, ``\\right``,
   ``\\rangle``, ... see ``TAB_COMMANDS`` and ``CARRIAGE_RETURN_COMMANDS``): real tabs also occur as
-  whitespace between words (math500 rows 17 and 426, ``"have\\tequal"``);
+  whitespace between words (math500 rows 17 and 426, ``"have\\tequal"``). Where the letters after
+  the tab are themselves a word of prose (``PROSE_WORD_COMMANDS``: tab + ``an`` could be ``\\tan`` or
+  a tab before the word "an"), the command is restored only inside math (``$...$``, ``$$...$$``,
+  ``\\(...\\)``, ``\\[...\\]``), where those commands live; elsewhere the tab is whitespace;
 - every remaining tab is whitespace and becomes a space;
 - any other control character except ``"\\n"`` is refused with a ValueError naming the file, the
   row, the field and the character.
@@ -42,6 +48,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -60,6 +67,9 @@ TAB_COMMANDS = frozenset({
     "triangleright", "trianglerighteq", "tt",
 })
 """LaTeX commands starting with ``t``: a tab followed by the rest of one of these is repaired."""
+PROSE_WORD_COMMANDS = frozenset({"tan", "tau", "to", "top", "tt"})
+"""Commands whose letters after the tab are also words of prose ("an", "au", "o", "op", "t"):
+repaired only inside math."""
 CARRIAGE_RETURN_COMMANDS = frozenset({
     "rangle", "rbrace", "rbrack", "rceil", "rfloor", "rho", "right", "rightarrow", "rightharpoondown",
     "rightharpoonup", "rightleftharpoons", "rightrightarrows", "rm", "rtimes", "rvert", "rVert",
@@ -69,6 +79,10 @@ ESCAPE_LETTERS = {"\b": "b", "\f": "f", "\t": "t", "\r": "r"}
 """Control character -> the letter of the JSON escape that produced it."""
 COMMANDS_OF_AMBIGUOUS_ESCAPES = {"\t": TAB_COMMANDS, "\r": CARRIAGE_RETURN_COMMANDS}
 BROKEN_ESCAPE = re.compile(r"([\b\f\t\r])([A-Za-z]+)")
+MATH_DELIMITER = re.compile(r"\\\\|\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
+"""What opens or closes math, and what must not be read as doing so: ``\\\\`` (a line break, as in
+``\\\\[2pt]``) and ``\\$`` (a dollar sign)."""
+CLOSING_DELIMITERS = {"$": "$", "$$": "$$", "\\(": "\\)", "\\[": "\\]"}
 
 SOURCE_FILE_NAMES = {
     "math500": re.compile(r"math[_-]?500"),
@@ -88,7 +102,7 @@ def _answer_text(answer: object, location: str) -> tuple[str, bool]:
     if isinstance(answer, int) and not isinstance(answer, bool):
         return str(answer), True
     if isinstance(answer, float) and math.isfinite(answer):
-        return (str(int(answer)) if answer.is_integer() else repr(answer)), True
+        return (str(int(answer)) if answer.is_integer() else format(Decimal(repr(answer)), "f")), True
     raise ValueError(f"{location}: expected a non-empty string or a finite number, got {describe_value(answer)}")
 
 
@@ -276,18 +290,36 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
-def _restore_command(broken_escape: re.Match) -> str:
-    """Return ``\\`` + command for a control character + letters that spell a lost LaTeX command."""
+def _math_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each stretch of math in ``text``, from an opening ``$``, ``$$``, ``\\(``
+    or ``\\[`` to its closing delimiter (or the end of the text, if it never closes)."""
+    spans, opened, start = [], None, 0
+    for delimiter in MATH_DELIMITER.finditer(text):
+        token = delimiter.group()
+        if opened is None and token in CLOSING_DELIMITERS:
+            opened, start = token, delimiter.end()
+        elif opened is not None and token == CLOSING_DELIMITERS[opened]:
+            spans.append((start, delimiter.start()))
+            opened = None
+    return spans if opened is None else [*spans, (start, len(text))]
+
+
+def _restore_command(broken_escape: re.Match, math_spans: list[tuple[int, int]]) -> str:
+    """Return ``\\`` + command for a control character + letters that spell a lost LaTeX command,
+    following the rules in the module docstring; else the text unchanged."""
     character, letters = broken_escape.groups()
     command = ESCAPE_LETTERS[character] + letters
     if character in COMMANDS_OF_AMBIGUOUS_ESCAPES and command not in COMMANDS_OF_AMBIGUOUS_ESCAPES[character]:
+        return broken_escape.group()
+    if command in PROSE_WORD_COMMANDS and not any(start <= broken_escape.start() < end for start, end in math_spans):
         return broken_escape.group()
     return "\\" + command
 
 
 def _clean_problem_text(text: str, location: str) -> tuple[str, bool, bool]:
     """Return ``(text, escapes repaired, tabs replaced)`` following the rules in the module docstring."""
-    repaired = BROKEN_ESCAPE.sub(_restore_command, text)
+    math_spans = _math_spans(text)
+    repaired = BROKEN_ESCAPE.sub(lambda broken_escape: _restore_command(broken_escape, math_spans), text)
     spaced = repaired.replace("\t", " ")
     control = FORBIDDEN_CONTROL_CHARACTER.search(spaced)
     if control:

@@ -1,15 +1,39 @@
 """Evaluation: n samples per problem, scored by the verifier, pass@k per data source.
 
-Prepared files may repeat each problem R times (`pacs prepare --repeat R`, rows sharing
-`data_source` and `extra_info.index`): such copies are merged and generated once with n·R
-samples, so pass@k reaches k = n·R without generating any prompt twice.
+Problems. Prepared files may repeat each problem R times (`pacs prepare --repeat R`): the copies
+are merged (`merge_repeats`) and generated once with n·R samples, so pass@k reaches k = n·R
+without generating any prompt twice. A row without `extra_info.index` or `extra_info.repeat`
+(missing or null) is a problem of its own and is never merged.
+
+Generation cap. Every prompt gets its own cap, max_new_tokens = min(max_tokens, context_length −
+prompt length), so one long prompt never shortens the answers to the others. The rollout engine
+takes one cap per call, so problems are generated in groups of one data source and one cap.
+
+Prompts too long. A prompt that leaves no room to generate (prompt length >= context length) is
+left out: it is excluded from pass@k, which averages over the problems generated, and counted per
+data source as `prompts_dropped_too_long` (a repeated problem counts once). A data source whose
+prompts were all too long is still reported, with 0 problems and pass@k null.
+
+`eval_metrics.json` (written by `evaluate_model`):
+
+    {"settings": {"model_path", "specs", "n", "temperature", "top_p", "max_tokens", "seed",
+                  "dtype", "reward_function", "reward_timeout_s", "reward_workers"},
+     "data_sources": {data_source: {
+         "problems": int,                  problems generated and scored
+         "samples_per_problem": int,       n · copies per problem
+         "prompts_dropped_too_long": int,
+         "timeouts": int, "crashes": int,  samples whose scoring timed out or crashed (scored 0)
+         "max_new_tokens": {"requested": int, "min": int | null, "max": int | null,
+                            "prompts_below_requested": int},
+         "pass@k": {"pass@1": float, "pass@2": float, ..., "pass@N": float} | null}}}
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,46 +48,179 @@ from pacs.rewards import ScoringPool
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 
+MERGE_RULE = (
+    "only the copies that `pacs prepare --repeat R` writes share (data_source, extra_info.index): the same "
+    "prompt and ground truth, numbered extra_info.repeat = 0..R-1 once each. Prepare each benchmark with "
+    "its own --source, the shards of one benchmark as one file, and give each file once"
+)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Everything `evaluate_model` takes that decides its results; stored in `eval_metrics.json`."""
+
+    model_path: str
+    specs: list[str]
+    n: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    dtype: str
+    reward_function: str | None
+    reward_timeout_s: float
+    reward_workers: int
+
+
+@dataclass
+class SourceReport:
+    """The evaluation of one data source. Counts are of problems (a repeated problem once), except
+    `timeouts` and `crashes`, which count scored samples."""
+
+    samples_per_problem: int
+    requested_max_new_tokens: int
+    prompts_dropped_too_long: int = 0
+    correct_counts: list[int] = field(default_factory=list)
+    """Correct samples of each generated problem."""
+    generation_caps: list[int] = field(default_factory=list)
+    """max_new_tokens of each generated problem."""
+    timeouts: int = 0
+    crashes: int = 0
+
+    @property
+    def pass_at_k(self) -> dict[str, float] | None:
+        """{"pass@k": mean over the generated problems}, or None when none was generated."""
+        return mean_pass_at_k(self.correct_counts, self.samples_per_problem) if self.correct_counts else None
+
+    def summary(self) -> dict:
+        """This data source's entry of `eval_metrics.json` (layout in the module docstring)."""
+        caps = self.generation_caps
+        return {
+            "problems": len(self.correct_counts),
+            "samples_per_problem": self.samples_per_problem,
+            "prompts_dropped_too_long": self.prompts_dropped_too_long,
+            "timeouts": self.timeouts,
+            "crashes": self.crashes,
+            "max_new_tokens": {
+                "requested": self.requested_max_new_tokens,
+                "min": min(caps, default=None),
+                "max": max(caps, default=None),
+                "prompts_below_requested": sum(cap < self.requested_max_new_tokens for cap in caps),
+            },
+            "pass@k": self.pass_at_k,
+        }
+
 
 @dataclass
 class EvalResult:
-    """records: one dict per sample; metrics: {data_source: {"pass@k": value}}."""
+    """records: one dict per sample, in problem order; sources: every data source evaluated."""
 
     records: list[dict]
-    metrics: dict[str, dict[str, float]]
-    num_filtered: int
-    timed_out: int
+    sources: dict[str, SourceReport]
 
-    def write(self, out_dir: Path) -> None:
+    @property
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """{data_source: {"pass@k": value}} for every data source with at least one problem generated."""
+        return {source: report.pass_at_k for source, report in self.sources.items() if report.correct_counts}
+
+    @property
+    def timed_out(self) -> int:
+        """Samples, over all data sources, whose scoring timed out."""
+        return sum(report.timeouts for report in self.sources.values())
+
+    def warnings(self) -> list[str]:
+        """One line per data source with prompts left out or samples that timed out or crashed."""
+        lines = []
+        for source, report in self.sources.items():
+            if report.prompts_dropped_too_long:
+                total = report.prompts_dropped_too_long + len(report.correct_counts)
+                lines.append(
+                    f"{source}: {report.prompts_dropped_too_long} of {total} prompts leave no room to generate "
+                    "within the model's context and are left out of pass@k"
+                )
+            if report.timeouts or report.crashes:
+                lines.append(
+                    f"{source}: {report.timeouts} samples timed out and {report.crashes} crashed while scoring (scored 0)"
+                )
+        return lines
+
+    def write(self, out_dir: Path, settings: EvalSettings) -> None:
         """`eval_rollout.jsonl` (every sample with its score) and `eval_metrics.json`."""
         out_dir.mkdir(parents=True, exist_ok=True)
         with open(out_dir / "eval_rollout.jsonl", "w") as handle:
             for record in self.records:
                 handle.write(json.dumps(record) + "\n")
-        (out_dir / "eval_metrics.json").write_text(json.dumps(self.metrics, indent=2) + "\n")
+        metrics = {
+            "settings": asdict(settings),
+            "data_sources": {source: report.summary() for source, report in self.sources.items()},
+        }
+        (out_dir / "eval_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def merge_repeats(rows: list[dict]) -> list[tuple[dict, int]]:
+def _copy_key(row: dict) -> tuple[str, int] | None:
+    """(data_source, extra_info.index) of a row that `pacs prepare` numbered as a copy, else None."""
+    extra_info = row.get("extra_info") or {}
+    if extra_info.get("index") is None or extra_info.get("repeat") is None:
+        return None
+    return row["data_source"], extra_info["index"]
+
+
+def _check_copies(rows: list[dict], positions: list[int], locations: list[str]) -> None:
+    """Raise ValueError, naming the rows, unless `rows[positions]` are copies 0..R-1 of one problem."""
+    first = rows[positions[0]]
+    where = f"data_source {first['data_source']!r}, extra_info.index {first['extra_info']['index']}"
+    for position in positions[1:]:
+        row = rows[position]
+        if row["prompt"] != first["prompt"] or row["reward_model"]["ground_truth"] != first["reward_model"]["ground_truth"]:
+            differing = "prompts" if row["prompt"] != first["prompt"] else "ground truths"
+            raise ValueError(
+                f"{locations[positions[0]]} and {locations[position]} share {where} but their {differing} differ: "
+                f"they are different problems, not copies of one; {MERGE_RULE}"
+            )
+    numbers = sorted(rows[position]["extra_info"]["repeat"] for position in positions)
+    if numbers != list(range(len(positions))):
+        rows_text = ", ".join(locations[position] for position in positions)
+        raise ValueError(
+            f"the copies of {where} ({rows_text}) are numbered extra_info.repeat = {numbers}, "
+            f"not 0..{len(positions) - 1} once each (is a file given twice?); {MERGE_RULE}"
+        )
+
+
+def merge_repeats(rows: list[dict], locations: list[str] | None = None) -> list[tuple[dict, int]]:
     """(first row, number of copies) per distinct problem, in order of first appearance.
 
-    Rows are copies of one problem when they share `data_source` and `extra_info.index` and carry
-    `extra_info.repeat`. Every problem of one data source must have the same number of copies.
+    Rows whose `extra_info` holds both `index` and `repeat` are copies of one problem when they
+    share `data_source` and `index`; they must then ask the same prompt with the same ground
+    truth and number their `repeat` 0..R-1 (`_check_copies`). Any other row is its own problem.
+    Every problem of one data source must have the same number of copies. `locations[i]` names
+    row i in errors (default "row i"), e.g. "data/aime.parquet: row 7".
     """
-    copies: dict[tuple, list[dict]] = {}
+    locations = locations or [f"row {position}" for position in range(len(rows))]
+    problems: list[list[int]] = []
+    copies_of: dict[tuple[str, int], list[int]] = {}
     for position, row in enumerate(rows):
-        extra_info = row.get("extra_info") or {}
-        key = (row["data_source"], extra_info["index"]) if "repeat" in extra_info else ("row", position)
-        copies.setdefault(key, []).append(row)
-    counts_by_source: dict[str, set[int]] = defaultdict(set)
-    for group in copies.values():
-        counts_by_source[group[0]["data_source"]].add(len(group))
-    for source, counts in counts_by_source.items():
-        if len(counts) > 1:
+        key = _copy_key(row)
+        if key is None:
+            problems.append([position])
+        elif key in copies_of:
+            copies_of[key].append(position)
+        else:
+            copies_of[key] = [position]
+            problems.append(copies_of[key])
+    for positions in copies_of.values():
+        _check_copies(rows, positions, locations)
+    first_row_with: dict[str, dict[int, int]] = defaultdict(dict)
+    """data_source -> number of copies -> position of the first problem with that many."""
+    for positions in problems:
+        first_row_with[rows[positions[0]]["data_source"]].setdefault(len(positions), positions[0])
+    for source, by_copies in first_row_with.items():
+        if len(by_copies) > 1:
+            examples = "; ".join(f"{locations[position]} has {count}" for count, position in sorted(by_copies.items()))
             raise ValueError(
-                f"data_source {source!r} repeats its problems unevenly ({sorted(counts)} copies); "
-                "prepare every problem with the same --repeat"
+                f"data_source {source!r} repeats its problems unevenly (copies per problem: {examples}); "
+                "prepare every file of one data_source with the same --repeat"
             )
-    return [(group[0], len(group)) for group in copies.values()]
+    return [(rows[positions[0]], len(positions)) for positions in problems]
 
 
 def evaluate(
@@ -73,65 +230,78 @@ def evaluate(
     params: SamplingParams,
     scorer: ScoringPool,
     *,
-    max_prompt_length: int | None = None,
+    row_locations: list[str] | None = None,
     context_length: int | None = None,
     sequences_per_call: int = 512,
     show_progress: bool = True,
 ) -> EvalResult:
     """Sample `params.n` responses per copy of every problem, score them, compute pass@k.
 
-    With `context_length` (the model's), prompts that leave no room to generate are left out and
-    counted like over-long ones, and `params.max_new_tokens` is capped by the context length
-    minus the longest remaining prompt. A sample counts as correct when its score is 1.
+    With `context_length` (the model's), each prompt is generated with max_new_tokens =
+    min(params.max_new_tokens, context_length − its length), and prompts that leave no room are
+    left out and counted (module docstring). A sample counts as correct when its score is 1.
+    `row_locations[i]` names row i in errors (see `merge_repeats`).
     """
-    if context_length is not None:
-        max_prompt_length = min(max_prompt_length or context_length - 1, context_length - 1)
-    problems = merge_repeats(rows)
-    prompts = encode_prompts(tokenizer, [row for row, _ in problems], max_prompt_length)
-    if not prompts.rows:
-        raise ValueError(f"no prompt is within max_prompt_length={max_prompt_length} tokens; nothing to evaluate")
-    if context_length is not None:
-        longest_prompt = max(len(ids) for ids in prompts.token_ids)
-        params = replace(params, max_new_tokens=min(params.max_new_tokens, context_length - longest_prompt))
-    copies_of = {id(row): copies for row, copies in problems}
-    by_samples: dict[int, list[int]] = defaultdict(list)
-    for position, row in enumerate(prompts.rows):
-        by_samples[params.n * copies_of[id(row)]].append(position)
-    records: list[dict] = []
-    correct_counts: dict[str, list[int]] = defaultdict(list)
-    samples_of: dict[str, int] = {}
-    timed_out = 0
-    progress = tqdm(total=len(prompts.rows), desc="evaluating", unit="prompt", disable=not show_progress)
-    for samples, positions in by_samples.items():
+    if params.n < 1 or params.max_new_tokens < 1:
+        raise ValueError(
+            f"SamplingParams n={params.n} and max_new_tokens={params.max_new_tokens} must both be integers >= 1"
+        )
+    problems = merge_repeats(rows, row_locations)
+    token_ids = encode_prompts(tokenizer, [row for row, _ in problems], None).token_ids
+    sources: dict[str, SourceReport] = {}
+    cap_of: dict[int, int] = {}
+    """problem -> its max_new_tokens, for every problem that fits the context."""
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for problem, ((row, copies), ids) in enumerate(zip(problems, token_ids)):
+        report = sources.setdefault(row["data_source"], SourceReport(params.n * copies, params.max_new_tokens))
+        room = params.max_new_tokens if context_length is None else context_length - len(ids)
+        if room < 1:
+            report.prompts_dropped_too_long += 1
+            continue
+        cap_of[problem] = min(params.max_new_tokens, room)
+        groups[(row["data_source"], cap_of[problem])].append(problem)
+    samples_of: dict[int, list[tuple[str, float]]] = {}
+    """problem -> (response, score) of each of its samples."""
+    progress = tqdm(total=len(cap_of), desc="evaluating", unit="prompt", disable=not show_progress)
+    for (source, cap), members in groups.items():
+        report = sources[source]
+        samples = report.samples_per_problem
         prompts_per_call = max(1, sequences_per_call // samples)
-        for start in range(0, len(positions), prompts_per_call):
-            chunk = positions[start : start + prompts_per_call]
+        for start in range(0, len(members), prompts_per_call):
+            chunk = members[start : start + prompts_per_call]
             rollouts = engine.generate(
-                [prompts.token_ids[p] for p in chunk], replace(params, n=samples)
+                [token_ids[problem] for problem in chunk], replace(params, n=samples, max_new_tokens=cap)
             )
-            chunk_rows = [prompts.rows[p] for p in chunk]
-            batch = scorer.score([row for row in chunk_rows for _ in range(samples)], rollouts.response_texts)
-            timed_out += batch.timed_out
-            for problem, row in enumerate(chunk_rows):
-                scores = batch.scores[problem * samples : (problem + 1) * samples]
-                correct_counts[row["data_source"]].append(sum(score == 1.0 for score in scores))
-                samples_of[row["data_source"]] = samples
-                for sample, score in enumerate(scores):
-                    records.append(
-                        {
-                            "data_source": row["data_source"],
-                            "index": (row.get("extra_info") or {}).get("index", chunk[problem]),
-                            "sample": sample,
-                            "prompt": row["prompt"],
-                            "ground_truth": row["reward_model"]["ground_truth"],
-                            "response": rollouts.response_texts[problem * samples + sample],
-                            "score": score,
-                        }
-                    )
+            batch = scorer.score(
+                [problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.response_texts
+            )
+            report.timeouts += batch.timed_out
+            report.crashes += batch.crashed
+            for offset, problem in enumerate(chunk):
+                span = slice(offset * samples, (offset + 1) * samples)
+                samples_of[problem] = list(zip(rollouts.response_texts[span], batch.scores[span]))
             progress.update(len(chunk))
     progress.close()
-    metrics = {source: mean_pass_at_k(counts, samples_of[source]) for source, counts in correct_counts.items()}
-    return EvalResult(records, metrics, prompts.num_filtered, timed_out)
+    records: list[dict] = []
+    for problem in sorted(samples_of):
+        row = problems[problem][0]
+        report = sources[row["data_source"]]
+        report.correct_counts.append(sum(score == 1.0 for _, score in samples_of[problem]))
+        report.generation_caps.append(cap_of[problem])
+        index = (row.get("extra_info") or {}).get("index")
+        for sample, (response, score) in enumerate(samples_of[problem]):
+            records.append(
+                {
+                    "data_source": row["data_source"],
+                    "index": problem if index is None else index,
+                    "sample": sample,
+                    "prompt": row["prompt"],
+                    "ground_truth": row["reward_model"]["ground_truth"],
+                    "response": response,
+                    "score": score,
+                }
+            )
+    return EvalResult(records, sources)
 
 
 def evaluate_model(
@@ -152,17 +322,35 @@ def evaluate_model(
 ) -> EvalResult:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
-    `eval_rollout.jsonl` and `eval_metrics.json`.
+    `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
 
-    Prompts that do not fit the model's context are left out and counted (`num_filtered`);
-    `max_tokens` is capped by the context length minus the longest remaining prompt (`evaluate`).
+    Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
+    that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
+    or with samples whose scoring timed out or crashed, are reported on stderr.
     """
+    settings = EvalSettings(
+        model_path=model_path,
+        specs=list(specs),
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        seed=seed,
+        dtype=dtype,
+        reward_function=reward_function,
+        reward_timeout_s=reward_timeout_s,
+        reward_workers=reward_workers,
+    )
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_path)
     model = load_causal_lm(model_path, dtype=dtype)
     if torch.cuda.is_available():
         model = model.cuda()
-    rows = [row for spec in specs for row in load_rows(spec, default_split="val")]
+    rows, locations = [], []
+    for spec in specs:
+        spec_rows = load_rows(spec, default_split="val")
+        rows += spec_rows
+        locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     engine = TransformersEngine(model, tokenizer)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
@@ -172,8 +360,11 @@ def evaluate_model(
             rows,
             params,
             scorer,
+            row_locations=locations,
             context_length=getattr(model.config, "max_position_embeddings", None),
             show_progress=show_progress,
         )
-    result.write(out_dir)
+    for line in result.warnings():
+        print(f"warning: {line}", file=sys.stderr)
+    result.write(out_dir, settings)
     return result

@@ -17,9 +17,10 @@ Workers start lazily, in parallel, from a fork server (``_worker_context``; neve
 the caller, which may hold torch threads), and a call's clock starts only once its worker has
 loaded its function. As with any non-fork start method, a script that scores while it is being
 imported (no ``if __name__ == "__main__":`` guard) cannot start workers. ``num_workers=0`` scores
-in this process, sequentially and without the pool's limit, for debugging (the math verifier
-still bounds its own symbolic step; see ``pacs.rewards.math``). A pool is not thread-safe: one
-``score`` at a time.
+in this process, sequentially and without the pool's limit, for debugging; the math verifier
+still bounds its own symbolic step (see ``pacs.rewards.math``), and each step it stopped or lost
+(``math_score_timeouts``) is counted in ``timed_out``. A pool is not thread-safe: one ``score``
+at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
+from pacs.rewards.math import math_score_timeouts
 from pacs.rewards.registry import (
     RewardCall,
     _checked_score,
@@ -143,7 +145,9 @@ class ScoringPool:
         """Score ``responses[i]`` against ``rows[i]`` (rows as in ``score_responses``)."""
         calls = reward_calls(rows, responses)
         if self.num_workers == 0:
-            return BatchScores([self._score_in_process(call) for call in calls])
+            timeouts_before = math_score_timeouts()
+            scores = [self._score_in_process(call) for call in calls]
+            return BatchScores(scores, timed_out=math_score_timeouts() - timeouts_before)
         return self._score_in_workers(calls)
 
     @property
