@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from rich.console import Console
 from rich.table import Table
 
 from pacs.algos.pacs import PACS
 from pacs.models.loading import load_causal_lm
 from pacs.models.tiny import save_builtin_tiny
+from pacs.train.distributed import World
 from pacs.rollout.base import pad_rows
 from pacs.train.batch import PolicyBatch, response_logprobs_no_grad
 from pacs.train.update import UpdateSettings, update_policy
@@ -67,14 +67,14 @@ def main() -> None:
     batch = make_batch(args.prompts, args.n, args.prompt_length, args.response_length, model.config.vocab_size)
     batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    accelerator = Accelerator(cpu=True)
+    world = World.single()
 
     def seconds(algorithm, micro_batch_size: int) -> float:
         settings = UpdateSettings(mini_batch_size=args.prompts, micro_batch_size=micro_batch_size, epochs=1, grad_clip=1.0)
         times = []
         for _ in range(args.repeats + 1):
             start = time.perf_counter()
-            update_policy(model, optimizer, accelerator, batch, algorithm, settings)
+            update_policy(model, optimizer, world, batch, algorithm, settings)
             times.append(time.perf_counter() - start)
         return statistics.median(times[1:])
 

@@ -93,3 +93,9 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as error:
         load_config(None, ["train.steps=0", "rollout.top_p=2"])
     assert "train.steps" in str(error.value) and "rollout.top_p" in str(error.value)
+
+
+def test_a_training_nucleus_is_refused_because_log_probs_describe_the_full_softmax():
+    with pytest.raises(ConfigError, match=r"rollout.top_p=0.9: .*Set rollout.top_p=1.0"):
+        load_config(None, ["rollout.top_p=0.9"])
+    assert load_config(None, ["eval.top_p=0.9"]).eval.top_p == 0.9

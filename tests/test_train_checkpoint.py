@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
+import numpy as np
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pacs.models.loading import load_causal_lm, load_tokenizer
-from pacs.train.checkpoint import TRAINER_STATE, latest_checkpoint, save_checkpoint
+from pacs.train.checkpoint import (
+    TRAINER_STATE,
+    TRAINER_STATE_FORMAT,
+    CheckpointError,
+    latest_checkpoint,
+    load_trainer_state,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
+from pacs.train.distributed import World
 
 
 def test_checkpoint_is_a_plain_hugging_face_directory(tmp_path, tiny_model_dir):
@@ -37,3 +52,47 @@ def test_newest_step_is_chosen_numerically(tmp_path):
         (tmp_path / f"step_{step}" / TRAINER_STATE).write_bytes(b"")
     (tmp_path / "step_11").mkdir()
     assert latest_checkpoint(tmp_path) == tmp_path / "step_10"
+
+
+class CreatesAFileWhenUnpickled:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_crafted_trainer_state_is_refused_without_running_its_code(tmp_path):
+    checkpoint = tmp_path / "step_1"
+    checkpoint.mkdir()
+    witness = tmp_path / "pwned"
+    torch.save({"format": TRAINER_STATE_FORMAT, "step": 1, "payload": CreatesAFileWhenUnpickled(witness)}, checkpoint / TRAINER_STATE)
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        load_trainer_state(checkpoint)
+    assert not witness.exists()
+
+
+def test_a_trainer_state_of_the_old_format_is_refused_with_advice(tmp_path):
+    checkpoint = tmp_path / "step_3"
+    checkpoint.mkdir()
+    torch.save({"step": 3, "optimizer": {}}, checkpoint / TRAINER_STATE)
+    with pytest.raises(CheckpointError, match=r"format is none.*start a new run from its weights"):
+        load_trainer_state(checkpoint)
+
+
+def test_trainer_state_round_trips_optimizer_and_random_states(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[7, 8, 9]])).logits.sum().backward()
+    optimizer.step()
+    directory = save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1, "optimizer": optimizer.state_dict(), "rng": rng_states(World.single())})
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    state = load_trainer_state(directory)
+    restore_rng_states(state["rng"], World.single())
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
+    restored = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    restored.load_state_dict(state["optimizer"])
+    assert all(
+        torch.equal(restored.state_dict()["state"][0][key], optimizer.state_dict()["state"][0][key])
+        for key in ("exp_avg", "exp_avg_sq")
+    )

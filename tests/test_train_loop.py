@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from pacs.cli import main
 from pacs.config import ConfigError, load_config
-from pacs.train import trainer as trainer_module
+from pacs.train import checkpoint as checkpoint_module
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
 
@@ -63,10 +63,37 @@ def test_training_changes_the_weights(tmp_path, warm_model_dir):
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
 
-def test_resume_after_interruption_reaches_the_uninterrupted_weights(tmp_path, warm_model_dir, monkeypatch):
-    uninterrupted = train(small_config(tmp_path / "full", warm_model_dir), show_progress=False)
+REGULARISED = ["algorithm.kl_coef=0.05", "algorithm.kl_estimator=k2", "algorithm.entropy_coef=0.01"]
 
-    original_save = trainer_module.save_checkpoint
+
+def all_weights(checkpoint):
+    """Policy weights, and the critic's under "critic." when the checkpoint has one."""
+    tensors = weights(checkpoint)
+    if (checkpoint / "critic").is_dir():
+        tensors.update({f"critic.{name}": value for name, value in weights(checkpoint / "critic").items()})
+    return tensors
+
+
+def max_weight_difference(first, second):
+    expected, actual = all_weights(first), all_weights(second)
+    assert expected.keys() == actual.keys()
+    return max(float((expected[name] - actual[name]).abs().max()) for name in expected)
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        ["algorithm.name=pacs", *REGULARISED],
+        ["algorithm.name=grpo", *REGULARISED],
+        ["algorithm.name=rloo", *REGULARISED],
+        ["algorithm.name=ppo", *REGULARISED, "critic.warmup_steps=1", "critic.lr=1e-4"],
+    ],
+    ids=["pacs", "grpo", "rloo", "ppo-warmup"],
+)
+def test_resume_after_a_crash_reaches_the_uninterrupted_weights(tmp_path, warm_model_dir, monkeypatch, algorithm):
+    uninterrupted = train(small_config(tmp_path / "full", warm_model_dir, *algorithm), show_progress=False)
+
+    original_save = checkpoint_module.save_checkpoint
 
     def save_then_crash(directory, *args, **kwargs):
         saved = original_save(directory, *args, **kwargs)
@@ -74,18 +101,25 @@ def test_resume_after_interruption_reaches_the_uninterrupted_weights(tmp_path, w
             raise KeyboardInterrupt("simulated crash after the step-2 checkpoint")
         return saved
 
-    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_crash)
     with pytest.raises(KeyboardInterrupt):
-        train(small_config(tmp_path / "resumed", warm_model_dir), show_progress=False)
+        train(small_config(tmp_path / "resumed", warm_model_dir, *algorithm), show_progress=False)
     assert not (tmp_path / "resumed" / "checkpoints" / "final").exists()
-    monkeypatch.setattr(trainer_module, "save_checkpoint", original_save)
-    resumed = train(small_config(tmp_path / "resumed", warm_model_dir, "resume=auto"), show_progress=False)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", original_save)
+    resumed = train(small_config(tmp_path / "resumed", warm_model_dir, *algorithm, "resume=auto"), show_progress=False)
 
-    expected, actual = weights(uninterrupted.final_checkpoint), weights(resumed.final_checkpoint)
-    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    assert max_weight_difference(uninterrupted.final_checkpoint, resumed.final_checkpoint) <= 1e-6
     full_rows, resumed_rows = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "resumed")
     assert [r["step"] for r in resumed_rows] == [1, 2, 3, 4]
     assert [r["reward/mean"] for r in resumed_rows] == [r["reward/mean"] for r in full_rows]
+
+
+def test_ppo_stopped_after_step_3_and_resumed_to_step_6_equals_a_straight_run(tmp_path, warm_model_dir):
+    ppo = ["algorithm.name=ppo", "critic.lr=1e-4", "data.val=null", "train.save_every=3"]
+    straight = train(small_config(tmp_path / "straight", warm_model_dir, *ppo, "train.steps=6"), show_progress=False)
+    train(small_config(tmp_path / "stopped", warm_model_dir, *ppo, "train.steps=3"), show_progress=False)
+    resumed = train(small_config(tmp_path / "stopped", warm_model_dir, *ppo, "train.steps=6", "resume=auto"), show_progress=False)
+    assert max_weight_difference(straight.final_checkpoint, resumed.final_checkpoint) <= 1e-6
 
 
 def test_existing_checkpoints_without_resume_are_not_overwritten(tmp_path, warm_model_dir):
@@ -100,7 +134,7 @@ def test_cli_train_then_eval(tmp_path, warm_model_dir, capsys):
     final = tmp_path / "run" / "checkpoints" / "final"
     main(["eval", "--model", str(final), "--data", "builtin:arithmetic?size=10", "--n", "4", "--out", str(tmp_path / "eval")])
     metrics = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
-    assert set(metrics["arithmetic"]) == {"pass@1", "pass@2", "pass@4"}
+    assert set(metrics["data_sources"]["arithmetic"]["pass@k"]) == {"pass@1", "pass@2", "pass@4"}
     samples = [json.loads(line) for line in (tmp_path / "eval" / "eval_rollout.jsonl").read_text().splitlines()]
     assert len(samples) == 40 and all(s["score"] in (0.0, 1.0) for s in samples)
 

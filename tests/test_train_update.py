@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from accelerate import Accelerator
 
 from pacs.algos import pacs_loss
 from pacs.algos.pacs import PACS
@@ -14,6 +13,7 @@ from pacs.models.loading import load_causal_lm
 from pacs.rollout.base import pad_rows
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad
+from pacs.train.distributed import World
 from pacs.train.update import UpdateSettings, update_policy
 
 GROUP_SIZE = 4
@@ -54,7 +54,7 @@ def run_trainer_update(model, batch, micro_batch_size: int, *, mini_batch_size=2
     model = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     settings = UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, epochs=epochs, grad_clip=1.0)
-    update_policy(model, optimizer, Accelerator(cpu=True), batch, PACS(GROUP_SIZE, **pacs_options), settings)
+    update_policy(model, optimizer, World.single(), batch, PACS(GROUP_SIZE, **pacs_options), settings)
     return model
 
 
@@ -124,7 +124,7 @@ def test_update_with_non_finite_loss_is_skipped_and_counted(setup):
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
     settings = UpdateSettings(mini_batch_size=2, micro_batch_size=4, epochs=1, grad_clip=1.0)
-    metrics = update_policy(trained, optimizer, Accelerator(cpu=True), broken, PACS(GROUP_SIZE), settings)
+    metrics = update_policy(trained, optimizer, World.single(), broken, PACS(GROUP_SIZE), settings)
     assert metrics["updates/skipped"] == 1.0
     assert all(torch.isfinite(p).all() for p in trained.parameters())
 

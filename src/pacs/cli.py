@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers.utils import logging as transformers_logging
 
 from pacs.config import ConfigError
+
+
+def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: `parse` the text, and refuse it unless `is_valid`, saying what is `valid`."""
+
+    def parse_checked(text: str) -> float:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not is_valid(value):
+            raise argparse.ArgumentTypeError(f"expected {valid}, got {text!r}")
+        return value
+
+    return parse_checked
+
+
+AT_LEAST_ONE = _checked(int, "an integer >= 1", lambda value: value >= 1)
+AT_LEAST_ZERO = _checked(int, "an integer >= 0", lambda value: value >= 0)
+POSITIVE = _checked(float, "a finite number > 0", lambda value: math.isfinite(value) and value > 0)
+NUCLEUS = _checked(float, "a number in (0, 1]", lambda value: 0 < value <= 1)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -42,9 +65,7 @@ def _eval(args: argparse.Namespace) -> None:
         reward_timeout_s=args.reward_timeout,
         reward_workers=args.reward_workers,
     )
-    print(json.dumps(result.metrics, indent=2))
-    if result.num_filtered or result.timed_out:
-        print(f"{result.num_filtered} prompts were too long for the model; {result.timed_out} answers timed out (scored 0)")
+    print(json.dumps({source: report.summary() for source, report in result.sources.items()}, indent=2))
     print(f"wrote {Path(args.out) / 'eval_rollout.jsonl'} and {Path(args.out) / 'eval_metrics.json'}")
 
 
@@ -113,15 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("eval", help="sample N responses per problem and report pass@k")
     evaluate.add_argument("--model", required=True, help="Hugging Face model directory (or builtin:NAME)")
     evaluate.add_argument("--data", required=True, help="comma-separated dataset specs, e.g. builtin:arithmetic")
-    evaluate.add_argument("--n", type=int, required=True, help="samples per problem (pass@k for k up to N)")
+    evaluate.add_argument("--n", type=AT_LEAST_ONE, required=True, help="samples per problem (pass@k for k up to N)")
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
-    evaluate.add_argument("--temperature", type=float, default=0.6)
-    evaluate.add_argument("--top-p", type=float, default=0.95)
-    evaluate.add_argument("--max-tokens", type=int, default=4096, help="capped by the model's context length")
+    evaluate.add_argument("--temperature", type=POSITIVE, default=0.6)
+    evaluate.add_argument("--top-p", type=NUCLEUS, default=0.95)
+    evaluate.add_argument(
+        "--max-tokens", type=AT_LEAST_ONE, default=4096, help="per prompt, capped by the context length minus its length"
+    )
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--reward-function", default=None, help="package.module:function (default: by data_source)")
-    evaluate.add_argument("--reward-timeout", type=float, default=1.0, help="seconds per scored answer (over: 0)")
-    evaluate.add_argument("--reward-workers", type=int, default=2, help="scoring processes (0: in-process)")
+    evaluate.add_argument("--reward-timeout", type=POSITIVE, default=1.0, help="seconds per scored answer (over: 0)")
+    evaluate.add_argument("--reward-workers", type=AT_LEAST_ZERO, default=2, help="scoring processes (0: in-process)")
     evaluate.set_defaults(run=_eval)
 
     sft = commands.add_parser("sft", help="supervised warm-start on a task's reference answers")
@@ -135,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.set_defaults(run=_sft)
 
     prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
-    prepare.add_argument("--input", help="json, jsonl or parquet file as published (see ../shared/data/README.md)")
+    prepare.add_argument("--input", help="json, jsonl or parquet file as published (e.g. data/benchmarks/*.jsonl in the repository)")
     prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k or deepscaler (default: from the file name)")
     prepare.add_argument("--out", help="output .parquet file")
     prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
@@ -147,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--algorithms", default="pacs,grpo,ppo,rloo", help="comma-separated: pacs, grpo, ppo, rloo")
     compare.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
-    compare.add_argument("--eval-n", type=int, default=16, help="samples per held-out problem (pass@k up to k = N)")
+    compare.add_argument("--eval-n", type=AT_LEAST_ONE, default=16, help="samples per held-out problem (pass@k up to k = N)")
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
     compare.set_defaults(run=_compare)
 

@@ -32,6 +32,9 @@ class ModelConfig(_Section):
     """`builtin:tiny` (random init), `builtin:tiny-arithmetic` (warm-started on the built-in
     task, built on first use and cached), a local Hugging Face directory, or a hub id."""
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    """Compute precision. bfloat16 is mixed precision: the trained weights and the optimizer state
+    stay float32 (the master copy) and forward/backward passes compute in bfloat16; log-probs and
+    losses are always float32 or wider. The frozen reference model is held in bfloat16."""
 
 
 class DataConfig(_Section):
@@ -89,6 +92,7 @@ class RolloutConfig(_Section):
     """Responses sampled per prompt (the group size)."""
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0, le=1)
+    """Must be 1.0 for training (see `Config`); evaluation's nucleus is `eval.top_p`."""
     generation_batch_size: int = Field(512, ge=1)
     """Most sequences generated in one `generate` call (bounds memory, not results)."""
 
@@ -110,6 +114,15 @@ class TrainConfig(_Section):
     """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
     eval_every: int = Field(0, ge=0)
     """Validate every this many steps (0: only after the last step)."""
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    """With several processes (torchrun / accelerate launch): `ddp` replicates the model,
+    `fsdp` shards parameters, gradients and optimizer state (FSDP2, per decoder layer); `auto` is
+    ddp. One process ignores it."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of storing them."""
+    save_rollouts: bool = False
+    """Write every step's prompts, responses, rewards and producing rank to
+    `output_dir/rollouts/step_N.jsonl`."""
 
 
 class EvalConfig(_Section):
@@ -157,6 +170,14 @@ class Config(_Section):
                 f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "
                 f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "
                 "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
+            )
+        if self.rollout.top_p < 1:
+            raise ValueError(
+                f"rollout.top_p={self.rollout.top_p}: training samples must come from the full tempered "
+                "softmax, because every algorithm's log-probs (old and current) describe that distribution; a "
+                "nucleus would make the sampled policy differ from the one trained (and its tokens outside the "
+                "current policy's nucleus would have probability 0). Set rollout.top_p=1.0 (the paper's "
+                "setting); eval.top_p applies to validation"
             )
         return self
 

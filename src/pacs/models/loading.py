@@ -9,7 +9,8 @@ A model path is one of:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -98,21 +99,69 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def disable_dropout(model: PreTrainedModel) -> PreTrainedModel:
+    """Set every dropout probability of ``model`` to 0, in place, and return it.
+
+    RL needs the policy that samples, the policy whose log-probs are recomputed and the policy
+    that is updated to be one function; dropout would make each pass a different random
+    sub-network (and PPO's values noisy), as verl and TRL also note. Two places hold dropout:
+    ``torch.nn.Dropout`` modules (their ``p``), and float attributes that attention code reads at
+    call time (``attention_dropout`` in Qwen2 and Llama, ``attn_pdrop``/``resid_pdrop`` in
+    GPT-2 style configs). Both are zeroed, in the modules and in ``model.config`` (recursively
+    through sub-configs), so a checkpoint saved from the model records what was trained.
+    """
+    configs = [model.config]
+    while configs:
+        config = configs.pop()
+        for name, value in vars(config).items():
+            if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                configs.append(value)
+            elif _is_dropout_probability(name, value):
+                setattr(config, name, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if _is_dropout_probability(name, value):
+                setattr(module, name, 0.0)
+    return model
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Run the body with ``model`` in eval mode, then restore the mode it had."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def _is_dropout_probability(name: str, value: object) -> bool:
+    return isinstance(value, float) and not isinstance(value, bool) and ("dropout" in name or name.endswith("pdrop"))
+
+
 def load_causal_lm(path: str, *, dtype: str = "float32") -> PreTrainedModel:
-    """Load the causal LM at ``path`` with parameters in ``dtype`` (a key of ``DTYPES``).
+    """Load the causal LM at ``path`` with parameters in ``dtype`` (a key of ``DTYPES``) and every
+    dropout probability set to 0 (``disable_dropout``).
 
     Note: ``from_pretrained`` returns the model in eval mode; the caller sets train/eval.
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    return _from_pretrained(partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype]), path)
+    return disable_dropout(_from_pretrained(partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype]), path))
 
 
 def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     """A critic for PPO: the architecture and weights at ``path`` (a causal LM checkpoint is fine)
-    with a freshly initialised value head of one output per token, as a token-classification model.
+    with a freshly initialised value head of one output per token, as a token-classification model,
+    with every dropout probability set to 0 (``disable_dropout``; transformers puts a
+    ``Dropout(0.1)`` before the value head of Qwen2 unless the config says otherwise).
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
     load = partial(AutoModelForTokenClassification.from_pretrained, num_labels=1, dtype=DTYPES[dtype])
-    return _from_pretrained(load, path)
+    critic = _from_pretrained(load, path)
+    critic.config.classifier_dropout = 0.0
+    return disable_dropout(critic)

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts
 
 
@@ -110,49 +112,159 @@ def response_values(critic: PreTrainedModel, batch: PolicyBatch) -> torch.Tensor
 
 @torch.no_grad()
 def per_token_no_grad(
-    compute: Callable[[PolicyBatch], torch.Tensor | tuple[torch.Tensor, ...]], batch: PolicyBatch, *, micro_batch_size: int
+    model: PreTrainedModel,
+    compute: Callable[[PolicyBatch], torch.Tensor | tuple[torch.Tensor, ...]],
+    batch: PolicyBatch,
+    *,
+    micro_batch_size: int,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """`compute(micro)` -> (b, R) tensor(s), over the whole batch in micro-batches, without
-    gradient: (B, R), or a tuple of them when `compute` returns a tuple."""
+    """`compute(micro)` -> (b, R) tensor(s) of `model`, over the whole batch in micro-batches,
+    without gradient and in eval mode: (B, R), or a tuple of them when `compute` returns a tuple."""
     outputs: list[torch.Tensor] = []
-    for start in range(0, len(batch), micro_batch_size):
-        micro = batch.rows(slice(start, start + micro_batch_size))
-        results = compute(micro)
-        results = results if isinstance(results, tuple) else (results,)
-        if not outputs:
-            outputs = [torch.zeros_like(batch.response_mask) for _ in results]
-        for out, result in zip(outputs, results):
-            out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = result.to(out.dtype)
+    with eval_mode(model):
+        for start in range(0, len(batch), micro_batch_size):
+            micro = batch.rows(slice(start, start + micro_batch_size))
+            results = compute(micro)
+            results = results if isinstance(results, tuple) else (results,)
+            if not outputs:
+                outputs = [torch.zeros_like(batch.response_mask) for _ in results]
+            for out, result in zip(outputs, results):
+                out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = result.to(out.dtype)
     return tuple(outputs) if len(outputs) > 1 else outputs[0]
 
 
 def response_values_no_grad(critic: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int) -> torch.Tensor:
     """`response_values` over the whole batch, without gradient: (B, R)."""
-    return per_token_no_grad(lambda micro: response_values(critic, micro), batch, micro_batch_size=micro_batch_size)
+    return per_token_no_grad(critic, lambda micro: response_values(critic, micro), batch, micro_batch_size=micro_batch_size)
+
+
+LOGITS_CHUNK_BYTES = 64 * 2**20
+"""Size of one chunk's fp32 logits: 64 MiB, i.e. 110 response tokens of Qwen2.5's 151,936-token
+vocabulary (`tokens_per_chunk`; 128 MiB for a float64 model, whose logits stay float64). A
+log-prob pass holds a few arrays of this size at a time (the chunk's logits, its softmax and, in
+backward, their gradients), whatever the response length."""
+
+
+def tokens_per_chunk(vocab_size: int) -> int:
+    """Response tokens per chunk: as many as have `LOGITS_CHUNK_BYTES` of fp32 logits, at least 1."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside data-parallel wrappers (DDP and the like hold it as `.module`)."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+class _ChunkedResponseTerms(torch.nn.Module):
+    """Stands in for a causal LM's output embedding (`lm_head`) during one `response_logprobs`
+    call, so the projection runs inside the model's own forward (where FSDP has gathered the
+    root's parameters and DDP sees them used) but never builds the (B, R, V) logits.
+
+    forward(hidden_states): hidden_states (B, S, H), the final hidden states of the last S >= R + 1
+    positions -> (B, R, 1) log pi(response_t | ...) at each response position, or (B, R, 2) with
+    the entropy as the second channel; exactly 0.0 where `response_mask` is 0.
+
+    The hidden states that predict real response tokens are gathered into (N, H) and projected
+    `tokens_per_chunk(vocab_size)` tokens at a time; with gradient enabled each chunk is
+    checkpointed, so backward recomputes its logits instead of keeping them. `output_embeddings`
+    is the model's own module (same parameters: tied embeddings stay tied).
+    """
+
+    def __init__(
+        self,
+        output_embeddings: torch.nn.Module,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        vocab_size: int,
+        temperature: float,
+        with_entropy: bool,
+    ):
+        super().__init__()
+        self.output_embeddings = output_embeddings
+        self.response_ids = response_ids
+        self.at_response = response_mask > 0
+        self.chunk_tokens = tokens_per_chunk(vocab_size)
+        self.temperature = temperature
+        self.with_entropy = with_entropy
+        self.result: torch.Tensor | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        response_width = self.response_ids.shape[1]
+        hidden = hidden_states[:, -response_width - 1 : -1][self.at_response]
+        targets = self.response_ids[self.at_response]
+        pieces = []
+        for start in range(0, max(len(targets), 1), self.chunk_tokens):  # N = 0: one empty chunk
+            chunk = (hidden[start : start + self.chunk_tokens], targets[start : start + self.chunk_tokens])
+            if torch.is_grad_enabled():
+                pieces.append(checkpoint(self.chunk_terms, *chunk, use_reentrant=False))
+            else:
+                pieces.append(self.chunk_terms(*chunk))
+        terms = torch.cat(pieces)
+        self.result = terms.new_zeros(*self.at_response.shape, terms.shape[-1])
+        self.result[self.at_response] = terms
+        return self.result
+
+    def chunk_terms(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """hidden (n, H), targets (n,) -> (n, 1) log-probs, or (n, 2) log-probs and entropies.
+
+        z = logits / T in float32 (float64 for a float64 model):
+            log pi(target) = z_target - logsumexp(z)
+            entropy        = logsumexp(z) - sum_v softmax(z)_v z_v
+        """
+        logits = self.output_embeddings(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / self.temperature
+        normaliser = torch.logsumexp(logits, dim=-1)
+        logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
+        if not self.with_entropy:
+            return logprobs.unsqueeze(-1)
+        entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        return torch.stack([logprobs, entropy], dim=-1)
 
 
 def response_logprobs(
     model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(response_t | prompt, response_<t) for every response position: (B, R); with
-    `with_entropy`, also the policy's entropy at each position, (B, R).
+    `with_entropy`, also the policy's entropy at each position, (B, R). Padding positions hold
+    exactly 0.0 (callers mask them anyway).
 
     Logits are divided by the sampling temperature (the behaviour policy at temperature T is
-    softmax(logits / T)). Padding positions hold finite garbage; callers mask them. Only the last
-    R + 1 positions' logits are computed (`logits_to_keep`), never the prompt's.
+    softmax(logits / T)) and taken in float32 or wider. They are computed only at response
+    tokens and a chunk at a time (`_ChunkedResponseTerms`, which stands in for the model's
+    output embedding during the call), so memory grows with the chunk, not with B x R x vocab.
+    `model` may be wrapped (DDP's `.module`); its output embedding is restored afterwards, also
+    on error. Raises ValueError for a model without an output embedding or one whose forward
+    changes the projection's result before returning it as logits (logit softcapping or
+    scaling, as Gemma 2 and Cohere do): log-probs here support Qwen2- and Llama-style models.
     """
     response_width = batch.response_ids.shape[1]
-    logits = model(**_sequence_inputs(batch), logits_to_keep=response_width + 1).logits[:, :-1]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    logits = logits / temperature
-    normaliser = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - normaliser
-    if not with_entropy:
-        return logprobs
-    log_distribution = logits - normaliser.unsqueeze(-1)
-    entropy = -(log_distribution.exp() * log_distribution).sum(dim=-1)
-    return logprobs, entropy
+    inner = unwrap_model(model)
+    output_embeddings = inner.get_output_embeddings()
+    if output_embeddings is None:
+        raise ValueError(f"{type(inner).__name__} has no output embedding (lm_head); a causal LM is needed")
+    head = _ChunkedResponseTerms(
+        output_embeddings,
+        batch.response_ids,
+        batch.response_mask,
+        vocab_size=inner.config.vocab_size,
+        temperature=temperature,
+        with_entropy=with_entropy,
+    )
+    inner.set_output_embeddings(head)
+    try:
+        terms = model(**_sequence_inputs(batch), logits_to_keep=response_width + 1).logits
+    finally:
+        inner.set_output_embeddings(output_embeddings)
+    if head.result is None or terms is not head.result:
+        raise ValueError(
+            f"{type(inner).__name__}.forward does not return its output embedding's result unchanged as "
+            "logits (it softcaps, scales or slices them), so chunked log-probs would be wrong for it; "
+            "supported: models whose logits are lm_head(hidden_states), such as Qwen2 and Llama"
+        )
+    return (terms[..., 0], terms[..., 1]) if with_entropy else terms[..., 0]
 
 
 def response_logprobs_no_grad(
@@ -165,6 +277,7 @@ def response_logprobs_no_grad(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`response_logprobs` over the whole batch, without gradient: (B, R) (and the entropy)."""
     return per_token_no_grad(
+        model,
         lambda micro: response_logprobs(model, micro, temperature=temperature, with_entropy=with_entropy),
         batch,
         micro_batch_size=micro_batch_size,

@@ -1,13 +1,16 @@
-"""The RLVR loop, one for every algorithm, on Hugging Face `accelerate`.
+"""The RLVR loop, one for every algorithm, on one process or many.
 
 Each step: draw `train.batch_size` prompts -> sample `rollout.n` responses each -> score them
 with the verifier -> recompute the rollout policy's log-probs -> `train.epochs` passes of
 optimizer updates over mini-batches of `train.mini_batch_size` prompts -> log, validate,
-checkpoint. One process is accelerate's trivial case; a prompt's whole group stays on one rank.
+checkpoint. Launched by torchrun or `accelerate launch`, each process takes its share of every
+mini-batch (a prompt's whole group stays on one rank) and `pacs.train.distributed.World` says who
+does what; one process is the trivial case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -16,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 from rich.console import Console
 from tqdm.auto import tqdm
 
-from pacs.algos.core import masked_mean, mixed_group_fraction
+from pacs.algos.core import mixed_group_fraction
 from pacs.algos.registry import build_algorithm
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
@@ -32,14 +34,8 @@ from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.checkpoint import (
-    CRITIC_DIR,
-    latest_checkpoint,
-    load_trainer_state,
-    restore_rng_states,
-    rng_states,
-    save_checkpoint,
-)
+from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, load_trainer_state, restore_rng_states, write_checkpoint
+from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_critic, update_policy
@@ -71,18 +67,43 @@ def load_prompts(specs: str | list[str], tokenizer, max_prompt_length: int, defa
     return prompts
 
 
-def _group_metrics(rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int) -> dict[str, float]:
-    lengths = response_mask.sum(dim=1)
+def rollout_metrics(
+    rewards: torch.Tensor, response_lengths: torch.Tensor, entropy_sums: torch.Tensor, group_size: int
+) -> dict[str, float]:
+    """What a step's rollouts look like: mean reward, fraction of groups with mixed outcomes,
+    response lengths, and the rollout policy's entropy averaged over every response token.
+
+    rewards, response_lengths, entropy_sums: (B,) per response, entropy summed over its tokens.
+    """
     return {
         "reward/mean": float(rewards.mean()),
         "reward/groups_mixed_fraction": mixed_group_fraction(rewards, group_size),
-        "response_length/mean": float(lengths.mean()),
-        "response_length/max": float(lengths.max()),
+        "response_length/mean": float(response_lengths.mean()),
+        "response_length/max": float(response_lengths.max()),
+        "actor/entropy": float(entropy_sums.sum() / response_lengths.sum().clamp(min=1)),
     }
 
 
+def mixed_precision(device: torch.device, dtype: str):
+    """The context forward passes run in: bfloat16 autocast for `model.dtype=bfloat16` (the
+    weights stay float32), nothing otherwise."""
+    if dtype == "bfloat16":
+        return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
 def train(config: Config, *, show_progress: bool = True) -> TrainResult:
-    """Run `config` to the end (or from its newest checkpoint with `resume=auto`)."""
+    """Run `config` to the end (or from its newest checkpoint with `resume=auto`), in this
+    process and every other one the launcher started."""
+    world = World.from_environment(config.train.strategy)
+    try:
+        return _train(config, world, show_progress=show_progress)
+    finally:
+        world.close()
+
+
+def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
+    world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
     output_dir = Path(config.output_dir)
     checkpoints_dir = output_dir / "checkpoints"
     resume_from = latest_checkpoint(checkpoints_dir) if config.resume == "auto" else None
@@ -91,15 +112,17 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
             f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
             "or choose another output_dir"
         )
-    output_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(config, output_dir / "config.yaml")
-    console = Console(stderr=True, soft_wrap=True)
+    if world.is_writer:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(config, output_dir / "config.yaml")
+    console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     seed_everything(config.seed)
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    weights_dtype = "float64" if config.model.dtype == "float64" else "float32"
+    autocast = mixed_precision(world.device, config.model.dtype)
     model_source = str(resume_from) if resume_from else config.model.path
     tokenizer = load_tokenizer(model_source)
-    model = load_causal_lm(model_source, dtype=config.model.dtype)
+    model = load_causal_lm(model_source, dtype=weights_dtype)
     compute_dtype = torch.float64 if config.model.dtype == "float64" else torch.float32
 
     train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
@@ -117,11 +140,18 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
         group_size=config.rollout.n, horizon=config.data.max_response_length, **config.algorithm.model_dump()
     )
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    bf16 = torch.bfloat16 if config.model.dtype == "bfloat16" else None
     critic = critic_optimizer = None
     if "values" in algorithm.needs:
         critic_source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-        critic = load_value_model(critic_source, dtype=config.model.dtype)
+        critic = load_value_model(critic_source, dtype=weights_dtype)
+    for module in (model, critic):
+        if module is not None and config.train.gradient_checkpointing:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = world.wrap(model, compute_dtype=bf16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    if critic is not None:
+        critic = world.wrap(critic, compute_dtype=bf16)
         critic_optimizer = torch.optim.AdamW(
             critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay
         )
@@ -129,19 +159,16 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     start_step = 0
     if resume_from:
         state = load_trainer_state(resume_from)
-        optimizer.load_state_dict(state["optimizer"])
-        if critic_optimizer is not None:
-            critic_optimizer.load_state_dict(state["critic_optimizer"])
+        world.load_optimizer_state(model, optimizer, state["optimizer"])
+        if critic is not None:
+            world.load_optimizer_state(critic, critic_optimizer, state["critic_optimizer"])
         sampler = PromptSampler(**state["sampler"])
-        restore_rng_states(state["rng"])
+        restore_rng_states(state["rng"], world)
         start_step = state["step"]
         console.print(f"resuming from {resume_from} (step {start_step})")
-    model, optimizer = accelerator.prepare(model, optimizer)
-    if critic is not None:
-        critic, critic_optimizer = accelerator.prepare(critic, critic_optimizer)
-    engine = TransformersEngine(
-        accelerator.unwrap_model(model), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size
-    )
+    elif world.rank > 0:
+        torch.manual_seed(config.seed * 1_000_003 + world.rank)
+    engine = TransformersEngine(world.unwrap(model), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
     rollout_params = SamplingParams(
         n=config.rollout.n,
         temperature=config.rollout.temperature,
@@ -149,49 +176,51 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
         max_new_tokens=config.data.max_response_length,
     )
     settings = UpdateSettings(
-        mini_batch_size=config.train.mini_batch_size,
+        mini_batch_size=config.train.mini_batch_size // world.world_size,
         micro_batch_size=config.train.micro_batch_size,
         epochs=config.train.epochs,
         grad_clip=config.train.grad_clip,
         temperature=config.rollout.temperature,
+        autocast=autocast,
     )
 
     @functools.cache
     def reference_model():
-        """The frozen initial policy, loaded only when an algorithm asks for reference log-probs."""
-        return load_causal_lm(config.model.path, dtype=config.model.dtype).to(accelerator.device).eval()
-
-    def trainer_state(step: int) -> dict:
-        state = {"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state(), "rng": rng_states()}
-        if critic_optimizer is not None:
-            state["critic_optimizer"] = critic_optimizer.state_dict()
-        return state
+        """The frozen initial policy, loaded only when an algorithm asks for reference log-probs
+        (in bfloat16 under mixed precision: it is never trained)."""
+        return load_causal_lm(config.model.path, dtype=config.model.dtype).to(world.device).eval()
 
     def checkpoint(name: str, step: int) -> Path:
-        return save_checkpoint(
+        return write_checkpoint(
+            world,
             checkpoints_dir / name,
-            accelerator.unwrap_model(model),
             tokenizer,
-            trainer_state(step),
-            critic=accelerator.unwrap_model(critic) if critic is not None else None,
+            step=step,
+            sampler=sampler,
+            policy=(model, optimizer),
+            critic=(critic, critic_optimizer) if critic is not None else None,
         )
 
     def validate() -> dict[str, float]:
+        """Rank 0 evaluates the validation prompts with the current policy (all ranks hold the
+        gathered weights meanwhile under FSDP)."""
         params = SamplingParams(
             n=config.eval.n,
             temperature=config.eval.temperature,
             top_p=config.eval.top_p,
             max_new_tokens=config.data.max_response_length,
         )
-        devices = [] if accelerator.device.type == "cpu" else [accelerator.device]
-        with torch.random.fork_rng(devices=devices):
+        devices = [] if world.device.type == "cpu" else [world.device]
+        with world.generation(model), autocast(), torch.random.fork_rng(devices=devices):
+            if not world.is_writer:
+                return {}
             result = evaluate(engine, tokenizer, val_prompts.rows, params, scorer, show_progress=False)
         metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
         return {**metrics, "val/reward_timeouts": float(result.timed_out)}
 
-    logger = MetricsLogger(output_dir, resume_step=start_step)
+    logger = MetricsLogger(output_dir, world, resume_step=start_step)
     try:
         skipped_updates = 0
         metrics: dict[str, float] = {}
@@ -201,52 +230,64 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
             total=config.train.steps,
             desc="training",
             unit="step",
-            disable=not show_progress,
+            disable=not (show_progress and world.is_writer),
         )
         for step in progress:
             step_start = time.perf_counter()
-            indices = sampler.next_batch(config.train.batch_size)
-            rollouts = engine.generate([train_prompts.token_ids[i] for i in indices], rollout_params)
+            indices = world.shard_prompts(sampler.next_batch(config.train.batch_size), config.train.mini_batch_size)
+            with world.generation(model), autocast():
+                rollouts = engine.generate([train_prompts.token_ids[i] for i in indices], rollout_params)
             generation_time = time.perf_counter() - step_start
             rows = [train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
             scored = scorer.score(rows, rollouts.response_texts)
             rewards = torch.tensor(scored.scores)
-            batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(accelerator.device)
-            batch.old_logprobs, rollout_entropy = response_logprobs_no_grad(
-                model,
-                batch,
-                micro_batch_size=config.train.micro_batch_size,
-                temperature=config.rollout.temperature,
-                with_entropy=True,
-            )
-            if "ref_logprobs" in algorithm.needs:
-                batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
-                    reference_model(), batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+            if config.train.save_rollouts:
+                logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
+            batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(world.device)
+            with autocast():
+                batch.old_logprobs, rollout_entropy = response_logprobs_no_grad(
+                    model,
+                    batch,
+                    micro_batch_size=config.train.micro_batch_size,
+                    temperature=config.rollout.temperature,
+                    with_entropy=True,
                 )
-            if critic is not None:
-                batch.row_terms["values"] = response_values_no_grad(
-                    critic, batch, micro_batch_size=config.train.micro_batch_size
-                )
-            batch.row_terms.update(algorithm.prepare_step(batch.tensors()))
+                if "ref_logprobs" in algorithm.needs:
+                    batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
+                        reference_model(), batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+                    )
+                if critic is not None:
+                    batch.row_terms["values"] = response_values_no_grad(
+                        critic, batch, micro_batch_size=config.train.micro_batch_size
+                    )
+            batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=world.sum))
             metrics = {}
             if critic is not None:
-                metrics.update(update_critic(critic, critic_optimizer, accelerator, batch, algorithm, settings))
+                metrics.update(update_critic(critic, critic_optimizer, world, batch, algorithm, settings))
             if step > config.critic.warmup_steps or critic is None:
-                metrics.update(update_policy(model, optimizer, accelerator, batch, algorithm, settings))
+                metrics.update(update_policy(model, optimizer, world, batch, algorithm, settings))
             else:
                 metrics.update({"loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0})
+            metrics.update({"time/step_s": time.perf_counter() - step_start, "time/generation_s": generation_time})
+            metrics = world.reduce_metrics(metrics)
             skipped_updates += int(metrics["updates/skipped"])
-            step_time = time.perf_counter() - step_start
-            num_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
-            metrics.update(_group_metrics(batch.rewards, batch.response_mask, config.rollout.n))
+            per_row = torch.stack(
+                [
+                    batch.rewards,
+                    batch.response_mask.sum(dim=1),
+                    (rollout_entropy * batch.response_mask).sum(dim=1),
+                    batch.prompt_mask.sum(dim=1).to(batch.rewards.dtype),
+                ],
+                dim=1,
+            )
+            rewards_all, lengths_all, entropy_all, prompt_lengths_all = world.gather_rows(per_row.double()).unbind(dim=1)
+            metrics.update(rollout_metrics(rewards_all, lengths_all, entropy_all, config.rollout.n))
+            timeouts, crashes = world.sum(torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
             metrics.update(
                 {
-                    "actor/entropy": float(masked_mean(rollout_entropy, batch.response_mask).mean()),
-                    "reward/timeouts": float(scored.timed_out),
-                    "reward/crashes": float(scored.crashed),
-                    "time/step_s": step_time,
-                    "time/generation_s": generation_time,
-                    "throughput/tokens_per_s": num_tokens / step_time,
+                    "reward/timeouts": timeouts,
+                    "reward/crashes": crashes,
+                    "throughput/tokens_per_s": float(lengths_all.sum() + prompt_lengths_all.sum()) / metrics["time/step_s"],
                 }
             )
             if val_prompts is not None and (

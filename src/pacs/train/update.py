@@ -4,6 +4,11 @@ The mini-batch loss of any algorithm is applied exactly at any micro-batch size:
 sees the whole mini-batch once without gradient (`prepare_update`), then each micro-batch
 back-propagates its own rows (see `pacs.algos.base`). A mini-batch whose loss or gradient norm is
 not finite is skipped (no optimizer step) and counted. The same loop updates PPO's critic.
+
+With several processes each rank holds its share of every mini-batch (`pacs.train.distributed`):
+the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
+by `world.loss_scale` so that the synchronised gradient is the sum over ranks, and only the last
+micro-batch of an update synchronises gradients.
 """
 
 from __future__ import annotations
@@ -11,15 +16,16 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
-from accelerate import Accelerator
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
-from pacs.algos.base import Algorithm
+from pacs.algos.base import Algorithm, MiniBatchTotals
 from pacs.algos.ppo import PPO
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad, response_values
+from pacs.train.distributed import World
 
 
 @dataclass(frozen=True)
@@ -31,26 +37,29 @@ class UpdateSettings:
     epochs: int
     grad_clip: float
     temperature: float = 1.0
+    autocast: Callable[[], ContextManager] = nullcontext
+    """The context every forward pass runs in (bf16 autocast under mixed precision)."""
 
 
-PrepareUpdate = Callable[[PolicyBatch, bool], tuple[dict[str, torch.Tensor], dict[str, float]]]
+PrepareUpdate = Callable[[PolicyBatch, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float]]]
 MicroBatchLoss = Callable[[PolicyBatch], torch.Tensor]
 
 
 def run_updates(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    accelerator: Accelerator,
+    world: World,
     batch: PolicyBatch,
     rows_per_update: int,
     settings: UpdateSettings,
     prepare_update: PrepareUpdate,
     micro_batch_loss: MicroBatchLoss,
 ) -> dict[str, float]:
-    """The loop: for each epoch and mini-batch of `rows_per_update` rows, `prepare_update(minibatch,
-    model_changed)` gives per-row terms and metrics, each micro-batch back-propagates
-    `micro_batch_loss(micro)`, then one clipped optimizer step. Returns the metrics averaged over
-    the updates that report them, `grad_norm`, and `updates/skipped`."""
+    """The loop: for each epoch and local mini-batch of `rows_per_update` rows,
+    `prepare_update(minibatch, model_changed, totals)` gives per-row terms and metrics, each
+    micro-batch back-propagates `micro_batch_loss(micro)`, then one clipped optimizer step.
+    Returns this rank's metrics averaged over the updates that report them, `grad_norm`, and
+    `updates/skipped`."""
     model_changed = False
     per_update: list[dict[str, float]] = []
     skipped = 0
@@ -58,15 +67,18 @@ def run_updates(
     for _ in range(settings.epochs):
         for start in range(0, len(batch), rows_per_update):
             minibatch = batch.rows(slice(start, start + rows_per_update))
-            row_terms, metrics = prepare_update(minibatch, model_changed)
+            row_terms, metrics = prepare_update(minibatch, model_changed, global_totals(minibatch, world))
             minibatch.row_terms = {**minibatch.row_terms, **row_terms}
             micro_starts = range(0, len(minibatch), settings.micro_batch_size)
             for micro_start in micro_starts:
                 micro = minibatch.rows(slice(micro_start, micro_start + settings.micro_batch_size))
-                with accelerator.no_sync(model) if micro_start != micro_starts[-1] else nullcontext():
-                    accelerator.backward(micro_batch_loss(micro))
-            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), settings.grad_clip))
-            if math.isfinite(grad_norm) and math.isfinite(metrics.get("loss", 0.0)):
+                with world.gradient_sync(model, sync=micro_start == micro_starts[-1]):
+                    with settings.autocast():
+                        loss = micro_batch_loss(micro)
+                    (loss * world.loss_scale).backward()
+            grad_norm = _clip_grad_norm(model, settings.grad_clip)
+            loss_is_finite = world.max(0.0 if math.isfinite(metrics.get("loss", 0.0)) else 1.0) == 0.0
+            if math.isfinite(grad_norm) and loss_is_finite:
                 optimizer.step()
                 model_changed = True
             else:
@@ -81,10 +93,23 @@ def run_updates(
     return averaged
 
 
+def global_totals(minibatch: PolicyBatch, world: World) -> MiniBatchTotals:
+    """Rows and response tokens of the global mini-batch whose share `minibatch` is."""
+    counts = world.sum(torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
+    return MiniBatchTotals(num_rows=int(counts[0]), num_tokens=float(counts[1]))
+
+
+def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """Clip the (synchronised) gradients to `max_norm` in global L2 norm; the norm before clipping.
+    Under FSDP2 the gradients are sharded DTensors and the norm is reduced over every shard."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
 def update_policy(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    accelerator: Accelerator,
+    world: World,
     batch: PolicyBatch,
     algorithm: Algorithm,
     settings: UpdateSettings,
@@ -96,13 +121,18 @@ def update_policy(
     filled in; rows of one prompt are contiguous.
     """
 
-    def prepare(minibatch: PolicyBatch, policy_changed: bool):
+    def current_logprobs(minibatch: PolicyBatch) -> torch.Tensor:
+        with settings.autocast():
+            return response_logprobs_no_grad(
+                model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
+            )
+
+    def prepare(minibatch: PolicyBatch, policy_changed: bool, totals: MiniBatchTotals):
         return algorithm.prepare_update(
             minibatch.tensors(),
-            lambda: response_logprobs_no_grad(
-                model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
-            ),
+            lambda: current_logprobs(minibatch),
             policy_is_rollout_policy=not policy_changed,
+            totals=totals,
         )
 
     def micro_loss(micro: PolicyBatch) -> torch.Tensor:
@@ -116,13 +146,13 @@ def update_policy(
         return algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
 
     rows_per_update = settings.mini_batch_size * algorithm.group_size
-    return run_updates(model, optimizer, accelerator, batch, rows_per_update, settings, prepare, micro_loss)
+    return run_updates(model, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)
 
 
 def update_critic(
-    critic: PreTrainedModel,
+    critic: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    accelerator: Accelerator,
+    world: World,
     batch: PolicyBatch,
     algorithm: PPO,
     settings: UpdateSettings,
@@ -132,15 +162,15 @@ def update_critic(
     batch: as for `update_policy`, with the rollout-time "values" and the "returns" row terms.
     """
 
-    def prepare(minibatch: PolicyBatch, critic_changed: bool):
+    def prepare(minibatch: PolicyBatch, critic_changed: bool, totals: MiniBatchTotals):
         tensors = minibatch.tensors()
-        return algorithm.critic_row_terms(tensors), algorithm.critic_metrics(tensors["values"], tensors)
+        return algorithm.critic_row_terms(tensors, totals=totals), algorithm.critic_metrics(tensors["values"], tensors)
 
     def micro_loss(micro: PolicyBatch) -> torch.Tensor:
         return algorithm.critic_micro_batch_loss(response_values(critic, micro), micro.tensors(), micro.row_terms)
 
     rows_per_update = settings.mini_batch_size * algorithm.group_size
-    metrics = run_updates(critic, optimizer, accelerator, batch, rows_per_update, settings, prepare, micro_loss)
+    metrics = run_updates(critic, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)
     return {
         key if key.startswith("critic/") else f"critic/{key}": value
         for key, value in metrics.items()

@@ -1,0 +1,277 @@
+"""Everything that makes the loop run on N processes, in one place.
+
+The loop in `pacs.train.trainer` reads as the algorithm; it asks this module who does what:
+
+    world = World.from_environment(config.train.strategy)   # torchrun / accelerate launch env
+    model = world.wrap(model)                                # DDP or FSDP2 (or nothing)
+    local_prompts = world.shard_prompts(step_prompts, mini_batch_size)
+    ... generate / score / update on the local share ...
+    metrics = world.reduce_metrics(metrics)                  # global, on every rank
+    if world.is_writer: write files                          # rank 0 alone
+
+Sharding a step (DESIGN.md, section 6). Every rank draws the same `train.batch_size` prompts
+(same sampler state), cuts them into the step's mini-batches of `train.mini_batch_size` prompts,
+and takes the r-th contiguous slice of each: rank r's k-th local mini-batch is a share of the
+global mini-batch k, so an N-process update sees exactly the mini-batches of a 1-process update.
+A prompt's whole group lives on one rank, so group statistics stay local.
+
+Exactness. Every loss is "sum over the global mini-batch / a global count"; each rank
+back-propagates its own rows divided by the global count (`sum` gives the counts), and the
+gradients are summed across ranks: DDP and FSDP2 average, so the loop scales each local loss by
+the world size (`loss_scale`).
+
+FSDP2 (`train.strategy=fsdp`): `fully_shard` each decoder layer, then the root; parameters,
+gradients and optimizer state are sharded. Generation unshards every layer once and keeps them
+unsharded until it ends (`generation`), so it never all-gathers per token (and ranks may generate
+different numbers of tokens without a collective to hang on). Checkpoints gather a full state dict
+to rank 0 (`full_model_state`), written as one plain Hugging Face directory; the optimizer state is
+gathered in full as well (`full_optimizer_state`) and restored from it on every rank.
+
+One process (no launcher) is the trivial case: nothing is wrapped and every collective is the
+identity.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+STRATEGIES = ("auto", "ddp", "fsdp")
+
+
+class DistributedConfigError(ValueError):
+    """A batch that cannot be split evenly across the processes, or a strategy that cannot run."""
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among all of them: `rank` of `world_size`, on `device`, with
+    `strategy` "none" (one process), "ddp" or "fsdp"."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    strategy: str
+
+    @classmethod
+    def single(cls, device: torch.device | str = "cpu") -> World:
+        return cls(rank=0, world_size=1, device=torch.device(device), strategy="none")
+
+    @classmethod
+    def from_environment(cls, strategy: str = "auto") -> World:
+        """Join the process group that torchrun (or `accelerate launch`) describes in the
+        environment (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): NCCL on CUDA, gloo on
+        CPU. Without a launcher: one process, on CUDA if there is one."""
+        if strategy not in STRATEGIES:
+            raise DistributedConfigError(f"unknown train.strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        if world_size == 1:
+            return cls.single(device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        return cls(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            device=device,
+            strategy="ddp" if strategy == "auto" else strategy,
+        )
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 alone writes files (metrics, TensorBoard, config, checkpoints, rollouts)."""
+        return self.rank == 0
+
+    @property
+    def loss_scale(self) -> float:
+        """Each rank's loss is its share of the global loss; DDP and FSDP2 average gradients over
+        ranks, so multiplying by the world size makes the synchronised gradient their sum."""
+        return float(self.world_size)
+
+    # ----- the step's data ---------------------------------------------------------------------
+
+    def check_divisible(self, batch_size: int, mini_batch_size: int) -> None:
+        """Refuse a step that cannot be shared evenly: each mini-batch's prompts must split into
+        `world_size` equal shares (and the batch into whole mini-batches)."""
+        if mini_batch_size % self.world_size:
+            raise DistributedConfigError(
+                f"train.mini_batch_size={mini_batch_size} prompts cannot be split evenly across "
+                f"{self.world_size} processes; each optimizer update needs the same number of whole "
+                f"prompt groups on every process. Use a mini_batch_size that is a multiple of "
+                f"{self.world_size} (and a batch_size that is a multiple of it)"
+            )
+        if batch_size % mini_batch_size:
+            raise DistributedConfigError(
+                f"train.mini_batch_size={mini_batch_size} must divide train.batch_size={batch_size}"
+            )
+
+    def shard_prompts(self, prompts: Sequence[Any], mini_batch_size: int) -> list[Any]:
+        """This rank's prompts of a step: from each consecutive mini-batch of `mini_batch_size`
+        prompts, the `rank`-th of `world_size` equal contiguous slices, in order."""
+        self.check_divisible(len(prompts), mini_batch_size)
+        share = mini_batch_size // self.world_size
+        return [
+            prompt
+            for start in range(0, len(prompts), mini_batch_size)
+            for prompt in prompts[start + self.rank * share : start + (self.rank + 1) * share]
+        ]
+
+    # ----- collectives (identity with one process) -------------------------------------------
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of `value` over every rank (a new tensor; any shape)."""
+        if self.world_size == 1:
+            return value.clone()
+        total = value.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    def max(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        total = torch.tensor(value, dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX)
+        return float(total)
+
+    def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """(b, ...) rows of every rank, concatenated in rank order: (world_size * b, ...). Every
+        rank must pass the same shape."""
+        if self.world_size == 1:
+            return rows
+        parts = [torch.empty_like(rows, device=self._comm_device) for _ in range(self.world_size)]
+        dist.all_gather(parts, rows.to(self._comm_device))
+        return torch.cat(parts).to(rows.device)
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        """`value` of every rank, in rank order (picklable objects between this job's own
+        processes; used for rollout records and metric dictionaries)."""
+        if self.world_size == 1:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics of every rank made global: "time/*" keys take the slowest rank's value, every
+        other key the mean over the ranks that report it (each rank holds the same number of
+        rows, so a per-row mean averages exactly)."""
+        if self.world_size == 1:
+            return dict(metrics)
+        per_rank = self.gather_objects(metrics)
+        reduced = {}
+        for key in dict.fromkeys(key for values in per_rank for key in values):
+            values = [values[key] for values in per_rank if key in values]
+            reduced[key] = max(values) if key.startswith("time/") else sum(values) / len(values)
+        return reduced
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
+
+    # ----- models ------------------------------------------------------------------------------
+
+    def wrap(self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+        """`model` on this rank's device, wrapped for the strategy: DDP, or FSDP2 with each
+        decoder layer and then the root sharded (bf16 compute with fp32 sharded master weights
+        when `compute_dtype` is bfloat16)."""
+        model = model.to(self.device)
+        if self.strategy == "ddp":
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=device_ids)
+        if self.strategy == "fsdp":
+            policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else MixedPrecisionPolicy()
+            for layer in decoder_layers(model):
+                fully_shard(layer, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
+        return model
+
+    @staticmethod
+    def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+        """The Hugging Face model inside a DDP wrapper (FSDP2 shards in place: no wrapper)."""
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def gradient_sync(self, model: torch.nn.Module, sync: bool):
+        """A context in which backward passes synchronise gradients across ranks only when `sync`
+        (the last micro-batch of an optimizer update)."""
+        if sync or self.strategy == "none":
+            return nullcontext()
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return _fsdp_no_sync(model)
+
+    @contextmanager
+    def generation(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        """The unwrapped model, ready to generate: under FSDP2 every shard group is all-gathered
+        once on entry and stays whole until exit (no per-token collectives)."""
+        fsdp_modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+        for module in fsdp_modules:
+            module.set_reshard_after_forward(False, recurse=False)
+            module.unshard()
+        try:
+            yield self.unwrap(model)
+        finally:
+            for module in fsdp_modules:
+                module.reshard()
+                module.set_reshard_after_forward(True, recurse=False)
+
+    def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """The whole model's state dict on the CPU of rank 0 (None on other ranks, and with one
+        process, where the model itself holds it); every rank must call it."""
+        if self.strategy == "none":
+            return None
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)
+        return state if self.is_writer else None
+
+    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The optimizer's whole state, keyed by parameter names, on the CPU of rank 0 (None on
+        other ranks); every rank must call it."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_optimizer_state_dict(model, optimizer, options=options)
+        return state if self.is_writer else None
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Restore what `full_optimizer_state` returned (every rank reads the same file)."""
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+@contextmanager
+def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of a Hugging Face model (the units FSDP2 shards): the
+    children of its first `ModuleList` (`model.model.layers` for Qwen2 and Llama)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return list(module)
+    raise DistributedConfigError(f"{type(model).__name__} has no list of decoder layers to shard with FSDP")

@@ -1,0 +1,225 @@
+"""Chunked log-probs and entropy equal those of the full logits, in value and in gradient.
+
+`full_logits_reference` below is the specification: the (B, R, V) logits of the response
+positions, divided by the temperature, log-softmax, the target's entry and the entropy.
+`response_logprobs` must agree with it while computing logits a chunk of tokens at a time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from pacs.models.loading import load_causal_lm
+from pacs.rollout.base import pad_rows
+from pacs.train import batch as batch_module
+from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad, tokens_per_chunk
+
+CHUNK_TOKENS = 4
+"""Tokens per chunk in these tests: the 15 response tokens below span 4 chunks, and chunk
+boundaries fall inside row 0 and between rows 0 and 1."""
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(batch_module, "LOGITS_CHUNK_BYTES", CHUNK_TOKENS * 4 * 101)
+
+
+@pytest.fixture(scope="module")
+def tied_model(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir), dtype="float64")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
+
+
+@pytest.fixture(scope="module")
+def untied_model(tiny_model_dir):
+    config = transformers.AutoConfig.from_pretrained(tiny_model_dir)
+    config.tie_word_embeddings = False
+    torch.manual_seed(1)
+    model = transformers.Qwen2ForCausalLM(config).to(torch.float64).eval()
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    return model
+
+
+@pytest.fixture(params=["tied", "untied"])
+def model(request):
+    return request.getfixturevalue(f"{request.param}_model")
+
+
+def make_batch(vocab_size: int = 101) -> PolicyBatch:
+    """3 rows: prompts of 5, 2 and 4 tokens (left-padded), responses of 7, 3 and 5 tokens."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab_size, (length,), generator=generator) for length in (5, 2, 4)]
+    responses = [torch.randint(0, vocab_size, (length,), generator=generator) for length in (7, 3, 5)]
+    response_mask = pad_rows([torch.ones(len(r), dtype=torch.float64) for r in responses], 0, left=False)
+    return PolicyBatch(
+        prompt_ids=pad_rows(prompts, 0, left=True),
+        prompt_mask=pad_rows([torch.ones_like(p) for p in prompts], 0, left=True),
+        response_ids=pad_rows(responses, 0, left=False),
+        response_mask=response_mask,
+        rewards=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64),
+        old_logprobs=torch.zeros_like(response_mask),
+    )
+
+
+def full_logits_reference(model, batch: PolicyBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, R) log-probs and entropies from the full logits of the response positions; 0 at padding."""
+    response_width = batch.response_ids.shape[1]
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
+    attention_mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    log_distribution = torch.log_softmax(logits[:, -response_width - 1 : -1] / temperature, dim=-1)
+    logprobs = log_distribution.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_distribution.exp() * log_distribution).sum(dim=-1)
+    padding = batch.response_mask == 0
+    return logprobs.masked_fill(padding, 0.0), entropy.masked_fill(padding, 0.0)
+
+
+def gradients(model, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+
+
+def test_more_than_one_chunk_is_exercised():
+    assert tokens_per_chunk(101) == CHUNK_TOKENS
+
+
+def test_chunk_size_is_64_mib_of_fp32_logits_and_at_least_one_token(monkeypatch):
+    monkeypatch.setattr(batch_module, "LOGITS_CHUNK_BYTES", 64 * 2**20)
+    assert tokens_per_chunk(151_936) == 110
+    assert tokens_per_chunk(10**9) == 1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_entropy_match_the_full_logits(model, temperature):
+    batch = make_batch()
+    logprobs, entropy = response_logprobs(model, batch, temperature=temperature, with_entropy=True)
+    expected_logprobs, expected_entropy = full_logits_reference(model, batch, temperature)
+    assert logprobs.dtype == entropy.dtype == torch.float64
+    torch.testing.assert_close(logprobs, expected_logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy, atol=1e-6, rtol=0)
+    torch.testing.assert_close(response_logprobs(model, batch, temperature=temperature), expected_logprobs, atol=1e-6, rtol=0)
+
+
+def test_padding_positions_hold_exactly_zero(model):
+    batch = make_batch()
+    logprobs, entropy = response_logprobs(model, batch, with_entropy=True)
+    padding = batch.response_mask == 0
+    assert padding.any()
+    assert (logprobs[padding] == 0).all() and (entropy[padding] == 0).all()
+    assert (logprobs[~padding] != 0).all() and (entropy[~padding] != 0).all()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_gradients_of_every_parameter_match_the_full_logits(model, temperature):
+    batch = make_batch()
+    generator = torch.Generator().manual_seed(1)
+    logprob_weights = torch.randn(batch.response_ids.shape, generator=generator, dtype=torch.float64)
+    entropy_weights = torch.randn(batch.response_ids.shape, generator=generator, dtype=torch.float64)
+
+    logprobs, entropy = response_logprobs(model, batch, temperature=temperature, with_entropy=True)
+    chunked = gradients(model, (logprob_weights * logprobs).sum() + (entropy_weights * entropy).sum())
+    expected_logprobs, expected_entropy = full_logits_reference(model, batch, temperature)
+    expected = gradients(model, (logprob_weights * expected_logprobs).sum() + (entropy_weights * expected_entropy).sum())
+
+    assert chunked.keys() == expected.keys()
+    for name in expected:
+        assert expected[name].abs().max() > 0, name
+        torch.testing.assert_close(chunked[name], expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_gradients_without_entropy_match_the_full_logits(tied_model):
+    batch = make_batch()
+    weights = torch.randn(batch.response_ids.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    chunked = gradients(tied_model, (weights * response_logprobs(tied_model, batch, temperature=0.7)).sum())
+    expected = gradients(tied_model, (weights * full_logits_reference(tied_model, batch, 0.7)[0]).sum())
+    for name in expected:
+        torch.testing.assert_close(chunked[name], expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_each_chunk_is_recomputed_in_backward_not_kept(tied_model, monkeypatch):
+    calls = []
+    original = batch_module._ChunkedResponseTerms.chunk_terms
+    monkeypatch.setattr(
+        batch_module._ChunkedResponseTerms, "chunk_terms", lambda self, *chunk: calls.append(1) or original(self, *chunk)
+    )
+    logprobs, entropy = response_logprobs(tied_model, make_batch(), with_entropy=True)
+    assert len(calls) == 4, "15 response tokens in chunks of 4"
+    (logprobs.sum() + entropy.sum()).backward()
+    assert len(calls) == 8
+    tied_model.zero_grad(set_to_none=True)
+
+
+def test_no_grad_pass_in_micro_batches_matches_the_full_logits(tied_model):
+    batch = make_batch()
+    logprobs, entropy = response_logprobs_no_grad(tied_model, batch, micro_batch_size=2, temperature=0.7, with_entropy=True)
+    expected_logprobs, expected_entropy = full_logits_reference(tied_model, batch, 0.7)
+    torch.testing.assert_close(logprobs, expected_logprobs.detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy.detach(), atol=1e-6, rtol=0)
+
+
+def test_a_row_without_response_tokens_gets_zeros_and_a_gradient_graph(tied_model):
+    batch = make_batch().rows(slice(0, 1))
+    batch.response_mask = torch.zeros_like(batch.response_mask)
+    logprobs, entropy = response_logprobs(tied_model, batch, with_entropy=True)
+    assert (logprobs == 0).all() and (entropy == 0).all()
+    (logprobs.sum() + entropy.sum()).backward()
+    tied_model.zero_grad(set_to_none=True)
+
+
+def test_logits_are_float32_for_a_bfloat16_model(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir), dtype="bfloat16")
+    logprobs, entropy = response_logprobs(model, make_batch(), with_entropy=True)
+    assert logprobs.dtype == entropy.dtype == torch.float32
+
+
+def test_output_embedding_is_restored_after_a_call(tied_model):
+    output_embeddings = tied_model.lm_head
+    parameters = list(tied_model.parameters())
+    response_logprobs(tied_model, make_batch())
+    assert tied_model.lm_head is output_embeddings
+    assert tied_model.lm_head.weight is tied_model.model.embed_tokens.weight
+    assert all(a is b for a, b in zip(tied_model.parameters(), parameters, strict=True))
+
+
+def test_output_embedding_is_restored_after_an_exception(tied_model):
+    output_embeddings = tied_model.lm_head
+    batch = make_batch()
+    batch.response_ids = batch.response_ids.clone()
+    batch.response_ids[0, 0] = 10**6
+    with pytest.raises(IndexError):
+        response_logprobs(tied_model, batch)
+    assert tied_model.lm_head is output_embeddings
+    assert tied_model.lm_head.weight is tied_model.model.embed_tokens.weight
+
+
+def test_a_model_wrapped_in_ddp_gives_the_same_values_and_gradients(tiny_model_dir, tmp_path):
+    model = load_causal_lm(str(tiny_model_dir), dtype="float64")
+    batch = make_batch()
+    expected = gradients(model, sum(t.sum() for t in full_logits_reference(model, batch, 0.7)))
+    torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        logprobs, entropy = response_logprobs(wrapped, batch, temperature=0.7, with_entropy=True)
+        chunked = gradients(model, logprobs.sum() + entropy.sum())
+    finally:
+        torch.distributed.destroy_process_group()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    for name in expected:
+        torch.testing.assert_close(chunked[name], expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_model_that_softcaps_its_logits_is_refused():
+    config = transformers.Gemma2Config(
+        vocab_size=101, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, final_logit_softcapping=30.0,
+    )
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    output_embeddings = model.lm_head
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM.forward does not return its output embedding's result"):
+        response_logprobs(model, make_batch())
+    assert model.lm_head is output_embeddings
