@@ -99,3 +99,9 @@ def test_a_training_nucleus_is_refused_because_log_probs_describe_the_full_softm
     with pytest.raises(ConfigError, match=r"rollout.top_p=0.9: .*Set rollout.top_p=1.0"):
         load_config(None, ["rollout.top_p=0.9"])
     assert load_config(None, ["eval.top_p=0.9"]).eval.top_p == 0.9
+
+
+def test_k1_as_a_kl_loss_is_refused_with_the_valid_estimators():
+    with pytest.raises(ConfigError, match=r"algorithm.kl_estimator 'k1' with kl_coef=0.1: .*'k2'.*'k3'"):
+        load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"])
+    assert load_config(None, ["algorithm.kl_coef=0", "algorithm.kl_estimator=k1"]).algorithm.kl_estimator == "k1"

@@ -96,3 +96,13 @@ def test_trainer_state_round_trips_optimizer_and_random_states(tmp_path, tiny_mo
         torch.equal(restored.state_dict()["state"][0][key], optimizer.state_dict()["state"][0][key])
         for key in ("exp_avg", "exp_avg_sq")
     )
+
+
+def test_each_rank_gets_its_own_saved_torch_random_state_back():
+    first = torch.get_rng_state()
+    torch.manual_seed(1234)
+    second = torch.get_rng_state()
+    states = {"python": random.getstate(), "numpy": list(np.random.get_state()), "torch": torch.stack([first, second])}
+    states["numpy"][1] = states["numpy"][1].tolist()
+    restore_rng_states(states, World(rank=1, world_size=2, device=torch.device("cpu"), strategy="ddp"))
+    assert torch.equal(torch.get_rng_state(), second)

@@ -41,6 +41,8 @@ def _train(args: argparse.Namespace) -> None:
 
     config = load_config(args.config, args.overrides)
     result = train(config)
+    if not result.is_writer:
+        return
     summary = {k: round(v, 4) for k, v in result.last_metrics.items() if k.startswith(("reward/", "val/", "loss"))}
     print(f"finished {config.train.steps} steps; final checkpoint: {result.final_checkpoint}")
     if result.skipped_updates:

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pacs.algos.core import check_kl_penalty
+
 
 class ConfigError(ValueError):
     """A configuration file or override that cannot be used; the message says how to fix it."""
@@ -68,6 +70,8 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the frozen initial model (every algorithm); 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator used as the loss: k2 follows the gradient of KL(π_θ‖π_ref), k3 (GRPO's
+    default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0."""
     entropy_coef: float = Field(0.0, ge=0)
     """Weight of the entropy bonus (every algorithm)."""
     # ppo
@@ -171,6 +175,10 @@ class Config(_Section):
                 f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "
                 "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
             )
+        try:
+            check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator)
+        except ValueError as error:
+            raise ValueError(f"algorithm.{error}") from None
         if self.rollout.top_p < 1:
             raise ValueError(
                 f"rollout.top_p={self.rollout.top_p}: training samples must come from the full tempered "

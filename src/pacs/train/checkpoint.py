@@ -148,9 +148,10 @@ def restore_rng_states(states: dict[str, Any], world: World) -> None:
         )
         torch.manual_seed(int(states["torch"][0].long().sum()) * 1_000_003 + world.rank)
         return
-    torch.set_rng_state(states["torch"][world.rank])
+    # clone: a row of the stacked states is a view at an offset, which set_rng_state cannot read
+    torch.set_rng_state(states["torch"][world.rank].clone())
     if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state(states["cuda"][world.rank])
+        torch.cuda.set_rng_state(states["cuda"][world.rank].clone())
 
 
 def write_checkpoint(

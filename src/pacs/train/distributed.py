@@ -65,6 +65,7 @@ class World:
     world_size: int
     device: torch.device
     strategy: str
+    local_rank: int = 0
 
     @classmethod
     def single(cls, device: torch.device | str = "cpu") -> World:
@@ -91,6 +92,7 @@ class World:
             world_size=dist.get_world_size(),
             device=device,
             strategy="ddp" if strategy == "auto" else strategy,
+            local_rank=local_rank,
         )
 
     @property
@@ -179,6 +181,17 @@ class World:
             values = [values[key] for values in per_rank if key in values]
             reduced[key] = max(values) if key.startswith("time/") else sum(values) / len(values)
         return reduced
+
+    @contextmanager
+    def node_leader_first(self) -> Iterator[None]:
+        """Run the body on each node's local rank 0 first, then on the other ranks: for work that
+        fills a per-node cache (building a built-in model, downloading from the hub), so that the
+        other ranks find it done instead of racing to write it."""
+        if self.local_rank != 0:
+            self.barrier()
+        yield
+        if self.local_rank == 0:
+            self.barrier()
 
     def barrier(self) -> None:
         if self.world_size > 1:

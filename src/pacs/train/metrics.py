@@ -31,7 +31,7 @@ class MetricsLogger:
             return
         kept = []
         if resume_step and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
         self.path.write_text("".join(line + "\n" for line in kept))
         self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
 
@@ -77,3 +77,17 @@ class MetricsLogger:
 def read_metrics(output_dir: Path) -> list[dict]:
     """The rows of a run's `metrics.jsonl`."""
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a metrics file, without a last line cut short by a killed process (it can only
+    describe a step after the checkpoint being resumed); any other unreadable line is an error."""
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                return lines[:-1]
+            raise ValueError(f"{path}, line {number}: not a JSON object ({error}); cannot resume its metrics") from None
+    return lines

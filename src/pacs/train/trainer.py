@@ -48,6 +48,8 @@ class TrainResult:
     final_checkpoint: Path
     last_metrics: dict[str, float]
     skipped_updates: int
+    is_writer: bool = True
+    """False on every rank but 0 of a multi-process run (which reports the same global metrics)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -121,8 +123,9 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     weights_dtype = "float64" if config.model.dtype == "float64" else "float32"
     autocast = mixed_precision(world.device, config.model.dtype)
     model_source = str(resume_from) if resume_from else config.model.path
-    tokenizer = load_tokenizer(model_source)
-    model = load_causal_lm(model_source, dtype=weights_dtype)
+    with world.node_leader_first():
+        tokenizer = load_tokenizer(model_source)
+        model = load_causal_lm(model_source, dtype=weights_dtype)
     compute_dtype = torch.float64 if config.model.dtype == "float64" else torch.float32
 
     train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
@@ -144,7 +147,8 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     critic = critic_optimizer = None
     if "values" in algorithm.needs:
         critic_source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-        critic = load_value_model(critic_source, dtype=weights_dtype)
+        with world.node_leader_first():
+            critic = load_value_model(critic_source, dtype=weights_dtype)
     for module in (model, critic):
         if module is not None and config.train.gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -303,4 +307,4 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         logger.close()
         scorer.close()
     final = checkpoint("final", config.train.steps)
-    return TrainResult(output_dir, final, metrics, skipped_updates)
+    return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)

@@ -1,0 +1,150 @@
+"""One step's updates on a fixed rollout batch, run by 1 process in the test or by N under torchrun.
+
+The trainer's path after generation and scoring: old log-probs, reference log-probs, critic
+values, `prepare_step`, the critic's and the policy's updates. Every rank builds the same global
+batch of PROMPTS prompts x GROUP_SIZE responses (fixed seed) and keeps its share
+(`World.shard_prompts`), exactly as the trainer does with the prompts it draws.
+
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_update.py MODEL_DIR OUT_DIR STRATEGY CASE...
+
+writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) from rank 0.
+A case is "algorithm:loss_agg"; `--local-totals` normalises each rank's loss by its own rows and
+tokens instead of the global mini-batch's (the mistake the exactness tests must catch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pacs.algos.base import MiniBatchTotals
+from pacs.algos.registry import build_algorithm
+from pacs.config import AlgorithmConfig
+from pacs.models.loading import load_causal_lm, load_value_model
+from pacs.rollout.base import pad_rows
+from pacs.train import update as update_module
+from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
+from pacs.train.distributed import World
+from pacs.train.update import UpdateSettings, update_critic, update_policy
+
+PROMPTS = 8
+GROUP_SIZE = 4
+MINI_BATCH_PROMPTS = 4
+MICRO_BATCH_SIZE = 3
+"""Sequences per pass: splits groups across micro-batches on purpose."""
+
+
+def global_rollouts(vocab_size: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """(prompt, response, reward) for every row: ragged lengths, fractional rewards, and groups that
+    are mixed, all-correct and all-wrong."""
+    generator = torch.Generator().manual_seed(1234)
+    rows = []
+    for prompt_index in range(PROMPTS):
+        prompt = torch.randint(0, vocab_size, (int(torch.randint(3, 9, (1,), generator=generator)),), generator=generator)
+        for response_index in range(GROUP_SIZE):
+            length = int(torch.randint(1, 9, (1,), generator=generator))
+            response = torch.randint(0, vocab_size, (length,), generator=generator)
+            if prompt_index % 4 == 0:
+                reward = 1.0
+            elif prompt_index % 4 == 1:
+                reward = 0.0
+            else:
+                reward = [1.0, 0.0, 0.5, 0.0][(response_index + prompt_index) % GROUP_SIZE]
+            rows.append((prompt, response, reward))
+    return rows
+
+
+def local_batch(world: World, vocab_size: int) -> PolicyBatch:
+    """This rank's share of the global batch: whole groups, in the trainer's order."""
+    rows = global_rollouts(vocab_size)
+    prompts = world.shard_prompts(list(range(PROMPTS)), MINI_BATCH_PROMPTS)
+    mine = [rows[p * GROUP_SIZE + j] for p in prompts for j in range(GROUP_SIZE)]
+    response_mask = pad_rows([torch.ones(len(r), dtype=torch.float64) for _, r, _ in mine], 0, left=False)
+    return PolicyBatch(
+        prompt_ids=pad_rows([p for p, _, _ in mine], 0, left=True),
+        prompt_mask=pad_rows([torch.ones_like(p) for p, _, _ in mine], 0, left=True),
+        response_ids=pad_rows([r for _, r, _ in mine], 0, left=False),
+        response_mask=response_mask,
+        rewards=torch.tensor([reward for _, _, reward in mine], dtype=torch.float64),
+        old_logprobs=torch.zeros_like(response_mask),
+    )
+
+
+def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor] | None:
+    """The step of `case` ("algorithm:loss_agg", KL and entropy terms on); the full weights after
+    it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere."""
+    name, loss_agg = case.split(":")
+    options = AlgorithmConfig(
+        name=name, loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01, beta=1.0
+    ).model_dump()
+    algorithm = build_algorithm(group_size=GROUP_SIZE, horizon=8, **options)
+    torch.manual_seed(0)
+    model = load_causal_lm(model_dir, dtype="float64")
+    reference = copy.deepcopy(model).eval()
+    critic = load_value_model(model_dir, dtype="float64") if "values" in algorithm.needs else None
+    batch = local_batch(world, model.config.vocab_size)
+
+    model = world.wrap(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if critic is not None:
+        critic = world.wrap(critic)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-2)
+    settings = UpdateSettings(
+        mini_batch_size=MINI_BATCH_PROMPTS // world.world_size, micro_batch_size=MICRO_BATCH_SIZE, epochs=2, grad_clip=0.5
+    )
+    batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
+    batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(reference, batch, micro_batch_size=MICRO_BATCH_SIZE)
+    if critic is not None:
+        batch.row_terms["values"] = response_values_no_grad(critic, batch, micro_batch_size=MICRO_BATCH_SIZE)
+    batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=world.sum))
+    if critic is not None:
+        update_critic(critic, critic_optimizer, world, batch, algorithm, settings)
+    update_policy(model, optimizer, world, batch, algorithm, settings)
+
+    weights = full_weights(world, model)
+    if critic is not None:
+        critic_weights = full_weights(world, critic)
+        if weights is not None:
+            weights.update({f"critic.{key}": value for key, value in critic_weights.items()})
+    return weights
+
+
+def full_weights(world: World, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    if world.strategy == "none":
+        return {key: value.detach().clone() for key, value in model.state_dict().items()}
+    return world.full_model_state(model)
+
+
+def use_local_totals() -> None:
+    """Normalise by each rank's own rows and tokens (and statistics), not the global mini-batch's."""
+    update_module.global_totals = lambda minibatch, world: MiniBatchTotals.of(minibatch.response_mask)
+    World.sum = lambda self, value: value.clone()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("strategy", choices=["ddp", "fsdp"])
+    parser.add_argument("cases", nargs="+")
+    parser.add_argument("--local-totals", action="store_true")
+    args = parser.parse_args()
+    world = World.from_environment(args.strategy)
+    if args.local_totals:
+        use_local_totals()
+    try:
+        for case in args.cases:
+            weights = run_case(world, args.model_dir, case)
+            if weights is not None:
+                Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+                save_file({key: value.clone() for key, value in weights.items()}, str(Path(args.out_dir) / f"{case}.safetensors"))
+    finally:
+        world.close()
+
+
+if __name__ == "__main__":
+    main()
