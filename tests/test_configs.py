@@ -46,6 +46,13 @@ def test_paper_config_holds_the_paper_training_setup(path):
 
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda path: path.name)
+def test_paper_config_states_its_sharding_and_gpu_count(path):
+    config = load_config(str(path))
+    assert config.train.strategy == "fsdp" and config.train.gradient_checkpointing
+    assert "64 GPUs" in path.read_text() and "torchrun --nnodes 8 --nproc_per_node 8" in path.read_text()
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda path: path.name)
 def test_paper_config_trains_on_deepscaler_and_validates_on_the_four_benchmarks(path):
     config = load_config(str(path))
     assert config.data.train == "data/deepscaler.parquet"

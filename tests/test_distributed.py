@@ -129,11 +129,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_process_training_shares_the_prompts_and_writes_once(strategy, tmp_path, warm_model_dir):
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["train.strategy=ddp"],
+        ["train.strategy=fsdp"],
+        ["train.strategy=fsdp", "model.dtype=bfloat16", "train.gradient_checkpointing=true"],
+        ["train.strategy=ddp", "model.dtype=bfloat16", "train.gradient_checkpointing=true"],
+    ],
+    ids=["ddp", "fsdp", "fsdp-bf16-checkpointing", "ddp-bf16-checkpointing"],
+)
+def test_two_process_training_shares_the_prompts_and_writes_once(options, tmp_path, warm_model_dir):
     from transformers import AutoModelForCausalLM
 
-    result = torchrun(*train_command(tmp_path, warm_model_dir, f"train.strategy={strategy}"))
+    result = torchrun(*train_command(tmp_path, warm_model_dir, *options))
     assert result.stdout.count("final checkpoint") == 1
 
     rollouts = read_jsonl(tmp_path / "rollouts" / "step_1.jsonl")
@@ -146,7 +155,9 @@ def test_two_process_training_shares_the_prompts_and_writes_once(strategy, tmp_p
     for line in metrics:
         step_rewards = [row["reward"] for row in read_jsonl(tmp_path / "rollouts" / f"step_{line['step']}.jsonl")]
         assert line["reward/mean"] == pytest.approx(sum(step_rewards) / len(step_rewards), abs=1e-12)
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final").config.model_type == "qwen2"
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final")
+    assert final.config.model_type == "qwen2"
+    assert {value.dtype for value in load_file(str(tmp_path / "checkpoints" / "final" / "model.safetensors")).values()} == {torch.float32}
 
 
 def test_a_killed_fsdp_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, warm_model_dir):

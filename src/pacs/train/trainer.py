@@ -151,7 +151,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
             critic = load_value_model(critic_source, dtype=weights_dtype)
     for module in (model, critic):
         if module is not None and config.train.gradient_checkpointing:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model = world.wrap(model, compute_dtype=bf16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     if critic is not None:

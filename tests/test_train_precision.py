@@ -1,0 +1,68 @@
+"""Mixed precision (`model.dtype=bfloat16`: bf16 compute, fp32 master weights) and activation
+checkpointing (`train.gradient_checkpointing`), in one process; tests/test_distributed.py runs
+both under FSDP with 2 processes."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from safetensors.torch import load_file
+
+from pacs.models.loading import load_causal_lm
+from pacs.train.batch import PolicyBatch, response_logprobs
+from pacs.train.metrics import read_metrics
+from pacs.train.trainer import mixed_precision, train
+from test_train_loop import small_config
+
+
+def fixed_batch(vocab_size: int) -> PolicyBatch:
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(0, vocab_size, (4, 6), generator=generator)
+    response_ids = torch.randint(0, vocab_size, (4, 5), generator=generator)
+    response_mask = torch.ones(4, 5)
+    return PolicyBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=torch.ones_like(prompt_ids),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        old_logprobs=torch.zeros_like(response_mask),
+    )
+
+
+def test_bfloat16_computes_in_bf16_and_returns_float32_log_probs(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir), dtype="float32")
+    batch = fixed_batch(model.config.vocab_size)
+    full = response_logprobs(model, batch)
+    with mixed_precision(torch.device("cpu"), "bfloat16")():
+        mixed = response_logprobs(model, batch)
+    assert mixed.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
+    assert 0 < float((mixed - full).abs().max()) < 0.1  # bf16 rounding, nothing worse
+
+
+def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir), dtype="float64")
+    checkpointed = copy.deepcopy(model)
+    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    batch = fixed_batch(model.config.vocab_size)
+    batch.response_mask = batch.response_mask.double()
+    for module in (model, checkpointed):
+        module.train()
+        response_logprobs(module, batch).sum().backward()
+    assert checkpointed.is_activation_checkpointing and not model.is_activation_checkpointing
+    for (name, plain), (_, recomputed) in zip(model.named_parameters(), checkpointed.named_parameters()):
+        assert torch.allclose(plain.grad, recomputed.grad, atol=1e-12), name
+
+
+def test_bfloat16_with_activation_checkpointing_trains_float32_weights(tmp_path, warm_model_dir):
+    config = small_config(
+        tmp_path, warm_model_dir, "model.dtype=bfloat16", "train.gradient_checkpointing=true", "train.steps=2", "data.val=null",
+        "data.train=builtin:arithmetic?max_operand=19&size=64",  # the warm model's task: groups with both outcomes
+    )
+    train(config, show_progress=False)
+    final = load_file(tmp_path / "checkpoints" / "final" / "model.safetensors")
+    initial = load_file(warm_model_dir / "model.safetensors")
+    assert {value.dtype for value in final.values()} == {torch.float32}
+    assert max(float((final[key] - initial[key]).abs().max()) for key in initial) > 0
+    assert all(line["loss"] is not None for line in read_metrics(tmp_path))
