@@ -165,3 +165,12 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     critic = _from_pretrained(load, path)
     critic.config.classifier_dropout = 0.0
     return disable_dropout(critic)
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in backward instead of keeping them
+    (non-reentrant checkpointing, which works under DDP and FSDP2)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

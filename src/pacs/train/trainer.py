@@ -28,7 +28,7 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
-from pacs.models.loading import load_causal_lm, load_tokenizer, load_value_model
+from pacs.models.loading import enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
@@ -151,7 +151,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
             critic = load_value_model(critic_source, dtype=weights_dtype)
     for module in (model, critic):
         if module is not None and config.train.gradient_checkpointing:
-            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(module)
     model = world.wrap(model, compute_dtype=bf16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     if critic is not None:
