@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from batches import policy_batch
 from pacs.algos.base import MiniBatchTotals
 from pacs.algos.registry import build_algorithm
 from pacs.config import AlgorithmConfig
 from pacs.models.loading import load_causal_lm, load_value_model
-from pacs.rollout.base import pad_rows
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.distributed import World
@@ -63,15 +63,8 @@ def local_batch(world: World, vocab_size: int) -> PolicyBatch:
     rows = global_rollouts(vocab_size)
     prompts = world.shard_prompts(list(range(PROMPTS)), MINI_BATCH_PROMPTS)
     mine = [rows[p * GROUP_SIZE + j] for p in prompts for j in range(GROUP_SIZE)]
-    response_mask = pad_rows([torch.ones(len(r), dtype=torch.float64) for _, r, _ in mine], 0, left=False)
-    return PolicyBatch(
-        prompt_ids=pad_rows([p for p, _, _ in mine], 0, left=True),
-        prompt_mask=pad_rows([torch.ones_like(p) for p, _, _ in mine], 0, left=True),
-        response_ids=pad_rows([r for _, r, _ in mine], 0, left=False),
-        response_mask=response_mask,
-        rewards=torch.tensor([reward for _, _, reward in mine], dtype=torch.float64),
-        old_logprobs=torch.zeros_like(response_mask),
-    )
+    prompts, responses, rewards = zip(*mine)
+    return policy_batch(prompts, responses, rewards)
 
 
 def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor] | None:

@@ -11,8 +11,8 @@ import pytest
 import torch
 import transformers
 
+from batches import policy_batch
 from pacs.models.loading import load_causal_lm
-from pacs.rollout.base import pad_rows
 from pacs.train import batch as batch_module
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad, tokens_per_chunk
 
@@ -53,15 +53,7 @@ def make_batch(vocab_size: int = 101) -> PolicyBatch:
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab_size, (length,), generator=generator) for length in (5, 2, 4)]
     responses = [torch.randint(0, vocab_size, (length,), generator=generator) for length in (7, 3, 5)]
-    response_mask = pad_rows([torch.ones(len(r), dtype=torch.float64) for r in responses], 0, left=False)
-    return PolicyBatch(
-        prompt_ids=pad_rows(prompts, 0, left=True),
-        prompt_mask=pad_rows([torch.ones_like(p) for p in prompts], 0, left=True),
-        response_ids=pad_rows(responses, 0, left=False),
-        response_mask=response_mask,
-        rewards=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64),
-        old_logprobs=torch.zeros_like(response_mask),
-    )
+    return policy_batch(prompts, responses, [1.0, 0.0, 1.0])
 
 
 def full_logits_reference(model, batch: PolicyBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

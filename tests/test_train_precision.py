@@ -9,6 +9,7 @@ import copy
 import torch
 from safetensors.torch import load_file
 
+from batches import policy_batch
 from pacs.models.loading import enable_activation_checkpointing, load_causal_lm
 from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.train.metrics import read_metrics
@@ -18,17 +19,9 @@ from test_train_loop import small_config
 
 def fixed_batch(vocab_size: int) -> PolicyBatch:
     generator = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(0, vocab_size, (4, 6), generator=generator)
-    response_ids = torch.randint(0, vocab_size, (4, 5), generator=generator)
-    response_mask = torch.ones(4, 5)
-    return PolicyBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=torch.ones_like(prompt_ids),
-        response_ids=response_ids,
-        response_mask=response_mask,
-        rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
-        old_logprobs=torch.zeros_like(response_mask),
-    )
+    prompts = list(torch.randint(0, vocab_size, (4, 6), generator=generator))
+    responses = list(torch.randint(0, vocab_size, (4, 5), generator=generator))
+    return policy_batch(prompts, responses, [1.0, 0.0, 1.0, 0.0], dtype=torch.float32)
 
 
 def test_bfloat16_computes_in_bf16_and_returns_float32_log_probs(tiny_model_dir):

@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
+from batches import policy_batch
 from pacs.algos import pacs_loss
 from pacs.algos.pacs import PACS
 from pacs.models.loading import load_causal_lm
-from pacs.rollout.base import pad_rows
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad
 from pacs.train.distributed import World
@@ -30,16 +30,7 @@ def random_batch(vocab_size: int, generator: torch.Generator) -> PolicyBatch:
             prompts.append(prompt)
             length = int(torch.randint(1, 7, (1,), generator=generator))
             responses.append(torch.randint(0, vocab_size, (length,), generator=generator))
-    rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0], dtype=torch.float64)
-    response_mask = pad_rows([torch.ones(len(r), dtype=torch.float64) for r in responses], 0, left=False)
-    return PolicyBatch(
-        prompt_ids=pad_rows(prompts, 0, left=True),
-        prompt_mask=pad_rows([torch.ones_like(p) for p in prompts], 0, left=True),
-        response_ids=pad_rows(responses, 0, left=False),
-        response_mask=response_mask,
-        rewards=rewards,
-        old_logprobs=torch.zeros_like(response_mask),
-    )
+    return policy_batch(prompts, responses, [1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0])
 
 
 @pytest.fixture(scope="module")
