@@ -132,10 +132,9 @@ def rng_states(world: World) -> dict[str, Any]:
 
 def restore_rng_states(states: dict[str, Any], world: World) -> None:
     """Put back what `rng_states` saved, each rank taking its own torch states. A checkpoint of
-    another process count cannot give every rank its stream back: the run goes on (each rank
-    reseeded from its saved row, or rank 0's), but it will not be bit-identical to an
-    uninterrupted one, and a warning says so: each rank is then seeded from rank 0's saved state
-    and its own rank, so that ranks still sample differently."""
+    another process count cannot give every rank its stream back: each rank is then seeded from
+    rank 0's saved state and its own rank (so ranks still sample differently), and a warning says
+    that the run will not be bit-identical to an uninterrupted one."""
     random.setstate(states["python"])
     name, keys, position, has_gauss, cached_gaussian = states["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))

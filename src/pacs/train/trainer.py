@@ -28,7 +28,7 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
-from pacs.models.loading import enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
+from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
@@ -126,7 +126,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     with world.node_leader_first():
         tokenizer = load_tokenizer(model_source)
         model = load_causal_lm(model_source, dtype=weights_dtype)
-    compute_dtype = torch.float64 if config.model.dtype == "float64" else torch.float32
+    compute_dtype = DTYPES[weights_dtype]
 
     train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
     val_prompts = (
@@ -192,7 +192,8 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     def reference_model():
         """The frozen initial policy, loaded only when an algorithm asks for reference log-probs
         (in bfloat16 under mixed precision: it is never trained)."""
-        return load_causal_lm(config.model.path, dtype=config.model.dtype).to(world.device).eval()
+        with world.node_leader_first():  # on resume, the first load of config.model.path
+            return load_causal_lm(config.model.path, dtype=config.model.dtype).to(world.device).eval()
 
     def checkpoint(name: str, step: int) -> Path:
         return write_checkpoint(

@@ -96,7 +96,7 @@ def run_updates(
 def global_totals(minibatch: PolicyBatch, world: World) -> MiniBatchTotals:
     """Rows and response tokens of the global mini-batch whose share `minibatch` is."""
     counts = world.sum(torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
-    return MiniBatchTotals(num_rows=int(counts[0]), num_tokens=float(counts[1]))
+    return MiniBatchTotals(num_rows=int(counts[0]), num_tokens=max(float(counts[1]), 1.0))
 
 
 def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
