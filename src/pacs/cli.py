@@ -111,7 +111,7 @@ def _compare(args: argparse.Namespace) -> None:
 
 
 def _plot(args: argparse.Namespace) -> None:
-    from pacs.eval.plots import plot_runs
+    from pacs.plots import plot_runs
 
     out = Path(args.out) if args.out else Path(args.runs[0]) / "plots"
     for path in plot_runs([Path(run) for run in args.runs], out):

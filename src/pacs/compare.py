@@ -36,7 +36,7 @@ from rich.console import Console
 
 from pacs.config import Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
-from pacs.eval.plots import plot_pass_at_k, plot_reward_curves
+from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train

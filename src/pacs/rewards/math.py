@@ -10,13 +10,13 @@
    extraction the paper used (``GOLD_EXTRACTION``, ``ANSWER_EXTRACTION``). math-verify's own
    ``signal.alarm`` timeouts are disabled (they fail off the main thread, are per operation rather
    than per call, and swallow the timeout into a False); instead the step runs in a worker process
-   of a ``ScoringPool``, killed at ``timeout_s``. Inside a pool worker the step runs
-   directly: the pool that owns the worker already enforces its limit.
+   (``pacs.rewards.workers``) killed at ``timeout_s``. Inside such a worker (a ``ScoringPool``'s)
+   the step runs directly: the caller that owns the worker already enforces its limit.
 3. Any exception inside math-verify scores 0.0; so does a step stopped at the limit.
 
 Timeouts are counted where the limit is enforced. Under a ``ScoringPool`` (training), the pool
 kills the worker and reports it in ``BatchScores.timed_out``. A direct call of ``math_score``
-uses this module's own single-worker pool and adds to ``math_score_timeouts()``.
+uses this module's own single worker and adds to ``math_score_timeouts()``.
 
 math-verify and latex2sympy log whole inputs (sometimes megabytes) when they fail; importing this
 module sets their loggers to ERROR.
@@ -28,19 +28,16 @@ import logging
 import os
 import re
 import threading
-from typing import TYPE_CHECKING
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from pacs.rewards.arithmetic import extract_boxed
-
-if TYPE_CHECKING:
-    from pacs.rewards.pool import ScoringPool
+from pacs.rewards.workers import TimeLimitedWorkers, inside_time_limited_worker
 
 MATH_DATA_SOURCES = ("math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "math")
 GOLD_EXTRACTION = (LatexExtractionConfig(),)
 ANSWER_EXTRACTION = (ExprExtractionConfig(), LatexExtractionConfig())
-SYMBOLIC_STEP_SPEC = "pacs.rewards.math:symbolic_compute_score"
+SYMBOLIC_STEP_SPEC = "pacs.rewards.math:symbolic_verify"
 
 FINAL_ANSWER_PHRASE = re.compile(r"final answer.{0,100}?\s+is", re.IGNORECASE | re.DOTALL)
 INTEGER_LITERAL = re.compile(r"^([+-]?)([0-9]+)(?:\.0+)?$")
@@ -49,18 +46,18 @@ IGNORED_MARKUP = re.compile(r"(?<!\\)\$|\\!|\\left(?![A-Za-z])|\\right(?![A-Za-z
 for _logger_name in ("math_verify", "latex2sympy2_extended"):
     logging.getLogger(_logger_name).setLevel(logging.ERROR)
 
-_symbolic_pool: ScoringPool | None = None
-_symbolic_pool_lock = threading.Lock()
+_symbolic_worker: TimeLimitedWorkers | None = None
+_symbolic_worker_lock = threading.Lock()
 _timeouts = 0
 
 
-def _forget_symbolic_pool() -> None:
+def _forget_symbolic_worker() -> None:
     """In a forked child, drop the parent's worker and lock: they belong to the parent."""
-    global _symbolic_pool, _symbolic_pool_lock, _timeouts
-    _symbolic_pool, _symbolic_pool_lock, _timeouts = None, threading.Lock(), 0
+    global _symbolic_worker, _symbolic_worker_lock, _timeouts
+    _symbolic_worker, _symbolic_worker_lock, _timeouts = None, threading.Lock(), 0
 
 
-os.register_at_fork(after_in_child=_forget_symbolic_pool)
+os.register_at_fork(after_in_child=_forget_symbolic_worker)
 
 
 def normalize_answer(answer: str) -> str:
@@ -91,7 +88,7 @@ def _sole_boxed_answer(solution_str: str) -> str | None:
     return extract_boxed(solution_str)
 
 
-def _verifies(solution_str: str, ground_truth: str) -> bool:
+def symbolic_verify(solution_str: str, ground_truth: str) -> bool:
     """math-verify's judgement, without its signal-based timeouts; False on any exception."""
     try:
         gold = parse("\\boxed{" + ground_truth + "}", GOLD_EXTRACTION, parsing_timeout=None)
@@ -101,31 +98,20 @@ def _verifies(solution_str: str, ground_truth: str) -> bool:
         return False
 
 
-def symbolic_compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
-) -> float:
-    """The symbolic step as a reward function, so that a ``ScoringPool`` worker can run it."""
-    return 1.0 if _verifies(solution_str, ground_truth) else 0.0
-
-
 def _verifies_within(solution_str: str, ground_truth: str, timeout_s: float | None) -> bool:
     """The symbolic step, in this module's worker process killed after ``timeout_s`` seconds.
 
-    Runs directly when ``timeout_s`` is None or when already inside a ``ScoringPool`` worker.
+    Runs directly when ``timeout_s`` is None or when already inside a time-limited worker.
     """
-    global _symbolic_pool, _timeouts
-    from pacs.rewards.pool import ScoringPool, inside_scoring_worker  # not on top: pool imports us
-
-    if timeout_s is None or inside_scoring_worker():
-        return _verifies(solution_str, ground_truth)
-    row = {"data_source": "math", "reward_model": {"ground_truth": ground_truth}}
-    with _symbolic_pool_lock:
-        if _symbolic_pool is None:
-            _symbolic_pool = ScoringPool(SYMBOLIC_STEP_SPEC, num_workers=1, timeout_s=timeout_s)
-        _symbolic_pool.timeout_s = timeout_s
-        result = _symbolic_pool.score([row], [solution_str])
-        _timeouts += result.timed_out + result.crashed
-    return result.scores[0] == 1.0
+    global _symbolic_worker, _timeouts
+    if timeout_s is None or inside_time_limited_worker():
+        return symbolic_verify(solution_str, ground_truth)
+    with _symbolic_worker_lock:
+        if _symbolic_worker is None:
+            _symbolic_worker = TimeLimitedWorkers(SYMBOLIC_STEP_SPEC, num_workers=1)
+        outcome = _symbolic_worker.run([(solution_str, ground_truth)], timeout_s=timeout_s)
+        _timeouts += outcome.timed_out + outcome.crashed
+    return outcome.results[0] is True  # NO_RESULT when stopped at the limit
 
 
 def math_score(solution_str: str, ground_truth: str, *, timeout_s: float | None = 1.0) -> float:

@@ -13,18 +13,16 @@ math verifier.
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
-import re
 from collections.abc import Callable
 
 from pacs.rewards.arithmetic import arithmetic_score
 from pacs.rewards.math import MATH_DATA_SOURCES, math_compute_score
+from pacs.rewards.workers import import_function
 
 ComputeScore = Callable[[str, str, str, dict | None], float | dict]
 RewardCall = tuple[str, str, str, dict | None]
-FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 def _arithmetic_compute_score(
@@ -54,28 +52,7 @@ def default_compute_score(
 
 def load_reward_function(spec: str | None) -> ComputeScore:
     """Return ``default_compute_score`` for None, else import the function ``"package.module:function"``."""
-    if spec is None:
-        return default_compute_score
-    if not FUNCTION_SPEC_PATTERN.match(spec):
-        raise ValueError(f"Reward function {spec!r} must be written 'package.module:function'")
-    module_name, function_name = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(
-            f"Cannot import module {module_name!r} of reward function {spec!r}: {error}"
-        ) from error
-    if not hasattr(module, function_name):
-        available = sorted(
-            name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
-        )
-        raise ValueError(
-            f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}"
-        )
-    function = getattr(module, function_name)
-    if not callable(function):
-        raise ValueError(f"{spec!r} is not callable (it is a {type(function).__name__})")
-    return function
+    return default_compute_score if spec is None else import_function(spec)
 
 
 def _describe_row(data_source: str, extra_info: dict | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from pacs.eval.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs
+from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
