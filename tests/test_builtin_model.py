@@ -154,6 +154,7 @@ def test_unreachable_hub_id_says_machine_may_be_offline(monkeypatch: pytest.Monk
     def fail_offline(path: str, **kwargs: object) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
+    monkeypatch.setattr(loading, "_hub_unreachable_reason", lambda repo_id: None)  # the hub check passes
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", fail_offline)
     with pytest.raises(FileNotFoundError, match="may be offline"):
         load_tokenizer("org/model")

@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from pacs.data.loading import load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
@@ -262,7 +262,7 @@ def evaluate(
         groups[(row["data_source"], cap_of[problem])].append(problem)
     samples_of: dict[int, list[tuple[str, float]]] = {}
     """problem -> (response, score) of each of its samples."""
-    progress = tqdm(total=len(cap_of), desc="evaluating", unit="prompt", disable=not show_progress)
+    progress = progress_bar(total=len(cap_of), desc="evaluating", unit="prompt", disable=not show_progress)
     for (source, cap), members in groups.items():
         report = sources[source]
         samples = report.samples_per_problem

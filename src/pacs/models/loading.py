@@ -4,17 +4,32 @@ A model path is one of:
 - a built-in name from ``BUILTIN_MODELS`` (``builtin:tiny``), built once into the pacs cache;
 - a local Hugging Face model directory (it must contain config.json);
 - a Hugging Face Hub id such as ``Qwen/Qwen2.5-Math-1.5B`` (needs the network or the hub cache).
+
+Before loading a hub id, the hub is asked once (one HEAD request, ``HUB_CHECK_TIMEOUT_S``, no
+retries) whether the model can be downloaded. When the hub cannot be reached (or
+``HF_HUB_OFFLINE=1``) a model in the local hub cache is loaded from there; anything else fails at
+once with an error that says what to do, instead of after a minute of retries.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
 import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import get_hf_file_metadata, hf_hub_url, is_offline_mode, try_to_load_from_cache
+from huggingface_hub.errors import (
+    DisabledRepoError,
+    GatedRepoError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
@@ -29,6 +44,8 @@ from pacs.paths import cache_dir
 BUILTIN_PREFIX = "builtin:"
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+HUB_CHECK_TIMEOUT_S = 5.0
+"""How long the one reachability check of a hub id may take before the hub counts as unreachable."""
 
 
 def _cached_builtin_tiny() -> Path:
@@ -73,18 +90,71 @@ def resolve_model_path(path: str) -> str:
     )
 
 
-def _from_pretrained(load: Callable[[str], object], path: str) -> object:
-    """Call ``load(resolved_path)``; explain a failed hub download instead of a bare OSError."""
-    resolved = resolve_model_path(path)
-    try:
-        return load(resolved)
-    except OSError as error:
-        if Path(resolved).is_dir():
-            raise
+def _hub_unreachable_reason(repo_id: str) -> str | None:
+    """Ask the hub once whether ``repo_id`` can be downloaded: ``None`` if it can, else why not.
+
+    One HEAD request for the repo's ``config.json`` at ``$HF_ENDPOINT``, with no retries, bounded
+    by ``HUB_CHECK_TIMEOUT_S`` (also when name resolution hangs). Raises ``FileNotFoundError`` when
+    the hub answers that the repo does not exist, is private or gated, or is disabled.
+    """
+    if is_offline_mode():
+        return "offline mode is on: HF_HUB_OFFLINE is set"
+    outcome: dict[str, BaseException] = {}
+
+    def head() -> None:
+        try:
+            get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_CHECK_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - reported to the caller below
+            outcome["error"] = error
+
+    check = threading.Thread(target=head, name=f"hub-check {repo_id}", daemon=True)
+    check.start()
+    check.join(HUB_CHECK_TIMEOUT_S + 1.0)
+    if check.is_alive():
+        return f"no answer from {hub_constants.ENDPOINT} within {HUB_CHECK_TIMEOUT_S:g} s"
+    error = outcome.get("error")
+    if error is None or isinstance(error, RemoteEntryNotFoundError):
+        return None  # reachable; a repo without config.json is left to transformers to explain
+    login = "log in with `hf auth login` or set HF_TOKEN"
+    if isinstance(error, GatedRepoError):
         raise FileNotFoundError(
-            f"Could not load {resolved!r} from the Hugging Face Hub or its local cache; this "
-            f"machine may be offline. Use a local model directory or one of "
-            f"{sorted(BUILTIN_MODELS)}. Cause: {error}"
+            f"{repo_id!r} is a gated repo on {hub_constants.ENDPOINT}: accept its conditions on its hub page, "
+            f"then {login}"
+        ) from error
+    if isinstance(error, (RepositoryNotFoundError, RevisionNotFoundError, DisabledRepoError)):
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a model on {hub_constants.ENDPOINT} (no such repo, or a private one: {login}). "
+            f"Use a local model directory or one of {sorted(BUILTIN_MODELS)}"
+        ) from error
+    return f"{type(error).__name__}: {error}"
+
+
+def _from_pretrained(load: Callable[..., object], path: str) -> object:
+    """Call ``load(resolved_path)``; for a hub id, check the hub first and fall back to its cache.
+
+    A hub id the hub cannot serve fails fast with an error that names it (see
+    ``_hub_unreachable_reason``); when the hub cannot be reached a cached copy is loaded with
+    ``local_files_only=True``.
+    """
+    resolved = resolve_model_path(path)
+    if Path(resolved).is_dir():
+        return load(resolved)
+    unreachable = _hub_unreachable_reason(resolved)
+    if unreachable is not None and not isinstance(try_to_load_from_cache(resolved, "config.json"), str):
+        raise FileNotFoundError(
+            f"Could not reach the Hugging Face Hub at {hub_constants.ENDPOINT} to load {resolved!r} "
+            f"({unreachable}), and it is not in the local hub cache {hub_constants.HF_HUB_CACHE}; this "
+            f"machine may be offline. Use a local model directory or one of {sorted(BUILTIN_MODELS)}, or "
+            f"download it where the hub is reachable (`hf download {resolved}`, then copy that hub cache "
+            f"here or point HF_HUB_CACHE at it; or `hf download {resolved} --local-dir DIR` and pass DIR)."
+        )
+    try:
+        return load(resolved, local_files_only=True) if unreachable is not None else load(resolved)
+    except OSError as error:
+        where = f"the local hub cache (the hub could not be reached: {unreachable})" if unreachable else "the hub"
+        raise FileNotFoundError(
+            f"Could not load {resolved!r} from {where}; this machine may be offline. Use a local model "
+            f"directory or one of {sorted(BUILTIN_MODELS)}. Cause: {error}"
         ) from error
 
 

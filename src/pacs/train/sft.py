@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from pacs.algos.core import masked_sum
 from pacs.data.prompts import encode_prompts
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.progress import progress_bar
 from pacs.rollout.base import pad_rows
 from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.train.checkpoint import save_checkpoint
@@ -43,7 +43,7 @@ def supervised_warm_start(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     order_rng = random.Random(seed)
     model.train()
-    progress = tqdm(range(steps), desc="warm-start", unit="step", disable=not show_progress)
+    progress = progress_bar(range(steps), desc="warm-start", unit="step", disable=not show_progress)
     for _ in progress:
         picked = order_rng.sample(range(len(rows)), min(batch_size, len(rows)))
         prompt_ids = [torch.tensor(prompts.token_ids[i]) for i in picked]

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from tqdm.auto import tqdm
 
 from pacs.algos.core import mixed_group_fraction
 from pacs.algos.registry import build_algorithm
@@ -29,6 +28,7 @@ from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
+from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
@@ -229,7 +229,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     try:
         skipped_updates = 0
         metrics: dict[str, float] = {}
-        progress = tqdm(
+        progress = progress_bar(
             range(start_step + 1, config.train.steps + 1),
             initial=start_step,
             total=config.train.steps,
