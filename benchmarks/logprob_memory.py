@@ -109,7 +109,7 @@ def measure_logprobs(way: str, length: int, model_dir: Path) -> dict:
     prompt_ids = torch.randint(0, VOCAB_SIZE, (RESPONSES, PROMPT_LENGTH), generator=generator)
     response_ids = torch.randint(0, VOCAB_SIZE, (RESPONSES, length), generator=generator)
     mask = torch.ones(RESPONSES, length)
-    batch = PolicyBatch(prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, torch.zeros(RESPONSES), torch.zeros_like(mask))
+    batch = PolicyBatch(prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, torch.zeros(RESPONSES), torch.zeros_like(mask), torch.zeros_like(mask))
     compute = full_logits_logprobs if way == "today" else response_logprobs
     baseline = peak_rss_bytes()
     start = time.perf_counter()

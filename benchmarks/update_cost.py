@@ -51,7 +51,7 @@ def make_batch(prompts: int, n: int, prompt_length: int, response_length: int, v
     lengths = torch.randint(1, response_length + 1, (prompts * n,), generator=generator)
     mask = pad_rows([torch.ones(int(l)) for l in lengths], 0, left=False)
     rewards = (torch.rand(prompts * n, generator=generator) < 0.5).float()
-    return PolicyBatch(prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, rewards, torch.zeros_like(mask))
+    return PolicyBatch(prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, rewards, torch.zeros_like(mask), torch.zeros_like(mask))
 
 
 def main() -> None:

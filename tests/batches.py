@@ -23,4 +23,5 @@ def policy_batch(
         response_mask=response_mask,
         rewards=torch.tensor(list(rewards), dtype=dtype),
         old_logprobs=torch.zeros_like(response_mask),
+        entropy=torch.zeros_like(response_mask),
     )

@@ -111,7 +111,7 @@ def test_update_with_non_finite_loss_is_skipped_and_counted(setup):
     model, batch = setup
     broken = copy.deepcopy(batch)
     broken.old_logprobs = broken.old_logprobs.clone()
-    broken.old_logprobs[0, 0] = float("nan")
+    broken.old_logprobs[2 * GROUP_SIZE, 0] = float("nan")  # the second update's, off-policy: its loss is nan
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
     settings = UpdateSettings(mini_batch_size=2, micro_batch_size=4, epochs=1, grad_clip=1.0)

@@ -5,7 +5,7 @@ update each) and each mini-batch into micro-batches of any size (one forward/bac
 algorithm sees the whole step once (`prepare_step`, e.g. advantages), each mini-batch once
 before any gradient (`prepare_update`), and then one micro-batch at a time:
 
-    step_terms = algorithm.prepare_step(batch)                       # added to the batch's tensors
+    step_terms = algorithm.prepare_step(batch)         # added to the batch's tensors (no old_logprobs)
     row_terms, metrics = algorithm.prepare_update(minibatch, current_logprobs, policy_is_rollout_policy)
     for micro in micro-batches of the mini-batch (any rows, any size):
         loss = algorithm.micro_batch_loss(logprobs(micro), micro, row_terms[micro rows])
@@ -64,7 +64,8 @@ class Algorithm(Protocol):
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every
-        row of the step on this process), e.g. advantages; {} when there are none. Statistics over
+        row of the step on this process), e.g. advantages; {} when there are none. `batch` has
+        no "old_logprobs" (see `prepare_update`). Statistics over
         the whole step (PPO's whitening) reduce with `sum_over_ranks` (None: one process)."""
         ...
 
@@ -80,7 +81,10 @@ class Algorithm(Protocol):
         `current_logprobs()` runs a no-grad pass of the current policy over the mini-batch,
         returning (B, R); call it only when the update needs it. `policy_is_rollout_policy` is
         True on the first update after a rollout, when the current log-probs equal
-        `old_logprobs` and that pass can be skipped. `totals`: counts of the global mini-batch
+        `old_logprobs` and that pass can be skipped. On the step's very first update
+        `minibatch` has no "old_logprobs": the trainer takes them from that update's own
+        forward pass (π_old = π_θ, detached) and `micro_batch_loss` gets them; what needs
+        their values before then calls `current_logprobs()`. `totals`: counts of the global mini-batch
         whose share `minibatch` is (None: `minibatch` is the whole mini-batch); losses are
         normalised by them. Metrics describe this share.
         """

@@ -321,14 +321,25 @@ class PACS:
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         return reward_proxy(logprobs, rows["old_logprobs"], rows["response_mask"], beta=self.beta, proxy=self.proxy)
 
+    def _current_proxy(self, minibatch, current_logprobs, policy_is_rollout_policy: bool) -> torch.Tensor:
+        """(B,) r at the current θ. On the first update after a rollout θ = θ_old, so logratio's
+        r = 0 exactly and mean_logprob's comes from `old_logprobs` (from `current_logprobs()`
+        when the trainer has not computed them yet); otherwise one no-grad pass."""
+        if not policy_is_rollout_policy:
+            return self._proxy(current_logprobs(), minibatch)
+        if self.proxy == "logratio":
+            return torch.zeros_like(minibatch["rewards"])
+        logprobs = minibatch["old_logprobs"] if "old_logprobs" in minibatch else current_logprobs()
+        return reward_proxy(logprobs, logprobs, minibatch["response_mask"], beta=self.beta, proxy=self.proxy)
+
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
         over its `totals.num_rows` rows; groups are whole on each share, so ψ and the class weights
         are local); metrics: this share's loss and the mean predicted probability of success σ(ψ)
         on correct (R = 1) and incorrect (R = 0) rows."""
         totals = totals or MiniBatchTotals.of(minibatch["response_mask"])
-        logprobs = minibatch["old_logprobs"] if policy_is_rollout_policy else current_logprobs()
-        proxy_rewards = self._proxy(logprobs, minibatch).detach().requires_grad_(True)
+        proxy_rewards = self._current_proxy(minibatch, current_logprobs, policy_is_rollout_policy)
+        proxy_rewards = proxy_rewards.detach().requires_grad_(True)
         rewards = minibatch["rewards"]
         loss = pacs_loss_from_proxy(
             proxy_rewards, rewards, self.group_size, estimator=self.estimator, weighting=self.weighting

@@ -114,8 +114,9 @@ class ClippedPolicyGradient:
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["loss_weight"]: (B,) aggregation weights w of the mini-batch's rows.
 
-        Metrics, at the current policy (``old_logprobs`` on the first update after a rollout,
-        else one no-grad pass ``current_logprobs()``, the price of an exact "loss"): "loss" (L
+        Metrics, at the current policy (on the first update after a rollout the ratio is 1:
+        ``old_logprobs``, or none when not computed yet and kl_coef is 0; else one no-grad pass
+        ``current_logprobs()``, the price of an exact "loss"): "loss" (L
         without the entropy bonus, since entropy reaches micro-batches only), "actor/clip_fraction",
         "actor/approx_kl" (k3 of KL(π_old ‖ π_θ)), "actor/kl_ref" (mean per-token estimate k of the
         KL to the reference, if kl_coef > 0), "advantages/mean" (over rows, or response tokens if per
@@ -123,14 +124,21 @@ class ClippedPolicyGradient:
         those of the global mini-batch (`totals`); "loss" is this share's own loss (its rows
         weighted as if they were the mini-batch).
         """
-        logprobs = minibatch["old_logprobs"] if policy_is_rollout_policy else current_logprobs()
         mask = minibatch["response_mask"]
+        if not policy_is_rollout_policy:
+            logprobs, rows = current_logprobs(), minibatch
+        else:
+            if "old_logprobs" in minibatch:
+                logprobs = minibatch["old_logprobs"]
+            else:  # not computed yet: a ratio of 1 needs no values, the KL to the reference does
+                logprobs = current_logprobs() if self.kl_coef > 0 else torch.zeros_like(mask)
+            rows = {**minibatch, "old_logprobs": logprobs}
         totals = totals or MiniBatchTotals.of(mask)
         loss_weight = aggregation_weights(
             mask, self.loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
         )
         with torch.no_grad():
-            per_token, metrics = self._policy_loss(logprobs, minibatch)
+            per_token, metrics = self._policy_loss(logprobs, rows)
             loss = weighted_token_sum(per_token, mask, aggregation_weights(mask, self.loss_agg, horizon=self.horizon))
         advantages = minibatch["advantages"]
         if advantages.dim() == 1:

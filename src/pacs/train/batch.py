@@ -28,6 +28,8 @@ class PolicyBatch:
     response_mask: (B, R) 1.0 on response tokens (float, in the model's compute dtype)
     rewards:       (B,)   verifier outcome in [0, 1]
     old_logprobs:  (B, R) log-probabilities under the rollout policy (zeros until computed)
+    entropy:       (B, R) the rollout policy's entropy at each response position, for metrics
+                   (zeros until computed, with old_logprobs)
     row_terms:     per-row (B,) or per-token (B, R) tensors that an algorithm adds (advantages,
                    reference log-probs, values, ...)
     """
@@ -38,6 +40,7 @@ class PolicyBatch:
     response_mask: torch.Tensor
     rewards: torch.Tensor
     old_logprobs: torch.Tensor
+    entropy: torch.Tensor
     row_terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
@@ -50,6 +53,7 @@ class PolicyBatch:
             response_mask=mask,
             rewards=rewards.to(dtype),
             old_logprobs=torch.zeros_like(mask),
+            entropy=torch.zeros_like(mask),
         )
 
     def __len__(self) -> int:
@@ -70,6 +74,7 @@ class PolicyBatch:
             response_mask=selected["response_mask"][:, :response_width],
             rewards=selected["rewards"],
             old_logprobs=selected["old_logprobs"][:, :response_width],
+            entropy=selected["entropy"][:, :response_width],
             row_terms={
                 name: value[index][:, :response_width] if value.dim() == 2 else value[index]
                 for name, value in self.row_terms.items()
@@ -265,6 +270,22 @@ def response_logprobs(
             "supported: models whose logits are lm_head(hidden_states), such as Qwen2 and Llama"
         )
     return (terms[..., 0], terms[..., 1]) if with_entropy else terms[..., 0]
+
+
+def fill_rollout_logprobs(
+    model: PreTrainedModel, batch: PolicyBatch, rows: slice, *, micro_batch_size: int, temperature: float
+) -> None:
+    """Write the policy's log-probs and entropy at `batch.rows(rows)` (no gradient) into
+    `batch.old_logprobs` and `batch.entropy`; nothing when `rows` selects no row."""
+    selected = batch.rows(rows)
+    if len(selected) == 0:
+        return
+    logprobs, entropy = response_logprobs_no_grad(
+        model, selected, micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=True
+    )
+    width = selected.response_ids.shape[1]
+    batch.old_logprobs[rows, :width] = logprobs
+    batch.entropy[rows, :width] = entropy
 
 
 def response_logprobs_no_grad(

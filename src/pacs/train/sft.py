@@ -56,6 +56,7 @@ def supervised_warm_start(
             response_mask=response_mask,
             rewards=torch.zeros(len(picked)),
             old_logprobs=torch.zeros_like(response_mask),
+            entropy=torch.zeros_like(response_mask),
         )
         loss = -masked_sum(response_logprobs(model, batch), batch.response_mask).sum() / response_mask.sum()
         loss.backward()

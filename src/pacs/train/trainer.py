@@ -1,9 +1,9 @@
 """The RLVR loop, one for every algorithm, on one process or many.
 
 Each step: draw `train.batch_size` prompts -> sample `rollout.n` responses each -> score them
-with the verifier -> recompute the rollout policy's log-probs -> `train.epochs` passes of
-optimizer updates over mini-batches of `train.mini_batch_size` prompts -> log, validate,
-checkpoint. Launched by torchrun or `accelerate launch`, each process takes its share of every
+with the verifier -> recompute the rollout policy's log-probs (except for the first mini-batch,
+whose first update takes them from its own forward pass) -> `train.epochs` passes of optimizer
+updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint. Launched by torchrun or `accelerate launch`, each process takes its share of every
 mini-batch (a prompt's whole group stays on one rank) and `pacs.train.distributed.World` says who
 does what; one process is the trivial case.
 """
@@ -33,7 +33,7 @@ from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
-from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
+from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, load_trainer_state, restore_rng_states, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
@@ -249,13 +249,15 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
             if config.train.save_rollouts:
                 logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
             batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(world.device)
-            with autocast():
-                batch.old_logprobs, rollout_entropy = response_logprobs_no_grad(
+            updates_policy = critic is None or step > config.critic.warmup_steps
+            first_update_rows = min(len(batch), settings.mini_batch_size * config.rollout.n) if updates_policy else 0
+            with autocast():  # the first update's rows get π_old from that update's own forward pass
+                fill_rollout_logprobs(
                     model,
                     batch,
+                    slice(first_update_rows, None),
                     micro_batch_size=config.train.micro_batch_size,
                     temperature=config.rollout.temperature,
-                    with_entropy=True,
                 )
                 if "ref_logprobs" in algorithm.needs:
                     batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
@@ -265,12 +267,17 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                     batch.row_terms["values"] = response_values_no_grad(
                         critic, batch, micro_batch_size=config.train.micro_batch_size
                     )
-            batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=world.sum))
+            step_inputs = {name: value for name, value in batch.tensors().items() if name != "old_logprobs"}
+            batch.row_terms.update(algorithm.prepare_step(step_inputs, sum_over_ranks=world.sum))
             metrics = {}
             if critic is not None:
                 metrics.update(update_critic(critic, critic_optimizer, world, batch, algorithm, settings))
-            if step > config.critic.warmup_steps or critic is None:
-                metrics.update(update_policy(model, optimizer, world, batch, algorithm, settings))
+            if updates_policy:
+                metrics.update(
+                    update_policy(
+                        model, optimizer, world, batch, algorithm, settings, rows_without_old_logprobs=first_update_rows
+                    )
+                )
             else:
                 metrics.update({"loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0})
             metrics.update({"time/step_s": time.perf_counter() - step_start, "time/generation_s": generation_time})
@@ -280,7 +287,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                 [
                     batch.rewards,
                     batch.response_mask.sum(dim=1),
-                    (rollout_entropy * batch.response_mask).sum(dim=1),
+                    (batch.entropy * batch.response_mask).sum(dim=1),
                     batch.prompt_mask.sum(dim=1).to(batch.rewards.dtype),
                 ],
                 dim=1,

@@ -41,8 +41,8 @@ class UpdateSettings:
     """The context every forward pass runs in (bf16 autocast under mixed precision)."""
 
 
-PrepareUpdate = Callable[[PolicyBatch, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float]]]
-MicroBatchLoss = Callable[[PolicyBatch], torch.Tensor]
+PrepareUpdate = Callable[[PolicyBatch, slice, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float]]]
+MicroBatchLoss = Callable[[PolicyBatch, slice], torch.Tensor]
 
 
 def run_updates(
@@ -56,8 +56,9 @@ def run_updates(
     micro_batch_loss: MicroBatchLoss,
 ) -> dict[str, float]:
     """The loop: for each epoch and local mini-batch of `rows_per_update` rows,
-    `prepare_update(minibatch, model_changed, totals)` gives per-row terms and metrics, each
-    micro-batch back-propagates `micro_batch_loss(micro)`, then one clipped optimizer step.
+    `prepare_update(minibatch, rows, model_changed, totals)` gives per-row terms and metrics, each
+    micro-batch back-propagates `micro_batch_loss(micro, rows)`, then one clipped optimizer step
+    (`rows`: where the mini- or micro-batch lies in `batch`).
     Returns this rank's metrics averaged over the updates that report them, `grad_norm`, and
     `updates/skipped`."""
     model_changed = False
@@ -66,15 +67,19 @@ def run_updates(
     model.train()
     for _ in range(settings.epochs):
         for start in range(0, len(batch), rows_per_update):
-            minibatch = batch.rows(slice(start, start + rows_per_update))
-            row_terms, metrics = prepare_update(minibatch, model_changed, global_totals(minibatch, world))
+            minibatch_rows = slice(start, min(start + rows_per_update, len(batch)))
+            minibatch = batch.rows(minibatch_rows)
+            row_terms, metrics = prepare_update(
+                minibatch, minibatch_rows, model_changed, global_totals(minibatch, world)
+            )
             minibatch.row_terms = {**minibatch.row_terms, **row_terms}
             micro_starts = range(0, len(minibatch), settings.micro_batch_size)
             for micro_start in micro_starts:
-                micro = minibatch.rows(slice(micro_start, micro_start + settings.micro_batch_size))
+                micro_rows = slice(micro_start, min(micro_start + settings.micro_batch_size, len(minibatch)))
+                micro = minibatch.rows(micro_rows)
                 with world.gradient_sync(model, sync=micro_start == micro_starts[-1]):
                     with settings.autocast():
-                        loss = micro_batch_loss(micro)
+                        loss = micro_batch_loss(micro, slice(start + micro_rows.start, start + micro_rows.stop))
                     (loss * world.loss_scale).backward()
             grad_norm = _clip_grad_norm(model, settings.grad_clip)
             loss_is_finite = world.max(0.0 if math.isfinite(metrics.get("loss", 0.0)) else 1.0) == 0.0
@@ -113,13 +118,26 @@ def update_policy(
     batch: PolicyBatch,
     algorithm: Algorithm,
     settings: UpdateSettings,
+    *,
+    rows_without_old_logprobs: int = 0,
 ) -> dict[str, float]:
     """Every policy update of one step; `loss`, `grad_norm`, the algorithm's metrics and
     `updates/skipped`, averaged over the updates.
 
-    batch: B = prompts * group_size rows with `old_logprobs` (and the algorithm's step terms)
-    filled in; rows of one prompt are contiguous.
+    batch: B = prompts * group_size rows with the algorithm's step terms filled in; rows of one
+    prompt are contiguous. `old_logprobs` and `entropy` are filled in for every row but the first
+    `rows_without_old_logprobs` (at most one mini-batch): the first update takes those from its
+    own forward pass, π_old = π_θ detached (the policy has not changed since the rollout), and
+    writes them into `batch`, so the step needs no separate rollout-policy pass for them. On
+    that update the algorithm's `prepare_update` sees no "old_logprobs" (`pacs.algos.base`).
     """
+    old_logprobs_known = torch.ones(len(batch), dtype=torch.bool)
+    old_logprobs_known[:rows_without_old_logprobs] = False
+    rows_per_update = settings.mini_batch_size * algorithm.group_size
+    if rows_without_old_logprobs > rows_per_update:
+        raise ValueError(
+            f"rows_without_old_logprobs={rows_without_old_logprobs} exceeds one update's {rows_per_update} rows"
+        )
 
     def current_logprobs(minibatch: PolicyBatch) -> torch.Tensor:
         with settings.autocast():
@@ -127,25 +145,34 @@ def update_policy(
                 model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
             )
 
-    def prepare(minibatch: PolicyBatch, policy_changed: bool, totals: MiniBatchTotals):
+    def prepare(minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
+        tensors = minibatch.tensors()
+        if not old_logprobs_known[rows].all():
+            del tensors["old_logprobs"]
         return algorithm.prepare_update(
-            minibatch.tensors(),
+            tensors,
             lambda: current_logprobs(minibatch),
             policy_is_rollout_policy=not policy_changed,
             totals=totals,
         )
 
-    def micro_loss(micro: PolicyBatch) -> torch.Tensor:
-        inputs = micro.tensors()
-        if "entropy" in algorithm.needs:
-            logprobs, inputs["entropy"] = response_logprobs(
-                model, micro, temperature=settings.temperature, with_entropy=True
-            )
+    def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
+        sets_old_logprobs = not old_logprobs_known[rows].all()
+        if sets_old_logprobs or "entropy" in algorithm.needs:
+            logprobs, entropy = response_logprobs(model, micro, temperature=settings.temperature, with_entropy=True)
         else:
             logprobs = response_logprobs(model, micro, temperature=settings.temperature)
+        if sets_old_logprobs:
+            micro.old_logprobs = logprobs.detach()
+            width = micro.response_ids.shape[1]
+            batch.old_logprobs[rows, :width] = micro.old_logprobs.to(batch.old_logprobs.dtype)
+            batch.entropy[rows, :width] = entropy.detach().to(batch.entropy.dtype)
+            old_logprobs_known[rows] = True
+        inputs = micro.tensors()
+        if "entropy" in algorithm.needs:
+            inputs["entropy"] = entropy
         return algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
 
-    rows_per_update = settings.mini_batch_size * algorithm.group_size
     return run_updates(model, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)
 
 
@@ -162,11 +189,11 @@ def update_critic(
     batch: as for `update_policy`, with the rollout-time "values" and the "returns" row terms.
     """
 
-    def prepare(minibatch: PolicyBatch, critic_changed: bool, totals: MiniBatchTotals):
+    def prepare(minibatch: PolicyBatch, rows: slice, critic_changed: bool, totals: MiniBatchTotals):
         tensors = minibatch.tensors()
         return algorithm.critic_row_terms(tensors, totals=totals), algorithm.critic_metrics(tensors["values"], tensors)
 
-    def micro_loss(micro: PolicyBatch) -> torch.Tensor:
+    def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
         return algorithm.critic_micro_batch_loss(response_values(critic, micro), micro.tensors(), micro.row_terms)
 
     rows_per_update = settings.mini_batch_size * algorithm.group_size

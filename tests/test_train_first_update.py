@@ -1,0 +1,108 @@
+"""Specification of the first update's shortcut: the step's first mini-batch takes π_old from the
+update's own forward pass instead of a separate rollout-policy pass, with the same result."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from batches import policy_batch
+from pacs.algos.registry import build_algorithm
+from pacs.models.loading import load_causal_lm
+from pacs.train import update as update_module
+from pacs.train.batch import fill_rollout_logprobs
+from pacs.train.distributed import World
+from pacs.train.update import UpdateSettings, update_policy
+
+GROUP_SIZE = 4
+PROMPTS = 4
+FIRST_UPDATE_ROWS = 2 * GROUP_SIZE  # mini-batches of 2 prompts
+ALGORITHMS = {
+    "pacs": {"name": "pacs", "beta": 2.0},
+    "pacs mean_logprob": {"name": "pacs", "proxy": "mean_logprob"},
+    "pacs with kl and entropy": {"name": "pacs", "kl_coef": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01},
+    "grpo": {"name": "grpo"},
+    "grpo with kl": {"name": "grpo", "kl_coef": 0.1, "kl_estimator": "k2"},
+    "rloo": {"name": "rloo", "loss_agg": "seq-mean-token-sum"},
+    "ppo": {"name": "ppo", "entropy_coef": 0.01},
+}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_causal_lm(str(tiny_model_dir), dtype="float64")
+
+
+def step_batch(model, algorithm):
+    """4 prompts x 4 ragged random responses with mixed rewards, the reference log-probs and
+    values an algorithm may need, and its step terms."""
+    generator = torch.Generator().manual_seed(0)
+    prompts, responses = [], []
+    for _ in range(PROMPTS):
+        prompt = torch.randint(0, model.config.vocab_size, (int(torch.randint(3, 9, (1,), generator=generator)),), generator=generator)
+        for _ in range(GROUP_SIZE):
+            prompts.append(prompt)
+            length = int(torch.randint(1, 7, (1,), generator=generator))
+            responses.append(torch.randint(0, model.config.vocab_size, (length,), generator=generator))
+    batch = policy_batch(prompts, responses, [1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0])
+    shape = batch.response_mask.shape
+    batch.row_terms["ref_logprobs"] = -torch.rand(shape, generator=generator, dtype=torch.float64) * 3
+    batch.row_terms["values"] = torch.rand(shape, generator=generator, dtype=torch.float64)
+    step_inputs = {name: value for name, value in batch.tensors().items() if name != "old_logprobs"}
+    batch.row_terms.update(algorithm.prepare_step(step_inputs))
+    return batch
+
+
+def updated(model, batch, algorithm, rows_without_old_logprobs: int, micro_batch_size: int):
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    settings = UpdateSettings(mini_batch_size=2, micro_batch_size=micro_batch_size, epochs=2, grad_clip=1.0)
+    metrics = update_policy(
+        model, optimizer, World.single(), batch, algorithm, settings, rows_without_old_logprobs=rows_without_old_logprobs
+    )
+    return model, metrics
+
+
+@pytest.mark.parametrize("micro_batch_size", [3, 8])
+@pytest.mark.parametrize("options", ALGORITHMS.values(), ids=ALGORITHMS.keys())
+def test_the_first_update_without_a_rollout_pass_equals_the_long_way(model, options, micro_batch_size):
+    algorithm = build_algorithm(group_size=GROUP_SIZE, horizon=6, **options)
+    long_way = step_batch(model, algorithm)
+    fill_rollout_logprobs(model, long_way, slice(None), micro_batch_size=5, temperature=1.0)
+    shortcut = step_batch(model, algorithm)
+    fill_rollout_logprobs(model, shortcut, slice(FIRST_UPDATE_ROWS, None), micro_batch_size=5, temperature=1.0)
+    assert shortcut.old_logprobs[:FIRST_UPDATE_ROWS].abs().sum() == 0
+
+    expected, expected_metrics = updated(model, long_way, algorithm, 0, micro_batch_size)
+    trained, metrics = updated(model, shortcut, algorithm, FIRST_UPDATE_ROWS, micro_batch_size)
+
+    assert max((a - b).abs().max().item() for a, b in zip(model.parameters(), expected.parameters())) > 1e-4
+    assert max((a - b).abs().max().item() for a, b in zip(trained.parameters(), expected.parameters())) < 1e-12
+    torch.testing.assert_close(shortcut.old_logprobs, long_way.old_logprobs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(shortcut.entropy, long_way.entropy, rtol=0, atol=1e-12)
+    assert metrics.keys() == expected_metrics.keys()
+    for name, value in expected_metrics.items():
+        assert metrics[name] == pytest.approx(value, abs=1e-10), name
+
+
+def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
+    algorithm = build_algorithm(group_size=GROUP_SIZE, name="pacs")
+    batch = step_batch(model, algorithm)
+    calls = []
+    original = update_module.response_logprobs_no_grad
+    monkeypatch.setattr(update_module, "response_logprobs_no_grad", lambda *a, **k: calls.append(1) or original(*a, **k))
+    optimizer = torch.optim.AdamW(copy.deepcopy(model).parameters(), lr=1e-2)
+    settings = UpdateSettings(mini_batch_size=PROMPTS, micro_batch_size=5, epochs=1, grad_clip=1.0)
+    update_policy(copy.deepcopy(model), optimizer, World.single(), batch, algorithm, settings, rows_without_old_logprobs=len(batch))
+    assert calls == []
+    assert (batch.old_logprobs.ne(0) == batch.response_mask.bool()).all(), "every response token got its log-prob"
+
+
+def test_more_rows_than_one_update_are_refused(model):
+    algorithm = build_algorithm(group_size=GROUP_SIZE, name="pacs")
+    batch = step_batch(model, algorithm)
+    settings = UpdateSettings(mini_batch_size=2, micro_batch_size=5, epochs=1, grad_clip=1.0)
+    with pytest.raises(ValueError, match="exceeds one update's 8 rows"):
+        update_policy(model, None, World.single(), batch, algorithm, settings, rows_without_old_logprobs=9)
