@@ -1,4 +1,5 @@
-"""Shared fixtures: a private model cache per test session, and small random models."""
+"""Shared fixtures: a private model cache per test session, and small random models; float64
+models normalise in float64 (see exact_float64.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+
+from exact_float64 import normalise_float64_in_float64
+
+normalise_float64_in_float64()
 
 BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 """The public benchmark files kept in the repository (see data/benchmarks/README.md)."""

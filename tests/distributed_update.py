@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from batches import policy_batch
+from exact_float64 import normalise_float64_in_float64
 from pacs.algos.base import MiniBatchTotals
 from pacs.algos.registry import build_algorithm
 from pacs.config import AlgorithmConfig
@@ -119,6 +120,7 @@ def use_local_totals() -> None:
 
 
 def main() -> None:
+    normalise_float64_in_float64()
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
     parser.add_argument("out_dir")

@@ -113,3 +113,24 @@ def test_a_response_ends_at_any_declared_end_of_sequence_token(instruct_engine):
         assert not end_ids & set(ids[: length - 1].tolist())
     ended = lengths < 16
     assert set(last_tokens[ended].tolist()) == end_ids, "both end tokens should end some response"
+
+
+def test_a_prompts_samples_are_those_of_generate_with_num_return_sequences(engine):
+    """Running each prompt once for its n samples draws exactly what `generate` draws when it
+    runs the prompt n times (same seed, float64 model)."""
+    wide = TransformersEngine(engine.model, engine.tokenizer, max_sequences_per_call=64)
+    ids = prompt_ids(engine)
+    torch.manual_seed(5)
+    rollouts = wide.generate(ids, SamplingParams(n=3, temperature=0.8, max_new_tokens=10))
+    pad = engine.tokenizer.pad_token_id
+    width = max(map(len, ids))
+    input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in ids])
+    attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids])
+    config = GenerationConfig(
+        do_sample=True, temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=10, num_return_sequences=3,
+        eos_token_id=list(wide.eos_ids), pad_token_id=pad,
+    )
+    torch.manual_seed(5)
+    expected = engine.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    for row, length in enumerate(rollouts.response_mask.sum(dim=1).long().tolist()):
+        assert rollouts.response_ids[row, :length].tolist() == expected[row, width : width + length].tolist()

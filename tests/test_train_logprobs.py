@@ -215,3 +215,47 @@ def test_a_model_that_softcaps_its_logits_is_refused():
     with pytest.raises(ValueError, match="Gemma2ForCausalLM.forward does not return its output embedding's result"):
         response_logprobs(model, make_batch())
     assert model.lm_head is output_embeddings
+
+
+def make_group_batch(vocab_size: int = 101) -> PolicyBatch:
+    """Runs of 3, 1, 2 and 2 rows sharing a prompt (prompts of 6, 3, 5 and 3 tokens), responses
+    of 1 to 6 tokens, a one-token response in a shared run included."""
+    generator = torch.Generator().manual_seed(1)
+    prompts, responses = [], []
+    for prompt_length, response_lengths in ((6, (4, 1, 6)), (3, (2,)), (5, (3, 5)), (3, (6, 1))):
+        prompt = torch.randint(0, vocab_size, (prompt_length,), generator=generator)
+        for length in response_lengths:
+            prompts.append(prompt)
+            responses.append(torch.randint(0, vocab_size, (length,), generator=generator))
+    return policy_batch(prompts, responses, [1.0] * len(prompts))
+
+
+def test_rows_that_share_a_prompt_are_found_as_runs():
+    assert batch_module.shared_prompt_runs(make_group_batch()).tolist() == [3, 1, 2, 2]
+    assert batch_module.shared_prompt_runs(make_batch()).tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_shared_prompt_run_once_gives_the_full_logits_values_and_gradients(model, temperature):
+    batch = make_group_batch()
+    logprobs, entropy = response_logprobs(model, batch, temperature=temperature, with_entropy=True)
+    expected_logprobs, expected_entropy = full_logits_reference(model, batch, temperature)
+    torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(entropy, expected_entropy, rtol=0, atol=1e-12)
+    weights = torch.linspace(0.5, 1.5, logprobs.numel(), dtype=torch.float64).view_as(logprobs)
+    shared = gradients(model, (weights * (logprobs + 0.1 * entropy)).sum())
+    expected_logprobs, expected_entropy = full_logits_reference(model, batch, temperature)
+    full = gradients(model, (weights * (expected_logprobs + 0.1 * expected_entropy)).sum())
+    for name, gradient in full.items():
+        torch.testing.assert_close(shared[name], gradient, rtol=0, atol=1e-11, msg=name)
+
+
+def test_each_shared_prompt_goes_through_the_model_once(tied_model, monkeypatch):
+    batch = make_group_batch()
+    calls = []
+    forward = type(tied_model).forward
+    monkeypatch.setattr(
+        type(tied_model), "forward", lambda self, **inputs: calls.append(tuple(inputs["input_ids"].shape)) or forward(self, **inputs)
+    )
+    response_logprobs(tied_model, batch)
+    assert calls == [(4, 6), (8, 5)], "the 4 distinct prompts, then the 8 responses but their last tokens"

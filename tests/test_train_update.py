@@ -41,18 +41,24 @@ def setup(tiny_model_dir):
     return model, batch
 
 
+def exactness_optimizer(model) -> torch.optim.Optimizer:
+    """Plain SGD: the weights then differ by lr x the gradients' difference. (AdamW divides by
+    sqrt(v) + 1e-8 and turns a 1e-13 difference in a gradient entry near 1e-8 into 1e-7.)"""
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
 def run_trainer_update(model, batch, micro_batch_size: int, *, mini_batch_size=2, epochs=2, **pacs_options):
     model = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = exactness_optimizer(model)
     settings = UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, epochs=epochs, grad_clip=1.0)
     update_policy(model, optimizer, World.single(), batch, PACS(GROUP_SIZE, **pacs_options), settings)
     return model
 
 
 def run_reference_update(model, batch, *, mini_batch_size=2, epochs=2, **pacs_options):
-    """The definition: pacs_loss on each whole mini-batch, one backward, one AdamW step."""
+    """The definition: pacs_loss on each whole mini-batch, one backward, one optimizer step."""
     model = copy.deepcopy(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = exactness_optimizer(model)
     rows = mini_batch_size * GROUP_SIZE
     for _ in range(epochs):
         for start in range(0, len(batch), rows):
@@ -93,7 +99,9 @@ def test_every_pacs_option_matches_whole_minibatch_loss_with_split_groups(setup,
     model, batch = setup
     reference = run_reference_update(model, batch, **options)
     trained = run_trainer_update(model, batch, 3, **options)
-    assert max_weight_difference(trained, reference) < 1e-10
+    # grpo's estimator divides by each group's std of r, which is small after one update, so
+    # roundoff (1e-16) in r reaches the weights as ~1e-10 there
+    assert max_weight_difference(trained, reference) < 1e-9
 
 
 def test_first_update_after_rollout_skips_the_no_grad_pass(setup, monkeypatch):

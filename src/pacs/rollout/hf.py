@@ -66,7 +66,7 @@ class TransformersEngine:
             top_p=params.top_p,
             top_k=0,
             max_new_tokens=params.max_new_tokens,
-            num_return_sequences=params.n,
+            num_return_sequences=1,  # a prompt's n samples are rows of their own (_generate_samples)
             eos_token_id=list(self.eos_ids),
             pad_token_id=self.tokenizer.pad_token_id,
             output_scores=params.return_logprobs,
@@ -85,9 +85,7 @@ class TransformersEngine:
                 chunk = [torch.tensor(ids, dtype=torch.long) for ids in prompt_token_ids[start : start + prompts_per_call]]
                 input_ids = pad_rows(chunk, pad_id, left=True).to(device)
                 attention_mask = pad_rows([torch.ones_like(ids) for ids in chunk], 0, left=True).to(device)
-                output = self.model.generate(
-                    input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
-                )
+                output = self._generate_samples(input_ids, attention_mask, generation_config, params.n)
                 responses = output.sequences[:, input_ids.shape[1] :]
                 lengths = _lengths_through_first_end(responses, self.eos_ids)
                 if params.return_logprobs:
@@ -107,6 +105,34 @@ class TransformersEngine:
             response_texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
             group_size=params.n,
             response_logprobs=pad_rows(logprob_rows, 0, left=False) if params.return_logprobs else None,
+        )
+
+
+    def _generate_samples(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config: GenerationConfig, n: int
+    ):
+        """`generate`'s output for n samples of each prompt, the n samples of a prompt adjacent.
+
+        input_ids, attention_mask: (U, P) left-padded prompts. Each prompt's key/value cache is
+        computed once for its n samples: all but the last prompt token are run once, the cache is
+        repeated n times per prompt, and `generate` goes on from it over (U * n, P) rows. The
+        sampling distribution is the one of `generate` with `num_return_sequences=n`, which runs
+        every prompt n times; here the prompt costs 1/n of that.
+        """
+        rows_ids, rows_mask = input_ids.repeat_interleave(n, dim=0), attention_mask.repeat_interleave(n, dim=0)
+        if n == 1 or input_ids.shape[1] == 1:
+            return self.model.generate(input_ids=rows_ids, attention_mask=rows_mask, generation_config=generation_config)
+        prefix_mask = attention_mask[:, :-1]
+        cache = self.model(
+            input_ids=input_ids[:, :-1],
+            attention_mask=prefix_mask,
+            position_ids=(prefix_mask.cumsum(dim=1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        ).past_key_values
+        cache.batch_repeat_interleave(n)
+        return self.model.generate(
+            input_ids=rows_ids, attention_mask=rows_mask, past_key_values=cache, generation_config=generation_config
         )
 
 

@@ -163,15 +163,16 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class _ChunkedResponseTerms(torch.nn.Module):
-    """Stands in for a causal LM's output embedding (`lm_head`) during one `response_logprobs`
-    call, so the projection runs inside the model's own forward (where FSDP has gathered the
-    root's parameters and DDP sees them used) but never builds the (B, R, V) logits.
+    """Stands in for a causal LM's output embedding (`lm_head`) during one forward call, so the
+    projection runs inside the model's own forward (where FSDP has gathered the root's
+    parameters and DDP sees them used) but never builds the (B, W, V) logits.
 
-    forward(hidden_states): hidden_states (B, S, H), the final hidden states of the last S >= R + 1
-    positions -> (B, R, 1) log pi(response_t | ...) at each response position, or (B, R, 2) with
-    the entropy as the second channel; exactly 0.0 where `response_mask` is 0.
+    forward(hidden_states): the final hidden states the model would project, (N, S, H) ->
+    `select(hidden_states)` (B, W, H), the states that predict `targets` (B, W) -> (B, W, 1)
+    log pi(target), or (B, W, 2) with the entropy as the second channel; exactly 0.0 where
+    `target_mask` is 0.
 
-    The hidden states that predict real response tokens are gathered into (N, H) and projected
+    The hidden states that predict real targets are gathered into (n, H) and projected
     `tokens_per_chunk(vocab_size)` tokens at a time; with gradient enabled each chunk is
     checkpointed, so backward recomputes its logits instead of keeping them. `output_embeddings`
     is the model's own module (same parameters: tied embeddings stay tied).
@@ -180,8 +181,9 @@ class _ChunkedResponseTerms(torch.nn.Module):
     def __init__(
         self,
         output_embeddings: torch.nn.Module,
-        response_ids: torch.Tensor,
-        response_mask: torch.Tensor,
+        select: Callable[[torch.Tensor], torch.Tensor],
+        targets: torch.Tensor,
+        target_mask: torch.Tensor,
         *,
         vocab_size: int,
         temperature: float,
@@ -189,27 +191,27 @@ class _ChunkedResponseTerms(torch.nn.Module):
     ):
         super().__init__()
         self.output_embeddings = output_embeddings
-        self.response_ids = response_ids
-        self.at_response = response_mask > 0
+        self.select = select
+        self.targets = targets
+        self.at_target = target_mask > 0
         self.chunk_tokens = tokens_per_chunk(vocab_size)
         self.temperature = temperature
         self.with_entropy = with_entropy
         self.result: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        response_width = self.response_ids.shape[1]
-        hidden = hidden_states[:, -response_width - 1 : -1][self.at_response]
-        targets = self.response_ids[self.at_response]
+        hidden = self.select(hidden_states)[self.at_target]
+        targets = self.targets[self.at_target]
         pieces = []
-        for start in range(0, max(len(targets), 1), self.chunk_tokens):  # N = 0: one empty chunk
+        for start in range(0, max(len(targets), 1), self.chunk_tokens):  # n = 0: one empty chunk
             chunk = (hidden[start : start + self.chunk_tokens], targets[start : start + self.chunk_tokens])
             if torch.is_grad_enabled():
                 pieces.append(checkpoint(self.chunk_terms, *chunk, use_reentrant=False))
             else:
                 pieces.append(self.chunk_terms(*chunk))
         terms = torch.cat(pieces)
-        self.result = terms.new_zeros(*self.at_response.shape, terms.shape[-1])
-        self.result[self.at_response] = terms
+        self.result = terms.new_zeros(*self.at_target.shape, terms.shape[-1])
+        self.result[self.at_target] = terms
         return self.result
 
     def chunk_terms(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -229,6 +231,40 @@ class _ChunkedResponseTerms(torch.nn.Module):
         return torch.stack([logprobs, entropy], dim=-1)
 
 
+def _forward_terms(model: torch.nn.Module, head: _ChunkedResponseTerms, **inputs) -> tuple[torch.Tensor, object]:
+    """Run `model(**inputs)` with `head` standing in for its output embedding (restored
+    afterwards, also on error): the head's terms, and the model's key/value cache if asked for."""
+    inner = unwrap_model(model)
+    output_embeddings = inner.get_output_embeddings()
+    inner.set_output_embeddings(head)
+    try:
+        outputs = model(**inputs)
+    finally:
+        inner.set_output_embeddings(output_embeddings)
+    if head.result is None or outputs.logits is not head.result:
+        raise ValueError(
+            f"{type(inner).__name__}.forward does not return its output embedding's result unchanged as "
+            "logits (it softcaps, scales or slices them), so chunked log-probs would be wrong for it; "
+            "supported: models whose logits are lm_head(hidden_states), such as Qwen2 and Llama"
+        )
+    return outputs.logits, getattr(outputs, "past_key_values", None)
+
+
+def shared_prompt_runs(batch: PolicyBatch) -> torch.Tensor:
+    """(U,) lengths of the runs of consecutive rows with the same prompt (a group's responses,
+    or the part of a group in this batch); they sum to len(batch)."""
+    same_as_previous = (batch.prompt_ids[1:] == batch.prompt_ids[:-1]).all(dim=1) & (
+        batch.prompt_mask[1:] == batch.prompt_mask[:-1]
+    ).all(dim=1)
+    run_starts = torch.cat([same_as_previous.new_ones(1), ~same_as_previous]).nonzero().squeeze(1)
+    return torch.diff(run_starts, append=run_starts.new_tensor([len(batch)]))
+
+
+def _checkpoints_activations(model: torch.nn.Module) -> bool:
+    """Whether a training forward of `model` recomputes layers in backward (which drops caches)."""
+    return model.training and any(getattr(module, "gradient_checkpointing", False) for module in model.modules())
+
+
 def response_logprobs(
     model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0, with_entropy: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -240,36 +276,104 @@ def response_logprobs(
     softmax(logits / T)) and taken in float32 or wider. They are computed only at response
     tokens and a chunk at a time (`_ChunkedResponseTerms`, which stands in for the model's
     output embedding during the call), so memory grows with the chunk, not with B x R x vocab.
-    `model` may be wrapped (DDP's `.module`); its output embedding is restored afterwards, also
-    on error. Raises ValueError for a model without an output embedding or one whose forward
-    changes the projection's result before returning it as logits (logit softcapping or
-    scaling, as Gemma 2 and Cohere do): log-probs here support Qwen2- and Llama-style models.
+
+    A prompt shared by consecutive rows (a group's responses) is run once: a first forward
+    over the U distinct prompts gives their key/value cache and the first response token's
+    terms; the cache is repeated for each row and a second forward runs the responses on it.
+    Prompt tokens, most of a step's tokens when prompts are long and responses short, then
+    cost 1/n of the plain way, in forward and backward, with the same result. The plain way,
+    one forward over [prompt | response], is taken when no prompt is shared or when activation
+    checkpointing (which drops caches) is on.
+
+    `model` may be wrapped (DDP's `.module`). Raises ValueError for a model without an output
+    embedding or one whose forward changes the projection's result before returning it as
+    logits (logit softcapping or scaling, as Gemma 2 and Cohere do): log-probs here support
+    Qwen2- and Llama-style models.
     """
-    response_width = batch.response_ids.shape[1]
     inner = unwrap_model(model)
-    output_embeddings = inner.get_output_embeddings()
-    if output_embeddings is None:
+    if inner.get_output_embeddings() is None:
         raise ValueError(f"{type(inner).__name__} has no output embedding (lm_head); a causal LM is needed")
-    head = _ChunkedResponseTerms(
-        output_embeddings,
-        batch.response_ids,
-        batch.response_mask,
+    runs = shared_prompt_runs(batch)
+    if len(runs) == len(batch) or _checkpoints_activations(inner):
+        terms = _plain_terms(model, batch, temperature, with_entropy)
+    else:
+        terms = _shared_prompt_terms(model, batch, runs, temperature, with_entropy)
+    return (terms[..., 0], terms[..., 1]) if with_entropy else terms[..., 0]
+
+
+def _head(model, select, targets, target_mask, temperature, with_entropy) -> _ChunkedResponseTerms:
+    inner = unwrap_model(model)
+    return _ChunkedResponseTerms(
+        inner.get_output_embeddings(),
+        select,
+        targets,
+        target_mask,
         vocab_size=inner.config.vocab_size,
         temperature=temperature,
         with_entropy=with_entropy,
     )
-    inner.set_output_embeddings(head)
-    try:
-        terms = model(**_sequence_inputs(batch), logits_to_keep=response_width + 1).logits
-    finally:
-        inner.set_output_embeddings(output_embeddings)
-    if head.result is None or terms is not head.result:
-        raise ValueError(
-            f"{type(inner).__name__}.forward does not return its output embedding's result unchanged as "
-            "logits (it softcaps, scales or slices them), so chunked log-probs would be wrong for it; "
-            "supported: models whose logits are lm_head(hidden_states), such as Qwen2 and Llama"
-        )
-    return (terms[..., 0], terms[..., 1]) if with_entropy else terms[..., 0]
+
+
+def _plain_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bool) -> torch.Tensor:
+    """(B, R, C) terms from one forward over [prompt | response]."""
+    response_width = batch.response_ids.shape[1]
+    head = _head(
+        model,
+        lambda hidden: hidden[:, -response_width - 1 : -1],
+        batch.response_ids,
+        batch.response_mask,
+        temperature,
+        with_entropy,
+    )
+    terms, _ = _forward_terms(model, head, **_sequence_inputs(batch), logits_to_keep=response_width + 1)
+    return terms
+
+
+def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperature: float, with_entropy: bool) -> torch.Tensor:
+    """(B, R, C) terms from a forward over each run's prompt, then one over the responses.
+
+    runs: (U,) rows per distinct prompt, in row order (`shared_prompt_runs`).
+    """
+    run_starts = runs.cumsum(0) - runs
+    prompt_ids, prompt_mask = batch.prompt_ids[run_starts], batch.prompt_mask[run_starts]
+    first_token = _head(
+        model,
+        lambda hidden: hidden[:, -1:].repeat_interleave(runs, dim=0),
+        batch.response_ids[:, :1],
+        batch.response_mask[:, :1],
+        temperature,
+        with_entropy,
+    )
+    first_terms, cache = _forward_terms(
+        model,
+        first_token,
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    response_width = batch.response_ids.shape[1]
+    if response_width == 1:
+        return first_terms
+    cache.batch_repeat_interleave(runs)
+    inputs = batch.response_ids[:, :-1]
+    attention_mask = torch.cat([batch.prompt_mask, batch.response_mask[:, :-1].long()], dim=1)
+    prompt_lengths = batch.prompt_mask.sum(dim=1, keepdim=True)
+    rest = _head(
+        model, lambda hidden: hidden, batch.response_ids[:, 1:], batch.response_mask[:, 1:], temperature, with_entropy
+    )
+    rest_terms, _ = _forward_terms(
+        model,
+        rest,
+        input_ids=inputs,
+        attention_mask=attention_mask,
+        position_ids=prompt_lengths + torch.arange(response_width - 1, device=inputs.device),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=0,
+    )
+    return torch.cat([first_terms, rest_terms], dim=1)
 
 
 def fill_rollout_logprobs(
