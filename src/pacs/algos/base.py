@@ -65,8 +65,8 @@ class Algorithm(Protocol):
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every
         row of the step on this process), e.g. advantages; {} when there are none. `batch` has
-        no "old_logprobs" (see `prepare_update`). Statistics over
-        the whole step (PPO's whitening) reduce with `sum_over_ranks` (None: one process)."""
+        no "old_logprobs" (see `prepare_update`). Statistics over the whole step (PPO's
+        whitening) reduce with `sum_over_ranks` (None: one process)."""
         ...
 
     def prepare_update(
@@ -84,9 +84,9 @@ class Algorithm(Protocol):
         `old_logprobs` and that pass can be skipped. On the step's very first update
         `minibatch` has no "old_logprobs": the trainer takes them from that update's own
         forward pass (π_old = π_θ, detached) and `micro_batch_loss` gets them; what needs
-        their values before then calls `current_logprobs()`. `totals`: counts of the global mini-batch
-        whose share `minibatch` is (None: `minibatch` is the whole mini-batch); losses are
-        normalised by them. Metrics describe this share.
+        their values before then calls `current_logprobs()`. `totals`: counts of the global
+        mini-batch whose share `minibatch` is (None: `minibatch` is the whole mini-batch);
+        losses are normalised by them. Metrics describe this share.
         """
         ...
 

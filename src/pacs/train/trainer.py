@@ -3,9 +3,10 @@
 Each step: draw `train.batch_size` prompts -> sample `rollout.n` responses each -> score them
 with the verifier -> recompute the rollout policy's log-probs (except for the first mini-batch,
 whose first update takes them from its own forward pass) -> `train.epochs` passes of optimizer
-updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint. Launched by torchrun or `accelerate launch`, each process takes its share of every
-mini-batch (a prompt's whole group stays on one rank) and `pacs.train.distributed.World` says who
-does what; one process is the trivial case.
+updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint.
+Launched by torchrun or `accelerate launch`, each process takes its share of every mini-batch
+(a prompt's whole group stays on one rank) and `pacs.train.distributed.World` says who does
+what; one process is the trivial case.
 """
 
 from __future__ import annotations
