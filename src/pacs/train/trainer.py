@@ -100,7 +100,9 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     process and every other one the launcher started."""
     world = World.from_environment(config.train.strategy)
     try:
-        return _train(config, world, show_progress=show_progress)
+        result = _train(config, world, show_progress=show_progress)
+        world.barrier()  # no rank tears its process group down while another still uses it
+        return result
     finally:
         world.close()
 
