@@ -31,7 +31,6 @@ from pacs.algos.core import (
     aggregation_weights,
     check_choice,
     check_same_shape,
-    masked_mean,
     weighted_token_sum,
 )
 from pacs.algos.pg import ClippedPolicyGradient

@@ -20,7 +20,6 @@ from typing import Callable, ContextManager
 
 import torch
 from torch.distributed.tensor import DTensor
-from transformers import PreTrainedModel
 
 from pacs.algos.base import Algorithm, MiniBatchTotals
 from pacs.algos.ppo import PPO
