@@ -258,4 +258,55 @@ def test_each_shared_prompt_goes_through_the_model_once(tied_model, monkeypatch)
         type(tied_model), "forward", lambda self, **inputs: calls.append(tuple(inputs["input_ids"].shape)) or forward(self, **inputs)
     )
     response_logprobs(tied_model, batch)
-    assert calls == [(4, 6), (8, 5)], "the 4 distinct prompts, then the 8 responses but their last tokens"
+    assert calls[0] == (4, 6), "the 4 distinct prompts, once each"
+    response_calls = calls[1:]
+    assert sum(rows for rows, _ in response_calls) == 6, "each response of 2 or more tokens once, but its last token"
+    assert max(width for _, width in response_calls) == 5
+
+
+def test_responses_of_different_lengths_run_in_buckets_that_pad_less(tied_model, monkeypatch):
+    batch = make_group_batch()  # tokens after the first: 3, 0, 5, 1, 2, 4, 5, 0
+    calls = []
+    forward = type(tied_model).forward
+    monkeypatch.setattr(
+        type(tied_model), "forward", lambda self, **inputs: calls.append(tuple(inputs["input_ids"].shape)) or forward(self, **inputs)
+    )
+    response_logprobs(tied_model, batch)
+    padded_tokens = sum(rows * width for rows, width in calls[1:])
+    assert len(calls[1:]) > 1
+    assert padded_tokens < 6 * 5, "one forward over every response would pad them all to 5 tokens"
+
+
+def test_rows_without_a_shared_prompt_run_in_length_buckets_too(tied_model, monkeypatch):
+    batch = make_batch()  # responses of 7, 3 and 5 tokens, each with its own prompt
+    calls = []
+    forward = type(tied_model).forward
+    monkeypatch.setattr(
+        type(tied_model), "forward", lambda self, **inputs: calls.append(tuple(inputs["input_ids"].shape)) or forward(self, **inputs)
+    )
+    response_logprobs(tied_model, batch)
+    assert len(calls) > 1
+    assert sum(rows for rows, _ in calls) == 3, "each row once, [prompt | response] trimmed to its bucket"
+
+
+def test_length_buckets_hold_every_nonempty_row_once():
+    lengths = torch.tensor([3, 0, 9, 1, 2, 40, 5, 0, 17, 4])
+    buckets = batch_module.length_buckets(lengths)
+    rows = torch.cat(buckets).sort().values
+    assert rows.tolist() == [0, 2, 3, 4, 5, 6, 8, 9]
+    assert 1 < len(buckets) <= batch_module.MAX_BUCKETS
+
+
+def test_length_buckets_split_a_short_and_a_long_half():
+    lengths = torch.tensor([2, 100, 3, 100, 2, 99])
+    assert [sorted(bucket.tolist()) for bucket in batch_module.length_buckets(lengths)] == [[0, 2, 4], [1, 3, 5]]
+
+
+def test_length_buckets_keep_one_bucket_when_a_split_saves_little():
+    assert len(batch_module.length_buckets(torch.full((16,), 7))) == 1
+    nearly_equal = torch.tensor([20] * 15 + [21])  # the best split saves 15 of 336 padded tokens
+    assert len(batch_module.length_buckets(nearly_equal)) == 1
+
+
+def test_length_buckets_of_only_empty_rows_are_none():
+    assert batch_module.length_buckets(torch.zeros(4, dtype=torch.long)) == []

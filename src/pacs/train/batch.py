@@ -7,6 +7,7 @@ those of the policy that sampled the responses.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
@@ -283,7 +284,8 @@ def response_logprobs(
     Prompt tokens, most of a step's tokens when prompts are long and responses short, then
     cost 1/n of the plain way, in forward and backward, with the same result. The plain way,
     one forward over [prompt | response], is taken when no prompt is shared or when activation
-    checkpointing (which drops caches) is on.
+    checkpointing (which drops caches) is on. Either way responses run in length buckets
+    (`length_buckets`): a forward per bucket, padded to its own longest response.
 
     `model` may be wrapped (DDP's `.module`). Raises ValueError for a model without an output
     embedding or one whose forward changes the projection's result before returning it as
@@ -315,22 +317,26 @@ def _head(model, select, targets, target_mask, temperature, with_entropy) -> _Ch
 
 
 def _plain_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bool) -> torch.Tensor:
-    """(B, R, C) terms from one forward over [prompt | response]."""
-    response_width = batch.response_ids.shape[1]
-    head = _head(
-        model,
-        lambda hidden: hidden[:, -response_width - 1 : -1],
-        batch.response_ids,
-        batch.response_mask,
-        temperature,
-        with_entropy,
-    )
-    terms, _ = _forward_terms(model, head, **_sequence_inputs(batch), logits_to_keep=response_width + 1)
+    """(B, R, C) terms from one forward over [prompt | response] per length bucket
+    (`length_buckets`), each bucket's rows trimmed to their own width."""
+    lengths = batch.response_mask.sum(dim=1).long().clamp(min=1)  # an empty response still gets its zeros
+    terms = None
+    for rows in length_buckets(lengths):
+        bucket = batch.rows(rows)
+        width = bucket.response_ids.shape[1]
+        head = _head(
+            model, lambda hidden: hidden[:, -width - 1 : -1], bucket.response_ids, bucket.response_mask, temperature, with_entropy
+        )
+        bucket_terms, _ = _forward_terms(model, head, **_sequence_inputs(bucket), logits_to_keep=width + 1)
+        if terms is None:
+            terms = bucket_terms.new_zeros(len(batch), batch.response_ids.shape[1], bucket_terms.shape[-1])
+        terms[rows, :width] = bucket_terms
     return terms
 
 
 def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperature: float, with_entropy: bool) -> torch.Tensor:
-    """(B, R, C) terms from a forward over each run's prompt, then one over the responses.
+    """(B, R, C) terms from a forward over each run's prompt, then one over the responses per
+    length bucket (`length_buckets`) on the prompts' cache, each bucket trimmed to its own width.
 
     runs: (U,) rows per distinct prompt, in row order (`shared_prompt_runs`).
     """
@@ -344,7 +350,7 @@ def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperat
         temperature,
         with_entropy,
     )
-    first_terms, cache = _forward_terms(
+    first_terms, prompt_cache = _forward_terms(
         model,
         first_token,
         input_ids=prompt_ids,
@@ -353,27 +359,84 @@ def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperat
         use_cache=True,
         logits_to_keep=1,
     )
-    response_width = batch.response_ids.shape[1]
-    if response_width == 1:
-        return first_terms
-    cache.batch_repeat_interleave(runs)
-    inputs = batch.response_ids[:, :-1]
-    attention_mask = torch.cat([batch.prompt_mask, batch.response_mask[:, :-1].long()], dim=1)
+    rest = first_terms.new_zeros(len(batch), batch.response_ids.shape[1] - 1, first_terms.shape[-1])
+    prompt_of_row = torch.arange(len(runs), device=runs.device).repeat_interleave(runs)
     prompt_lengths = batch.prompt_mask.sum(dim=1, keepdim=True)
-    rest = _head(
-        model, lambda hidden: hidden, batch.response_ids[:, 1:], batch.response_mask[:, 1:], temperature, with_entropy
-    )
-    rest_terms, _ = _forward_terms(
-        model,
-        rest,
-        input_ids=inputs,
-        attention_mask=attention_mask,
-        position_ids=prompt_lengths + torch.arange(response_width - 1, device=inputs.device),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=0,
-    )
-    return torch.cat([first_terms, rest_terms], dim=1)
+    rest_lengths = batch.response_mask.sum(dim=1).long() - 1  # tokens after the first
+    for rows in length_buckets(rest_lengths):
+        width = int(rest_lengths[rows].max())
+        head = _head(
+            model,
+            lambda hidden: hidden,
+            batch.response_ids[rows, 1 : width + 1],
+            batch.response_mask[rows, 1 : width + 1],
+            temperature,
+            with_entropy,
+        )
+        inputs = batch.response_ids[rows, :width]
+        bucket_terms, _ = _forward_terms(
+            model,
+            head,
+            input_ids=inputs,
+            attention_mask=torch.cat([batch.prompt_mask[rows], batch.response_mask[rows, :width].long()], dim=1),
+            position_ids=prompt_lengths[rows] + torch.arange(width, device=inputs.device),
+            past_key_values=_cache_rows(prompt_cache, prompt_of_row[rows]),
+            use_cache=True,
+            logits_to_keep=0,
+        )
+        rest[rows, :width] = bucket_terms
+    return torch.cat([first_terms, rest], dim=1)
+
+
+def _cache_rows(cache, rows: torch.Tensor):
+    """A key/value cache holding `cache`'s rows `rows` (K,) in that order (repeats allowed), for
+    one forward to extend; `cache` itself is left unchanged (the autograd graph reaches it)."""
+    selected = copy.copy(cache)
+    selected.layers = [copy.copy(layer) for layer in cache.layers]
+    selected.batch_select_indices(rows)
+    return selected
+
+
+MIN_BUCKET_SAVING = 0.1
+"""A split into one more length bucket is made only if it removes at least this fraction of the
+padded tokens that one bucket for the whole batch would have."""
+
+MAX_BUCKETS = 4
+"""At most this many forward passes per micro-batch: each one has a fixed cost (kernel launches,
+Python over the layers) that padding tokens saved must repay."""
+
+
+def length_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
+    """Rows grouped so that a forward per group, each padded to its own longest row, pads less.
+
+    lengths: (B,) tokens per row. Returns index tensors (n_k,) that together hold every row of
+    length > 0 once (rows of length 0 need no forward). Rows are sorted by length and the run is
+    cut where it removes the most padding, cost = sum_k n_k x max length in k, one cut at a time,
+    while a cut saves at least `MIN_BUCKET_SAVING` of the single bucket's cost and there are
+    fewer than `MAX_BUCKETS`. Rows of equal lengths stay one bucket.
+    """
+    order = torch.argsort(lengths, stable=True)
+    order = order[lengths[order] > 0]
+    if len(order) == 0:
+        return []
+    sorted_lengths = lengths[order]
+    min_saving = MIN_BUCKET_SAVING * len(order) * int(sorted_lengths[-1])
+    bounds = [0, len(order)]
+    while len(bounds) - 1 < MAX_BUCKETS:
+        best_saving, best_cut = 0, None
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            part = sorted_lengths[start:end]
+            before = torch.arange(1, len(part), device=part.device)  # rows left of a cut at each place
+            if len(before) == 0:
+                continue
+            savings = before * (part[-1] - part[:-1])  # the rows left of the cut pad less
+            saving, place = savings.max(dim=0)
+            if int(saving) > best_saving:
+                best_saving, best_cut = int(saving), start + int(place) + 1
+        if best_cut is None or best_saving < min_saving:
+            break
+        bounds = sorted(bounds + [best_cut])
+    return [order[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
 
 def fill_rollout_logprobs(
