@@ -1,8 +1,8 @@
 """What running responses of different lengths in length buckets saves in log-prob passes.
 
 A training pass pads every response of a micro-batch to the longest one. `length_buckets` sorts
-the rows by length and runs a forward per bucket, each padded to its own longest row (at most
-`MAX_BUCKETS` forwards, a cut only where it saves >= `MIN_BUCKET_SAVING` of the padded tokens).
+the rows by length and runs a forward per bucket, each padded to its own longest row
+(min(`MAX_BUCKETS`, rows) forwards: the count depends on the rows alone, as DDP and FSDP need).
 This script times log-prob passes with buckets and with one bucket (`MAX_BUCKETS = 1`, the way
 before), in one process, on the warm-started tiny model:
 

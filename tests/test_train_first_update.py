@@ -79,7 +79,8 @@ def test_the_first_update_without_a_rollout_pass_equals_the_long_way(model, opti
     trained, metrics = updated(model, shortcut, algorithm, FIRST_UPDATE_ROWS, micro_batch_size)
 
     assert max((a - b).abs().max().item() for a, b in zip(model.parameters(), expected.parameters())) > 1e-4
-    assert max((a - b).abs().max().item() for a, b in zip(trained.parameters(), expected.parameters())) < 1e-12
+    # 1e-11: float64 roundoff of passes cut into different length buckets, as AdamW's 1/sqrt(v) scales it
+    assert max((a - b).abs().max().item() for a, b in zip(trained.parameters(), expected.parameters())) < 1e-11
     torch.testing.assert_close(shortcut.old_logprobs, long_way.old_logprobs, rtol=0, atol=1e-12)
     torch.testing.assert_close(shortcut.entropy, long_way.entropy, rtol=0, atol=1e-12)
     assert metrics.keys() == expected_metrics.keys()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
@@ -280,12 +281,13 @@ def response_logprobs(
 
     A prompt shared by consecutive rows (a group's responses) is run once: a first forward
     over the U distinct prompts gives their key/value cache and the first response token's
-    terms; the cache is repeated for each row and a second forward runs the responses on it.
-    Prompt tokens, most of a step's tokens when prompts are long and responses short, then
-    cost 1/n of the plain way, in forward and backward, with the same result. The plain way,
-    one forward over [prompt | response], is taken when no prompt is shared or when activation
-    checkpointing (which drops caches) is on. Either way responses run in length buckets
-    (`length_buckets`): a forward per bucket, padded to its own longest response.
+    terms; the responses then run on their prompt's cache in length buckets
+    (`length_buckets`), a forward per bucket padded to its own longest response. Prompt tokens,
+    most of a step's tokens when prompts are long and responses short, then cost 1/n of the
+    plain way, in forward and backward, with the same result. The plain way, a forward over
+    [prompt | response] per length bucket, is taken when activation checkpointing (which drops
+    caches) is on. Either way the number of forwards depends only on B and the checkpointing
+    setting, as the ranks of DDP and FSDP need (each forward is a collective there).
 
     `model` may be wrapped (DDP's `.module`). Raises ValueError for a model without an output
     embedding or one whose forward changes the projection's result before returning it as
@@ -295,11 +297,10 @@ def response_logprobs(
     inner = unwrap_model(model)
     if inner.get_output_embeddings() is None:
         raise ValueError(f"{type(inner).__name__} has no output embedding (lm_head); a causal LM is needed")
-    runs = shared_prompt_runs(batch)
-    if len(runs) == len(batch) or _checkpoints_activations(inner):
+    if _checkpoints_activations(inner):
         terms = _plain_terms(model, batch, temperature, with_entropy)
     else:
-        terms = _shared_prompt_terms(model, batch, runs, temperature, with_entropy)
+        terms = _shared_prompt_terms(model, batch, shared_prompt_runs(batch), temperature, with_entropy)
     return (terms[..., 0], terms[..., 1]) if with_entropy else terms[..., 0]
 
 
@@ -319,9 +320,8 @@ def _head(model, select, targets, target_mask, temperature, with_entropy) -> _Ch
 def _plain_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bool) -> torch.Tensor:
     """(B, R, C) terms from one forward over [prompt | response] per length bucket
     (`length_buckets`), each bucket's rows trimmed to their own width."""
-    lengths = batch.response_mask.sum(dim=1).long().clamp(min=1)  # an empty response still gets its zeros
     terms = None
-    for rows in length_buckets(lengths):
+    for rows in length_buckets(batch.response_mask.sum(dim=1).long()):
         bucket = batch.rows(rows)
         width = bucket.response_ids.shape[1]
         head = _head(
@@ -359,33 +359,37 @@ def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperat
         use_cache=True,
         logits_to_keep=1,
     )
-    rest = first_terms.new_zeros(len(batch), batch.response_ids.shape[1] - 1, first_terms.shape[-1])
+    response_ids, response_mask = batch.response_ids, batch.response_mask
+    response_width = response_ids.shape[1]
+    if response_width == 1:  # one-token responses still run every bucket's forward (see length_buckets)
+        response_ids, response_mask = F.pad(response_ids, (0, 1)), F.pad(response_mask, (0, 1))
+    rest = first_terms.new_zeros(len(batch), response_ids.shape[1] - 1, first_terms.shape[-1])
     prompt_of_row = torch.arange(len(runs), device=runs.device).repeat_interleave(runs)
     prompt_lengths = batch.prompt_mask.sum(dim=1, keepdim=True)
-    rest_lengths = batch.response_mask.sum(dim=1).long() - 1  # tokens after the first
+    rest_lengths = response_mask.sum(dim=1).long() - 1  # tokens after the first
     for rows in length_buckets(rest_lengths):
-        width = int(rest_lengths[rows].max())
+        width = max(1, int(rest_lengths[rows].max()))  # a bucket of one-token responses runs a padding token
         head = _head(
             model,
             lambda hidden: hidden,
-            batch.response_ids[rows, 1 : width + 1],
-            batch.response_mask[rows, 1 : width + 1],
+            response_ids[rows, 1 : width + 1],
+            response_mask[rows, 1 : width + 1],
             temperature,
             with_entropy,
         )
-        inputs = batch.response_ids[rows, :width]
+        inputs = response_ids[rows, :width]
         bucket_terms, _ = _forward_terms(
             model,
             head,
             input_ids=inputs,
-            attention_mask=torch.cat([batch.prompt_mask[rows], batch.response_mask[rows, :width].long()], dim=1),
+            attention_mask=torch.cat([batch.prompt_mask[rows], response_mask[rows, :width].long()], dim=1),
             position_ids=prompt_lengths[rows] + torch.arange(width, device=inputs.device),
             past_key_values=_cache_rows(prompt_cache, prompt_of_row[rows]),
             use_cache=True,
             logits_to_keep=0,
         )
         rest[rows, :width] = bucket_terms
-    return torch.cat([first_terms, rest], dim=1)
+    return torch.cat([first_terms, rest[:, : response_width - 1]], dim=1)
 
 
 def _cache_rows(cache, rows: torch.Tensor):
@@ -397,45 +401,36 @@ def _cache_rows(cache, rows: torch.Tensor):
     return selected
 
 
-MIN_BUCKET_SAVING = 0.1
-"""A split into one more length bucket is made only if it removes at least this fraction of the
-padded tokens that one bucket for the whole batch would have."""
-
 MAX_BUCKETS = 4
-"""At most this many forward passes per micro-batch: each one has a fixed cost (kernel launches,
-Python over the layers) that padding tokens saved must repay."""
+"""Forwards per pass over a micro-batch's responses: min(MAX_BUCKETS, rows). Each one has a fixed
+cost (kernel launches, Python over the layers) that the padding it saves must repay."""
 
 
 def length_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
     """Rows grouped so that a forward per group, each padded to its own longest row, pads less.
 
-    lengths: (B,) tokens per row. Returns index tensors (n_k,) that together hold every row of
-    length > 0 once (rows of length 0 need no forward). Rows are sorted by length and the run is
-    cut where it removes the most padding, cost = sum_k n_k x max length in k, one cut at a time,
-    while a cut saves at least `MIN_BUCKET_SAVING` of the single bucket's cost and there are
-    fewer than `MAX_BUCKETS`. Rows of equal lengths stay one bucket.
+    lengths: (B,) tokens per row. Returns min(MAX_BUCKETS, B) index tensors (n_k,) that together
+    hold every row once. Rows are sorted by length, and the sorted run is cut, one cut at a time,
+    where a cut removes the most padding (cost = sum_k n_k x longest row of k); where no cut
+    removes any, the largest bucket is halved.
+
+    The number of buckets depends on B alone, never on the lengths: under DDP and FSDP every
+    forward is a collective (buffers broadcast, parameters gathered), so every rank must run
+    as many forwards as the others, whatever its responses' lengths.
     """
     order = torch.argsort(lengths, stable=True)
-    order = order[lengths[order] > 0]
-    if len(order) == 0:
-        return []
     sorted_lengths = lengths[order]
-    min_saving = MIN_BUCKET_SAVING * len(order) * int(sorted_lengths[-1])
     bounds = [0, len(order)]
-    while len(bounds) - 1 < MAX_BUCKETS:
-        best_saving, best_cut = 0, None
+    while len(bounds) - 1 < min(MAX_BUCKETS, len(order)):
+        candidates = []  # (padding removed, rows, where to cut) for each bucket of 2 rows or more
         for start, end in zip(bounds[:-1], bounds[1:]):
             part = sorted_lengths[start:end]
-            before = torch.arange(1, len(part), device=part.device)  # rows left of a cut at each place
-            if len(before) == 0:
-                continue
-            savings = before * (part[-1] - part[:-1])  # the rows left of the cut pad less
-            saving, place = savings.max(dim=0)
-            if int(saving) > best_saving:
-                best_saving, best_cut = int(saving), start + int(place) + 1
-        if best_cut is None or best_saving < min_saving:
-            break
-        bounds = sorted(bounds + [best_cut])
+            if len(part) > 1:
+                before = torch.arange(1, len(part), device=part.device)  # rows left of each possible cut
+                saving, place = (before * (part[-1] - part[:-1])).max(dim=0)  # those rows pad less
+                cut = start + int(place) + 1 if saving > 0 else start + len(part) // 2
+                candidates.append((int(saving), len(part), cut))
+        bounds = sorted(bounds + [max(candidates)[2]])
     return [order[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
 
