@@ -18,6 +18,7 @@ another model.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -78,7 +79,9 @@ def add_lora(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
     )
     try:
-        adapted = peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # peft asks transformers for a property it has renamed
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            adapted = peft.get_peft_model(model, config)
     except ValueError as error:
         raise ValueError(
             f"model.lora_target_modules={target_modules!r} does not fit {type(model).__name__}: {error}. "
@@ -93,14 +96,17 @@ def _load_adapter_weights(peft: ModuleType, model: torch.nn.Module, adapter: Pat
     if not (adapter / "adapter_config.json").is_file():
         raise ValueError(f"{adapter} holds no LoRA adapter (no adapter_config.json)")
     weights = peft.load_peft_weights(str(adapter), device="cpu")
-    result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER_NAME)
+    misfit = (
+        f"the adapter in {adapter} does not fit this model's LoRA layers (check model.lora_rank and "
+        "model.lora_target_modules against the run that wrote it)"
+    )
+    try:
+        result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER_NAME)
+    except RuntimeError as error:  # a tensor of another shape
+        raise ValueError(f"{misfit}: {str(error).strip().splitlines()[-1]}") from None
     missing = [key for key in result.missing_keys if ".lora_" in key]
     if result.unexpected_keys or missing:
-        raise ValueError(
-            f"the adapter in {adapter} does not fit this model's LoRA layers (check model.lora_rank and "
-            f"model.lora_target_modules against the run that wrote it): missing {missing[:3]}, "
-            f"unexpected {result.unexpected_keys[:3]}"
-        )
+        raise ValueError(f"{misfit}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
 
 
 def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
