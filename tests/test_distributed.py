@@ -28,6 +28,7 @@ DDP_CASES = [f"{name}:{agg}" for name in ALGORITHMS for agg in LOSS_AGGS]
 FSDP_CASES = [f"{name}:{agg}" for name, agg in zip(ALGORITHMS, LOSS_AGGS)]
 EXACT = 1e-9
 """Largest weight difference accepted between 2 processes and 1 (float64)."""
+LORA_CASES = ["pacs:token-mean:lora", "ppo:seq-mean-token-sum-norm:lora"]
 LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:seq-mean-token-sum", "ppo:seq-mean-token-mean"]
 
 
@@ -50,8 +51,8 @@ def two_process_weights(tiny_model_dir, tmp_path_factory):
     """Directory per mode ("ddp", "fsdp", "ddp-local-totals") of CASE.safetensors from 2 processes."""
     out = tmp_path_factory.mktemp("two-process")
     runs = {
-        "ddp": ("ddp", DDP_CASES, []),
-        "fsdp": ("fsdp", FSDP_CASES, []),
+        "ddp": ("ddp", DDP_CASES + LORA_CASES, []),
+        "fsdp": ("fsdp", FSDP_CASES + LORA_CASES, []),
         "ddp-local-totals": ("ddp", LOCAL_TOTALS_CASES, ["--local-totals"]),
     }
     for mode, (strategy, cases, flags) in runs.items():
@@ -88,6 +89,16 @@ def test_two_ddp_processes_update_exactly_like_one(case, two_process_weights, on
 def test_two_fsdp_processes_update_exactly_like_one(case, two_process_weights, one_process_weights):
     got = load_file(str(two_process_weights / "fsdp" / f"{case}.safetensors"))
     assert max_difference(got, one_process_weights(case)) <= EXACT
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("case", LORA_CASES)
+def test_two_processes_update_lora_adapters_exactly_like_one(case, strategy, two_process_weights, one_process_weights):
+    expected = one_process_weights(case)
+    moved = [key for key in expected if "lora_B" in key and float(expected[key].abs().max()) > 1e-3]
+    assert moved  # the step trained the adapters (B starts at 0)
+    got = load_file(str(two_process_weights / strategy / f"{case}.safetensors"))
+    assert max_difference(got, expected) <= EXACT
 
 
 @pytest.mark.parametrize("case", LOCAL_TOTALS_CASES)
