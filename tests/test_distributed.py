@@ -171,6 +171,20 @@ def test_two_process_training_shares_the_prompts_and_writes_once(options, tmp_pa
     assert {value.dtype for value in load_file(str(tmp_path / "checkpoints" / "final" / "model.safetensors")).values()} == {torch.float32}
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_process_lora_training_writes_the_merged_model_and_the_adapter(strategy, tmp_path, warm_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    lora = ["model.lora_rank=8", "model.dtype=bfloat16", "train.gradient_checkpointing=true", "algorithm.kl_coef=0.05",
+            "algorithm.kl_estimator=k2", "train.steps=2"]
+    torchrun(*train_command(tmp_path, warm_model_dir, f"train.strategy={strategy}", *lora))
+    final = tmp_path / "checkpoints" / "final"
+    assert AutoModelForCausalLM.from_pretrained(final).config.model_type == "qwen2"
+    adapter = load_file(str(final / "adapter" / "adapter_model.safetensors"))
+    assert {value.dtype for value in adapter.values()} == {torch.float32}  # trained in fp32 on a bf16 base
+    assert any(float(value.abs().max()) > 0 for name, value in adapter.items() if "lora_B" in name)
+
+
 def test_a_killed_fsdp_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, warm_model_dir):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     options = ("train.strategy=fsdp", "train.steps=4", "train.save_every=1")
