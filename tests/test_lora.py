@@ -54,6 +54,15 @@ def test_without_peft_the_error_names_the_extra(monkeypatch):
         require_peft()
 
 
+def test_pacs_train_without_peft_stops_before_loading_and_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "model.lora_rank=8", f"output_dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    assert "pip install 'pacs[lora]'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written, nothing loaded
+
+
 def test_new_adapters_leave_the_model_unchanged_and_alone_are_trainable(tiny_model_dir):
     base = load_causal_lm(str(tiny_model_dir))
     model = adapted(tiny_model_dir)

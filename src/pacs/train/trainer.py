@@ -132,6 +132,12 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
 
 def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+    lora = config.model.lora_rank > 0
+    if lora:
+        try:
+            require_peft()
+        except ImportError as error:
+            raise ConfigError(str(error)) from None
     output_dir = Path(config.output_dir)
     checkpoints_dir = output_dir / "checkpoints"
     resume_from = latest_checkpoint(checkpoints_dir) if config.resume == "auto" else None
@@ -145,9 +151,6 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         dump_config(config, output_dir / "config.yaml")
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     seed_everything(config.seed)
-    lora = config.model.lora_rank > 0
-    if lora:
-        require_peft()
     if resume_from:
         check_resumable(resume_from, config.model.lora_rank)
 
