@@ -8,7 +8,8 @@ batch of PROMPTS prompts x GROUP_SIZE responses (fixed seed) and keeps its share
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_update.py MODEL_DIR OUT_DIR STRATEGY CASE...
 
 writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) from rank 0.
-A case is "algorithm:loss_agg"; `--local-totals` normalises each rank's loss by its own rows and
+A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
+every linear projection; the reference is the policy with its adapters disabled); `--local-totals` normalises each rank's loss by its own rows and
 tokens instead of the global mini-batch's (the mistake the exactness tests must catch).
 """
 
@@ -27,6 +28,7 @@ from pacs.algos.base import MiniBatchTotals
 from pacs.algos.registry import build_algorithm
 from pacs.config import AlgorithmConfig
 from pacs.models.loading import load_causal_lm, load_value_model
+from pacs.models.lora import add_lora
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.distributed import World
@@ -69,21 +71,24 @@ def local_batch(world: World, vocab_size: int) -> PolicyBatch:
 
 
 def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor] | None:
-    """The step of `case` ("algorithm:loss_agg", KL and entropy terms on); the full weights after
-    it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere."""
-    name, loss_agg = case.split(":")
+    """The step of `case` ("algorithm:loss_agg[:lora]", KL and entropy terms on); the full weights
+    after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere."""
+    name, loss_agg, *variant = case.split(":")
+    lora = variant == ["lora"]
     options = AlgorithmConfig(
         name=name, loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01, beta=1.0
     ).model_dump()
     algorithm = build_algorithm(group_size=GROUP_SIZE, horizon=8, **options)
     torch.manual_seed(0)
     model = load_causal_lm(model_dir, dtype="float64")
-    reference = copy.deepcopy(model).eval()
+    reference = None if lora else copy.deepcopy(model).eval()
+    if lora:
+        model = add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
     critic = load_value_model(model_dir, dtype="float64") if "values" in algorithm.needs else None
     batch = local_batch(world, model.config.vocab_size)
 
     model = world.wrap(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     if critic is not None:
         critic = world.wrap(critic)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-2)
@@ -91,7 +96,11 @@ def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor]
         mini_batch_size=MINI_BATCH_PROMPTS // world.world_size, micro_batch_size=MICRO_BATCH_SIZE, epochs=2, grad_clip=0.5
     )
     batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
-    batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(reference, batch, micro_batch_size=MICRO_BATCH_SIZE)
+    if lora:
+        with world.unwrap(model).disable_adapter():
+            batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
+    else:
+        batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(reference, batch, micro_batch_size=MICRO_BATCH_SIZE)
     if critic is not None:
         batch.row_terms["values"] = response_values_no_grad(critic, batch, micro_batch_size=MICRO_BATCH_SIZE)
     batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=world.sum))

@@ -28,6 +28,7 @@ DDP_CASES = [f"{name}:{agg}" for name in ALGORITHMS for agg in LOSS_AGGS]
 FSDP_CASES = [f"{name}:{agg}" for name, agg in zip(ALGORITHMS, LOSS_AGGS)]
 EXACT = 1e-9
 """Largest weight difference accepted between 2 processes and 1 (float64)."""
+LORA_CASES = ["pacs:token-mean:lora", "ppo:seq-mean-token-sum-norm:lora"]
 LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:seq-mean-token-sum", "ppo:seq-mean-token-mean"]
 
 
@@ -50,8 +51,8 @@ def two_process_weights(tiny_model_dir, tmp_path_factory):
     """Directory per mode ("ddp", "fsdp", "ddp-local-totals") of CASE.safetensors from 2 processes."""
     out = tmp_path_factory.mktemp("two-process")
     runs = {
-        "ddp": ("ddp", DDP_CASES, []),
-        "fsdp": ("fsdp", FSDP_CASES, []),
+        "ddp": ("ddp", DDP_CASES + LORA_CASES, []),
+        "fsdp": ("fsdp", FSDP_CASES + LORA_CASES, []),
         "ddp-local-totals": ("ddp", LOCAL_TOTALS_CASES, ["--local-totals"]),
     }
     for mode, (strategy, cases, flags) in runs.items():
@@ -88,6 +89,16 @@ def test_two_ddp_processes_update_exactly_like_one(case, two_process_weights, on
 def test_two_fsdp_processes_update_exactly_like_one(case, two_process_weights, one_process_weights):
     got = load_file(str(two_process_weights / "fsdp" / f"{case}.safetensors"))
     assert max_difference(got, one_process_weights(case)) <= EXACT
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("case", LORA_CASES)
+def test_two_processes_update_lora_adapters_exactly_like_one(case, strategy, two_process_weights, one_process_weights):
+    expected = one_process_weights(case)
+    moved = [key for key in expected if "lora_B" in key and float(expected[key].abs().max()) > 1e-3]
+    assert moved  # the step trained the adapters (B starts at 0)
+    got = load_file(str(two_process_weights / strategy / f"{case}.safetensors"))
+    assert max_difference(got, expected) <= EXACT
 
 
 @pytest.mark.parametrize("case", LOCAL_TOTALS_CASES)
@@ -158,6 +169,20 @@ def test_two_process_training_shares_the_prompts_and_writes_once(options, tmp_pa
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final")
     assert final.config.model_type == "qwen2"
     assert {value.dtype for value in load_file(str(tmp_path / "checkpoints" / "final" / "model.safetensors")).values()} == {torch.float32}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_process_lora_training_writes_the_merged_model_and_the_adapter(strategy, tmp_path, warm_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    lora = ["model.lora_rank=8", "model.dtype=bfloat16", "train.gradient_checkpointing=true", "algorithm.kl_coef=0.05",
+            "algorithm.kl_estimator=k2", "train.steps=2"]
+    torchrun(*train_command(tmp_path, warm_model_dir, f"train.strategy={strategy}", *lora))
+    final = tmp_path / "checkpoints" / "final"
+    assert AutoModelForCausalLM.from_pretrained(final).config.model_type == "qwen2"
+    adapter = load_file(str(final / "adapter" / "adapter_model.safetensors"))
+    assert {value.dtype for value in adapter.values()} == {torch.float32}  # trained in fp32 on a bf16 base
+    assert any(float(value.abs().max()) > 0 for name, value in adapter.items() if "lora_B" in name)
 
 
 def test_a_killed_fsdp_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, warm_model_dir):

@@ -36,7 +36,20 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     """Compute precision. bfloat16 is mixed precision: the trained weights and the optimizer state
     stay float32 (the master copy) and forward/backward passes compute in bfloat16; log-probs and
-    losses are always float32 or wider. The frozen reference model is held in bfloat16."""
+    losses are always float32 or wider. The frozen reference model is held in bfloat16. With LoRA
+    the frozen base weights are held in bfloat16 and the adapters (the trained weights) in float32."""
+    lora_rank: int = Field(0, ge=0)
+    """Rank r of the LoRA adapters trained instead of the full weights (needs `pip install
+    'pacs[lora]'`); 0: full fine-tuning. With LoRA the KL reference is the policy with its adapters
+    disabled (no second model), and checkpoints hold the adapter and the merged model."""
+    lora_alpha: float = Field(16.0, gt=0, allow_inf_nan=False)
+    """LoRA scale: an adapter adds (lora_alpha / lora_rank) * B A to each target weight."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while updating. Above 0 the updated policy is no longer the
+    one that sampled (pacs' first update is then not exactly RLOO); 0 keeps them one function."""
+    lora_target_modules: Literal["all-linear"] | list[str] = "all-linear"
+    """`all-linear`: every linear projection of the decoder layers (not the output head); or a
+    list of module names, such as [q_proj, v_proj]."""
 
 
 class DataConfig(_Section):
@@ -179,6 +192,10 @@ class Config(_Section):
             check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator)
         except ValueError as error:
             raise ValueError(f"algorithm.{error}") from None
+        if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
+            raise ValueError(
+                "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
+            )
         if self.rollout.top_p < 1:
             raise ValueError(
                 f"rollout.top_p={self.rollout.top_p}: training samples must come from the full tempered "

@@ -44,6 +44,10 @@ from pacs.paths import cache_dir
 BUILTIN_PREFIX = "builtin:"
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+LOCAL_ADAPTER_LOOKUP = {"local_files_only": True}
+"""With peft installed, transformers looks for an adapter_config.json beside every model it loads,
+on the hub even under local_files_only (with retries: ~20 s when the hub is unreachable); pacs
+loads base models only (LoRA adapters come from checkpoints' adapter/), so it looks locally."""
 HUB_CHECK_TIMEOUT_S = 5.0
 """How long the one reachability check of a hub id may take before the hub counts as unreachable."""
 
@@ -220,7 +224,8 @@ def load_causal_lm(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    return disable_dropout(_from_pretrained(partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype]), path))
+    load = partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype], adapter_kwargs=LOCAL_ADAPTER_LOOKUP)
+    return disable_dropout(_from_pretrained(load, path))
 
 
 def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
@@ -231,7 +236,9 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    load = partial(AutoModelForTokenClassification.from_pretrained, num_labels=1, dtype=DTYPES[dtype])
+    load = partial(
+        AutoModelForTokenClassification.from_pretrained, num_labels=1, dtype=DTYPES[dtype], adapter_kwargs=LOCAL_ADAPTER_LOOKUP
+    )
     critic = _from_pretrained(load, path)
     critic.config.classifier_dropout = 0.0
     return disable_dropout(critic)

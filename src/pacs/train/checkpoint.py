@@ -4,6 +4,10 @@
                           trainer_state.pt: step, optimizer, RNG states, data position (tensors
                           and plain Python values only: read with torch.load(weights_only=True))
                           critic/: PPO's critic (value head), when there is one
+                          adapter/: with LoRA, the adapter (adapter_config.json,
+                          adapter_model.safetensors); the model files beside it are then the
+                          merged model (base + adapter), and resuming loads the base from
+                          `model.path` and the adapter from here
     checkpoints/final/    the same after the last step
 
 A checkpoint is assembled in a hidden temporary directory and renamed into place, so a crash
@@ -30,6 +34,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pacs.models.lora import is_lora, save_lora
 from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
 
@@ -52,11 +57,15 @@ def save_checkpoint(
 ) -> Path:
     """Write model, tokenizer, `trainer_state` (and PPO's critic, in `critic/`) to `directory`,
     replacing it atomically. `model_state` / `critic_state`: the full state dicts to write when
-    the modules themselves hold only a shard (FSDP); None: the modules' own."""
+    the modules themselves hold only a shard (FSDP); None: the modules' own. A LoRA `model` is
+    written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, state_dict=model_state, safe_serialization=True)
+    if is_lora(model):
+        save_lora(model, staging, model_state)
+    else:
+        model.save_pretrained(staging, state_dict=model_state, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     if critic is not None:
         critic.save_pretrained(staging / CRITIC_DIR, state_dict=critic_state, safe_serialization=True)

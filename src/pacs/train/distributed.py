@@ -49,6 +49,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from pacs.models.lora import language_model
+
 STRATEGIES = ("auto", "ddp", "fsdp")
 
 
@@ -210,7 +212,8 @@ class World:
     def wrap(self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
         """`model` on this rank's device, wrapped for the strategy: DDP, or FSDP2 with each
         decoder layer and then the root sharded (bf16 compute with fp32 sharded master weights
-        when `compute_dtype` is bfloat16)."""
+        when `compute_dtype` is bfloat16). For a LoRA model the FSDP root is the Hugging Face
+        model inside peft's wrapper, the module that generation calls as well."""
         model = model.to(self.device)
         if self.strategy == "ddp":
             device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -219,7 +222,7 @@ class World:
             policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else MixedPrecisionPolicy()
             for layer in decoder_layers(model):
                 fully_shard(layer, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
+            fully_shard(language_model(model), mp_policy=policy)
         return model
 
     @staticmethod
@@ -274,11 +277,12 @@ class World:
 
 @contextmanager
 def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)
+    root = next(module for module in model.modules() if isinstance(module, FSDPModule))
+    root.set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        model.set_requires_gradient_sync(True)
+        root.set_requires_gradient_sync(True)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -29,6 +29,7 @@ from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
+from pacs.models.lora import ADAPTER_DIR, add_lora, language_model, require_peft
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
@@ -95,6 +96,28 @@ def mixed_precision(device: torch.device, dtype: str):
     return contextlib.nullcontext
 
 
+def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
+    """`model/trainable_parameters` (those the optimizer updates) and `model/total_parameters`
+    (tied weights counted once)."""
+    parameters = list(model.parameters())
+    return {
+        "model/trainable_parameters": float(sum(p.numel() for p in parameters if p.requires_grad)),
+        "model/total_parameters": float(sum(p.numel() for p in parameters)),
+    }
+
+
+def check_resumable(checkpoint: Path, lora_rank: int) -> None:
+    """Refuse to resume a LoRA run from a full-model checkpoint and the other way round."""
+    has_adapter = (checkpoint / ADAPTER_DIR).is_dir()
+    if has_adapter != (lora_rank > 0):
+        written = "with LoRA (it holds adapter/)" if has_adapter else "without LoRA (no adapter/)"
+        raise ConfigError(
+            f"{checkpoint} was written {written} and cannot be resumed with model.lora_rank={lora_rank}; "
+            "resume with the run's own model.lora_rank, or start a new output_dir from its merged weights "
+            f"(model.path={checkpoint})"
+        )
+
+
 def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     """Run `config` to the end (or from its newest checkpoint with `resume=auto`), in this
     process and every other one the launcher started."""
@@ -109,6 +132,12 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
 
 def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
     world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+    lora = config.model.lora_rank > 0
+    if lora:
+        try:
+            require_peft()
+        except ImportError as error:
+            raise ConfigError(str(error)) from None
     output_dir = Path(config.output_dir)
     checkpoints_dir = output_dir / "checkpoints"
     resume_from = latest_checkpoint(checkpoints_dir) if config.resume == "auto" else None
@@ -122,13 +151,32 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         dump_config(config, output_dir / "config.yaml")
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     seed_everything(config.seed)
+    if resume_from:
+        check_resumable(resume_from, config.model.lora_rank)
 
     weights_dtype = "float64" if config.model.dtype == "float64" else "float32"
     autocast = mixed_precision(world.device, config.model.dtype)
-    model_source = str(resume_from) if resume_from else config.model.path
+    # with LoRA the frozen base comes from model.path (in bf16 under mixed precision), the adapter from the checkpoint
+    model_source = str(resume_from) if resume_from and not lora else config.model.path
     with world.node_leader_first():
-        tokenizer = load_tokenizer(model_source)
-        model = load_causal_lm(model_source, dtype=weights_dtype)
+        tokenizer = load_tokenizer(str(resume_from) if resume_from else config.model.path)
+        model = load_causal_lm(model_source, dtype=config.model.dtype if lora else weights_dtype)
+    if config.train.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    if lora:
+        model = add_lora(
+            model,
+            rank=config.model.lora_rank,
+            alpha=config.model.lora_alpha,
+            dropout=config.model.lora_dropout,
+            target_modules=config.model.lora_target_modules,
+            adapter=resume_from / ADAPTER_DIR if resume_from else None,
+        )
+    sizes = parameter_counts(model)
+    console.print(
+        f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
+        + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
+    )
     compute_dtype = DTYPES[weights_dtype]
 
     train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
@@ -152,11 +200,12 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         critic_source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
         with world.node_leader_first():
             critic = load_value_model(critic_source, dtype=weights_dtype)
-    for module in (model, critic):
-        if module is not None and config.train.gradient_checkpointing:
-            enable_activation_checkpointing(module)
+        if config.train.gradient_checkpointing:
+            enable_activation_checkpointing(critic)
     model = world.wrap(model, compute_dtype=bf16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
+    )
     if critic is not None:
         critic = world.wrap(critic, compute_dtype=bf16)
         critic_optimizer = torch.optim.AdamW(
@@ -175,7 +224,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         console.print(f"resuming from {resume_from} (step {start_step})")
     elif world.rank > 0:
         torch.manual_seed(config.seed * 1_000_003 + world.rank)
-    engine = TransformersEngine(world.unwrap(model), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
+    engine = TransformersEngine(language_model(world.unwrap(model)), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
     rollout_params = SamplingParams(
         n=config.rollout.n,
         temperature=config.rollout.temperature,
@@ -197,6 +246,17 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         (in bfloat16 under mixed precision: it is never trained)."""
         with world.node_leader_first():  # on resume, the first load of config.model.path
             return load_causal_lm(config.model.path, dtype=config.model.dtype).to(world.device).eval()
+
+    @contextlib.contextmanager
+    def reference_policy():
+        """The frozen initial policy to compute reference log-probs with: with LoRA, the policy
+        itself with its adapters disabled (run through its wrapper, so FSDP gathers its shards);
+        otherwise the loaded `reference_model()`."""
+        if not lora:
+            yield reference_model()
+            return
+        with world.unwrap(model).disable_adapter():
+            yield model
 
     def checkpoint(name: str, step: int) -> Path:
         return write_checkpoint(
@@ -263,9 +323,10 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                     temperature=config.rollout.temperature,
                 )
                 if "ref_logprobs" in algorithm.needs:
-                    batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
-                        reference_model(), batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
-                    )
+                    with reference_policy() as reference:
+                        batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
+                            reference, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
+                        )
                 if critic is not None:
                     batch.row_terms["values"] = response_values_no_grad(
                         critic, batch, micro_batch_size=config.train.micro_batch_size
@@ -284,6 +345,8 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
             else:
                 metrics.update({"loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0})
             metrics.update({"time/step_s": time.perf_counter() - step_start, "time/generation_s": generation_time})
+            if step == start_step + 1:
+                metrics.update(sizes)
             metrics = world.reduce_metrics(metrics)
             skipped_updates += int(metrics["updates/skipped"])
             per_row = torch.stack(

@@ -1,0 +1,151 @@
+"""LoRA adapters on a causal LM (through `peft`, the optional extra `pip install 'pacs[lora]'`).
+
+Each target linear layer y = W x keeps W frozen and learns a low-rank update:
+
+    y = W x + (alpha / r) * B A x,      A: (r, in_features), B: (out_features, r), B = 0 at the start
+
+so the adapted model starts as the base model, and with its adapters disabled it *is* the base
+model: the frozen reference of a KL penalty costs no second copy of the weights
+(`PeftModel.disable_adapter()`).
+
+A LoRA checkpoint directory holds the merged model (W + (alpha / r) B A in every target layer) as
+a plain Hugging Face model, loadable by any tool, and the adapter beside it in `ADAPTER_DIR`
+(`adapter_config.json`, `adapter_model.safetensors`). The adapter is in a subdirectory because
+transformers treats a directory that holds `adapter_config.json` as an adapter to load on top of
+another model.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from transformers import PreTrainedModel
+
+ADAPTER_DIR = "adapter"
+ADAPTER_NAME = "default"
+INSTALL_HINT = "pip install 'pacs[lora]'"
+
+
+def require_peft() -> ModuleType:
+    """The `peft` module; ImportError naming the extra to install when it is missing."""
+    try:
+        import peft
+    except ImportError as error:
+        raise ImportError(
+            f"model.lora_rank > 0 trains LoRA adapters with the optional dependency peft, which is not "
+            f"installed: {INSTALL_HINT} (or pip install 'peft>=0.13'); model.lora_rank=0 trains the full model"
+        ) from error
+    return peft
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """Whether `model` is a peft model (False whenever peft was never imported)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def language_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model that `generate` and `save_pretrained` belong to: inside a peft model,
+    its base model (with the adapters in place and active); any other model itself."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def add_lora(
+    model: PreTrainedModel,
+    *,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    target_modules: str | list[str],
+    adapter: Path | None = None,
+) -> torch.nn.Module:
+    """`model` with LoRA adapters of rank `rank` on `target_modules` ("all-linear": every linear
+    layer but the output head), as a peft model whose adapter parameters alone require grad.
+
+    New adapters start with B = 0 (the model is unchanged); `adapter`: a directory that
+    `save_lora` wrote, whose adapter weights are loaded instead (resume). Adapters on a
+    bfloat16/float16 base are held in float32; on a float32/float64 base, in its dtype.
+
+    Raises:
+        ImportError: peft is missing (names the extra to install).
+        ValueError: a target module name matches nothing in the model, or `adapter` does not fit.
+    """
+    peft = require_peft()
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
+    try:
+        with warnings.catch_warnings():  # peft asks transformers for a property it has renamed
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            adapted = peft.get_peft_model(model, config)
+    except ValueError as error:
+        raise ValueError(
+            f"model.lora_target_modules={target_modules!r} does not fit {type(model).__name__}: {error}. "
+            "Use 'all-linear' or names of its linear layers (such as q_proj, v_proj for Qwen2 and Llama)"
+        ) from None
+    if adapter is not None:
+        _load_adapter_weights(peft, adapted, adapter)
+    return adapted
+
+
+def _load_adapter_weights(peft: ModuleType, model: torch.nn.Module, adapter: Path) -> None:
+    if not (adapter / "adapter_config.json").is_file():
+        raise ValueError(f"{adapter} holds no LoRA adapter (no adapter_config.json)")
+    weights = peft.load_peft_weights(str(adapter), device="cpu")
+    misfit = (
+        f"the adapter in {adapter} does not fit this model's LoRA layers (check model.lora_rank and "
+        "model.lora_target_modules against the run that wrote it)"
+    )
+    try:
+        result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER_NAME)
+    except RuntimeError as error:  # a tensor of another shape
+        raise ValueError(f"{misfit}: {str(error).strip().splitlines()[-1]}") from None
+    missing = [key for key in result.missing_keys if ".lora_" in key]
+    if result.unexpected_keys or missing:
+        raise ValueError(f"{misfit}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
+
+
+def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The plain Hugging Face state dict of the merged model, computed from `state` (the peft
+    model's full state dict, e.g. gathered from FSDP shards; None: `model.state_dict()`) without
+    changing `model`.
+
+    For every LoRA layer: weight = W + scaling * (B @ A), with W (out, in), A (r, in), B (out, r),
+    summed in float32 (or float64) and stored in W's dtype; every other tensor is copied, and the
+    keys lose peft's `base_model.model.` prefix and `.base_layer` infix.
+    """
+    state = model.state_dict() if state is None else state
+    prefix = "base_model.model."
+    layers = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, require_peft().tuners.lora.LoraLayer)
+    }
+    merged = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        layer_name, _, parameter = key.rpartition(".base_layer.")
+        if layer_name in layers and parameter == "weight":
+            layer = layers[layer_name]
+            lora_a, lora_b = (state[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"] for part in "AB")
+            wide = torch.promote_types(value.dtype, torch.float32)
+            delta = (lora_b.to(wide) @ lora_a.to(wide)) * layer.scaling[ADAPTER_NAME]
+            if layer.fan_in_fan_out:
+                delta = delta.T
+            value = (value.to(wide) + delta).to(value.dtype)
+        merged[key.replace(".base_layer.", ".").removeprefix(prefix)] = value
+    return merged
+
+
+def save_lora(model: torch.nn.Module, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Write the merged model to `directory` (config.json, model.safetensors: a plain Hugging Face
+    model) and the adapter to `directory / ADAPTER_DIR`. `state`: the peft model's full state dict
+    when `model` holds only a shard (FSDP); None: the model's own."""
+    state = model.state_dict() if state is None else state
+    language_model(model).save_pretrained(directory, state_dict=merged_state_dict(model, state), safe_serialization=True)
+    model.save_pretrained(directory / ADAPTER_DIR, state_dict=state, safe_serialization=True, save_embedding_layers=False)
