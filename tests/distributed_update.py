@@ -146,6 +146,7 @@ def main() -> None:
             if weights is not None:
                 Path(args.out_dir).mkdir(parents=True, exist_ok=True)
                 save_file({key: value.clone() for key, value in weights.items()}, str(Path(args.out_dir) / f"{case}.safetensors"))
+        world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()
 
