@@ -19,7 +19,7 @@ def running(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before or while its stat was read
         return False
     return state != "Z"
 
