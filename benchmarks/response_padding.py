@@ -24,15 +24,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from pacs.data.loading import load_rows
-from pacs.data.prompts import encode_prompts
-from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import batch as batch_module
 from pacs.train.batch import PolicyBatch
-from pacs.train.builtin_models import warm_started_tiny
-from shared_prompts import median_seconds
+from shared_prompts import median_seconds, warm_started_model_and_prompts
 
 PROMPTS, N, MAX_NEW_TOKENS, LONGEST = 32, 8, 16, 256
 
@@ -59,9 +55,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model_dir = warm_started_tiny(0, show_progress=False)
-    tokenizer, model = load_tokenizer(str(model_dir)), load_causal_lm(str(model_dir))
-    prompts = encode_prompts(tokenizer, load_rows("builtin:arithmetic?max_operand=19", default_split="train")[:PROMPTS], 64)
+    tokenizer, model, prompts = warm_started_model_and_prompts(PROMPTS)
     engine = TransformersEngine(model, tokenizer, max_sequences_per_call=PROMPTS * N)
     rollouts = engine.generate(prompts.token_ids, SamplingParams(n=N, temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW_TOKENS))
     sampled = PolicyBatch.from_rollouts(rollouts, torch.zeros(PROMPTS * N), torch.float32)

@@ -48,14 +48,21 @@ def median_seconds(run, repeats: int) -> float:
     return statistics.median(timings)
 
 
+def warm_started_model_and_prompts(num_prompts: int):
+    """The demo's warm-started tiny model (seed 0), its tokenizer and the first `num_prompts`
+    training prompts of the demo's task, encoded."""
+    model_dir = warm_started_tiny(0, show_progress=False)
+    tokenizer, model = load_tokenizer(str(model_dir)), load_causal_lm(str(model_dir))
+    rows = load_rows("builtin:arithmetic?max_operand=19", default_split="train")[:num_prompts]
+    return tokenizer, model, encode_prompts(tokenizer, rows, 64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model_dir = warm_started_tiny(0, show_progress=False)
-    tokenizer, model = load_tokenizer(str(model_dir)), load_causal_lm(str(model_dir))
-    prompts = encode_prompts(tokenizer, load_rows("builtin:arithmetic?max_operand=19", default_split="train")[:PROMPTS], 64)
+    tokenizer, model, prompts = warm_started_model_and_prompts(PROMPTS)
     engine = TransformersEngine(model, tokenizer, max_sequences_per_call=PROMPTS * N)
     params = SamplingParams(n=N, temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW_TOKENS)
     rollouts = engine.generate(prompts.token_ids, params)
