@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from distributed_update import run_case
+from killing import kill_once_checkpointed
 from pacs.train.distributed import DistributedConfigError, World
 
 WORKER = Path(__file__).with_name("distributed_update.py")
@@ -193,12 +192,7 @@ def test_a_killed_fsdp_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_pa
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                *train_command(killed, warm_model_dir, *options)]
     job = subprocess.Popen(command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step_2").is_dir() and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
-    assert (killed / "checkpoints" / "step_2").is_dir() and not (killed / "checkpoints" / "final").exists()
+    kill_once_checkpointed(job, killed)
 
     torchrun(*train_command(killed, warm_model_dir, *options, "resume=auto"))
     assert [line["step"] for line in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]

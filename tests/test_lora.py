@@ -6,10 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from killing import kill_once_checkpointed
 from pacs.cli import main
 from pacs.config import ConfigError, load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
@@ -239,12 +238,7 @@ def test_a_killed_lora_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_pa
     finished(pacs_train(straight, warm_model_dir, *options))
 
     job = pacs_train(killed, warm_model_dir, *options)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step_2").is_dir() and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
-    assert (killed / "checkpoints" / "step_2").is_dir() and not (killed / "checkpoints" / "final").exists()
+    kill_once_checkpointed(job, killed)
 
     finished(pacs_train(killed, warm_model_dir, *options, "resume=auto"))
     expected, got = weights_of(straight / "checkpoints" / "final"), weights_of(killed / "checkpoints" / "final")
