@@ -7,7 +7,8 @@ batch of PROMPTS prompts x GROUP_SIZE responses (fixed seed) and keeps its share
 
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_update.py MODEL_DIR OUT_DIR STRATEGY CASE...
 
-writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) from rank 0.
+writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) and
+OUT_DIR/CASE.json (the metrics the updates report) from rank 0.
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
 every linear projection; the reference is the policy with its adapters disabled); `--local-totals` normalises each rank's loss by its own rows and
 tokens instead of the global mini-batch's (the mistake the exactness tests must catch).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -70,9 +72,10 @@ def local_batch(world: World, vocab_size: int) -> PolicyBatch:
     return policy_batch(prompts, responses, rewards)
 
 
-def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor] | None:
-    """The step of `case` ("algorithm:loss_agg[:lora]", KL and entropy terms on); the full weights
-    after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere."""
+def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+    """The step of `case` ("algorithm:loss_agg[:lora]", KL and entropy terms on): the full weights
+    after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere,
+    and the metrics of the critic's and the policy's updates."""
     name, loss_agg, *variant = case.split(":")
     lora = variant == ["lora"]
     options = AlgorithmConfig(
@@ -104,16 +107,15 @@ def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor]
     if critic is not None:
         batch.row_terms["values"] = response_values_no_grad(critic, batch, micro_batch_size=MICRO_BATCH_SIZE)
     batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=world.sum))
-    if critic is not None:
-        update_critic(critic, critic_optimizer, world, batch, algorithm, settings)
-    update_policy(model, optimizer, world, batch, algorithm, settings)
+    metrics = update_critic(critic, critic_optimizer, world, batch, algorithm, settings) if critic is not None else {}
+    metrics.update(update_policy(model, optimizer, world, batch, algorithm, settings))
 
     weights = full_weights(world, model)
     if critic is not None:
         critic_weights = full_weights(world, critic)
         if weights is not None:
             weights.update({f"critic.{key}": value for key, value in critic_weights.items()})
-    return weights
+    return weights, metrics
 
 
 def full_weights(world: World, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
@@ -142,10 +144,12 @@ def main() -> None:
         use_local_totals()
     try:
         for case in args.cases:
-            weights = run_case(world, args.model_dir, case)
+            weights, metrics = run_case(world, args.model_dir, case)
             if weights is not None:
-                Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-                save_file({key: value.clone() for key, value in weights.items()}, str(Path(args.out_dir) / f"{case}.safetensors"))
+                out_dir = Path(args.out_dir)
+                out_dir.mkdir(parents=True, exist_ok=True)
+                save_file({key: value.clone() for key, value in weights.items()}, str(out_dir / f"{case}.safetensors"))
+                (out_dir / f"{case}.json").write_text(json.dumps(metrics))
         world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()

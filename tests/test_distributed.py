@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 from distributed_update import run_case
 from killing import kill_once_checkpointed
-from pacs.train.distributed import DistributedConfigError, World
+from pacs.train.distributed import DistributedConfigError, World, communication_device
 
 WORKER = Path(__file__).with_name("distributed_update.py")
 ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
@@ -65,15 +66,35 @@ def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tenso
 
 
 @pytest.fixture(scope="module")
-def one_process_weights(tiny_model_dir):
-    cache: dict[str, dict[str, torch.Tensor]] = {}
+def one_process_results(tiny_model_dir):
+    cache: dict[str, tuple[dict[str, torch.Tensor], dict[str, float]]] = {}
 
-    def weights(case: str) -> dict[str, torch.Tensor]:
+    def results(case: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         if case not in cache:
             cache[case] = run_case(World.single(), str(tiny_model_dir), case)
         return cache[case]
 
-    return weights
+    return results
+
+
+@pytest.fixture(scope="module")
+def one_process_weights(one_process_results):
+    return lambda case: one_process_results(case)[0]
+
+
+@pytest.fixture(scope="module")
+def one_process_metrics(one_process_results):
+    return lambda case: one_process_results(case)[1]
+
+
+@pytest.fixture(scope="module")
+def two_process_metrics(two_process_weights) -> dict[str, dict[str, float]]:
+    """"strategy/case" -> the metrics 2 processes logged for every ddp and fsdp case."""
+    return {
+        f"{strategy}/{case}": json.loads((two_process_weights / strategy / f"{case}.json").read_text())
+        for strategy, cases in (("ddp", DDP_CASES), ("fsdp", FSDP_CASES))
+        for case in cases
+    }
 
 
 @pytest.mark.parametrize("case", DDP_CASES)
@@ -118,87 +139,163 @@ def test_each_rank_takes_its_slice_of_every_mini_batch():
     assert shares == [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 
-# ----- end to end: `pacs train` under torchrun ------------------------------------------------------
+# ----- the one place for collectives --------------------------------------------------------------
 
+
+@pytest.mark.parametrize(
+    "backend_config, tensor_device, expected",
+    [
+        ("cuda:nccl", "cpu", "cuda:1"),
+        ("cuda:nccl", "cuda:1", "cuda:1"),
+        ("cpu:gloo,cuda:nccl", "cpu", "cpu"),
+        ("cpu:gloo,cuda:gloo", "cpu", "cpu"),
+        ("cuda:gloo", "cpu", "cuda:1"),
+    ],
+)
+def test_a_collective_gets_its_tensor_on_a_device_the_backend_serves(backend_config, tensor_device, expected):
+    assert communication_device(backend_config, torch.device(tensor_device), local_rank=1) == torch.device(expected)
+
+
+def test_a_cpu_tensor_reaches_a_cuda_only_backend_through_the_one_place():
+    """A gloo group registered for CUDA alone refuses CPU tensors as NCCL does ("No backend type
+    associated with device type cpu"). `World.sum` moves the CPU counts its callers build to the
+    CUDA device first: on a machine without CUDA that move is what fails, never the collective."""
+    store = dist.HashStore()
+    dist.init_process_group(backend="cuda:gloo", store=store, rank=0, world_size=1)
+    try:
+        counts = torch.tensor([3.0, 5.0], dtype=torch.float64)
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            dist.all_reduce(counts.clone())  # the stand-in refuses CPU tensors
+        world = World(rank=0, world_size=2, device=torch.device("cpu"), strategy="ddp")
+        if torch.cuda.is_available():
+            assert world.sum(counts).tolist() == [3.0, 5.0]
+        else:
+            with pytest.raises((RuntimeError, AssertionError)) as refused:
+                world.sum(counts)
+            assert "No backend type associated" not in str(refused.value)
+            assert "CUDA" in str(refused.value) or "cuda" in str(refused.value)
+    finally:
+        dist.destroy_process_group()
+
+
+# ----- end to end: `pacs train` under torchrun, every path a paper run takes -------------------------
+
+AUDIT = WORKER.with_name("collective_audit.py")
 ACCEPTANCE = [
     "rollout.n=4",
-    "train.steps=3",
+    "train.steps=4",
     "train.batch_size=8",
     "train.mini_batch_size=4",
+    "train.save_every=1",
     "train.save_rollouts=true",
-    "data.val=null",
+    "train.eval_every=2",
+    "data.val=builtin:arithmetic?size=6&split=val&max_operand=19",
+    "eval.n=2",
     "reward.num_workers=0",
+    "train.distributed_timeout_s=120",
 ]
+PATHS = {
+    "ppo-warmup-kl-bf16-checkpointing": [
+        "algorithm.name=ppo", "critic.warmup_steps=1", "algorithm.kl_coef=0.05",
+        "model.dtype=bfloat16", "train.gradient_checkpointing=true",
+    ],
+    "pacs-lora-kl": ["model.lora_rank=8", "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k2"],
+}
+"""Between them: validation, checkpoints every step, PPO with critic warmup, the KL reference,
+LoRA, bf16 mixed precision and activation checkpointing; every run also resumes after kill -9."""
 
 
 def train_command(output_dir: Path, model_dir: Path, *overrides: str) -> list[str]:
     return ["-m", "pacs.cli", "train", f"model.path={model_dir}", f"output_dir={output_dir}", *ACCEPTANCE, *overrides]
 
 
+def audited_train(output_dir: Path, model_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`pacs train` on 2 processes under `collective_audit.py` (fails on any collective that
+    pacs calls outside `pacs.train.distributed`), within a timeout: a hang fails the test."""
+    return torchrun(str(AUDIT), *train_command(output_dir, model_dir, *overrides)[2:], timeout=360)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        ["train.strategy=ddp"],
-        ["train.strategy=fsdp"],
-        ["train.strategy=fsdp", "model.dtype=bfloat16", "train.gradient_checkpointing=true"],
-        ["train.strategy=ddp", "model.dtype=bfloat16", "train.gradient_checkpointing=true"],
-    ],
-    ids=["ddp", "fsdp", "fsdp-bf16-checkpointing", "ddp-bf16-checkpointing"],
-)
-def test_two_process_training_shares_the_prompts_and_writes_once(options, tmp_path, warm_model_dir):
+def final_tensors(output_dir: Path) -> dict[str, torch.Tensor]:
+    """Every file of tensors of the final checkpoint: policy, critic and adapter, by file."""
+    final = output_dir / "checkpoints" / "final"
+    return {
+        f"{path.relative_to(final)}:{key}": value
+        for path in sorted(final.rglob("*.safetensors"))
+        for key, value in load_file(str(path)).items()
+    }
+
+
+@pytest.fixture(scope="module", params=[(strategy, path) for strategy in ("ddp", "fsdp") for path in PATHS])
+def uninterrupted_run(request, tmp_path_factory, warm_model_dir):
+    """(strategy, path, output_dir, overrides) of a finished 2-process run."""
+    strategy, path = request.param
+    output_dir = tmp_path_factory.mktemp(f"{strategy}-{path}")
+    overrides = (f"train.strategy={strategy}", *PATHS[path])
+    result = audited_train(output_dir, warm_model_dir, *overrides)
+    return strategy, path, output_dir, overrides, result
+
+
+def test_a_two_process_run_shares_the_prompts_and_writes_once(uninterrupted_run):
     from transformers import AutoModelForCausalLM
 
-    result = torchrun(*train_command(tmp_path, warm_model_dir, *options))
+    strategy, path, output_dir, _, result = uninterrupted_run
     assert result.stdout.count("final checkpoint") == 1
-
-    rollouts = read_jsonl(tmp_path / "rollouts" / "step_1.jsonl")
+    rollouts = read_jsonl(output_dir / "rollouts" / "step_1.jsonl")
     assert len(rollouts) == 32 and {row["rank"] for row in rollouts} == {0, 1}
     prompts_by_rank = {rank: {json.dumps(row["prompt"]) for row in rollouts if row["rank"] == rank} for rank in (0, 1)}
     assert len(prompts_by_rank[0]) == len(prompts_by_rank[1]) == 4 and not prompts_by_rank[0] & prompts_by_rank[1]
-
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [line["step"] for line in metrics] == [1, 2, 3]
+    metrics = read_jsonl(output_dir / "metrics.jsonl")
+    assert [line["step"] for line in metrics] == [1, 2, 3, 4]
     for line in metrics:
-        step_rewards = [row["reward"] for row in read_jsonl(tmp_path / "rollouts" / f"step_{line['step']}.jsonl")]
+        step_rewards = [row["reward"] for row in read_jsonl(output_dir / "rollouts" / f"step_{line['step']}.jsonl")]
         assert line["reward/mean"] == pytest.approx(sum(step_rewards) / len(step_rewards), abs=1e-12)
-    final = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final")
-    assert final.config.model_type == "qwen2"
-    assert {value.dtype for value in load_file(str(tmp_path / "checkpoints" / "final" / "model.safetensors")).values()} == {torch.float32}
+    assert AutoModelForCausalLM.from_pretrained(output_dir / "checkpoints" / "final").config.model_type == "qwen2"
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_process_lora_training_writes_the_merged_model_and_the_adapter(strategy, tmp_path, warm_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    lora = ["model.lora_rank=8", "model.dtype=bfloat16", "train.gradient_checkpointing=true", "algorithm.kl_coef=0.05",
-            "algorithm.kl_estimator=k2", "train.steps=2"]
-    torchrun(*train_command(tmp_path, warm_model_dir, f"train.strategy={strategy}", *lora))
-    final = tmp_path / "checkpoints" / "final"
-    assert AutoModelForCausalLM.from_pretrained(final).config.model_type == "qwen2"
-    adapter = load_file(str(final / "adapter" / "adapter_model.safetensors"))
-    assert {value.dtype for value in adapter.values()} == {torch.float32}  # trained in fp32 on a bf16 base
-    assert any(float(value.abs().max()) > 0 for name, value in adapter.items() if "lora_B" in name)
+def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted_run):
+    _, _, output_dir, _, _ = uninterrupted_run
+    validated = [line for line in read_jsonl(output_dir / "metrics.jsonl") if "val/arithmetic/pass@1" in line]
+    assert [line["step"] for line in validated] == [2, 4]
+    for line in validated:  # 6 problems x 2 samples: pass@1 is a multiple of 1/12
+        assert line["val/arithmetic/pass@1"] * 12 == pytest.approx(round(line["val/arithmetic/pass@1"] * 12), abs=1e-9)
 
 
-def test_a_killed_fsdp_job_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, warm_model_dir):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    options = ("train.strategy=fsdp", "train.steps=4", "train.save_every=1")
-    torchrun(*train_command(straight, warm_model_dir, *options))
-
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(uninterrupted_run, tmp_path, warm_model_dir):
+    strategy, path, straight, overrides, _ = uninterrupted_run
+    killed = tmp_path / "killed"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               *train_command(killed, warm_model_dir, *options)]
+               *train_command(killed, warm_model_dir, *overrides)]
     job = subprocess.Popen(command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     kill_once_checkpointed(job, killed)
 
-    torchrun(*train_command(killed, warm_model_dir, *options, "resume=auto"))
+    audited_train(killed, warm_model_dir, *overrides, "resume=auto")
     assert [line["step"] for line in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
-    resumed = load_file(str(killed / "checkpoints" / "final" / "model.safetensors"))
-    expected = load_file(str(straight / "checkpoints" / "final" / "model.safetensors"))
-    assert max_difference(resumed, expected) <= 1e-6
+    resumed, expected = final_tensors(killed), final_tensors(straight)
+    assert resumed.keys() == expected.keys()
+    assert max_difference(resumed, expected) == 0.0
+
+
+def test_two_processes_log_the_one_process_metrics(two_process_metrics, one_process_metrics):
+    for name, metrics in two_process_metrics.items():
+        case = name.split("/", 1)[1]
+        expected = one_process_metrics(case)
+        assert metrics.keys() == expected.keys()
+        for key, value in expected.items():
+            if key != "critic/explained_variance":  # a ratio of variances: approximated across ranks
+                assert metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, key)
+
+
+def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(tmp_path, tiny_model_dir):
+    out = tmp_path / "checks.json"
+    torchrun(str(WORKER.with_name("distributed_checks.py")), str(tiny_model_dir), str(out))
+    seen = json.loads(out.read_text())
+    assert seen["all_gathers_per_forward_after_generation"] == seen["all_gathers_per_forward_before"]
+    assert seen["sharded_gradients_between_micro_batches"]
+    assert seen["reference_sharded"]
 
 
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path, warm_model_dir):

@@ -122,6 +122,13 @@ def test_ppo_stopped_after_step_3_and_resumed_to_step_6_equals_a_straight_run(tm
     assert max_weight_difference(straight.final_checkpoint, resumed.final_checkpoint) <= 1e-6
 
 
+def test_writing_checkpoints_during_the_critic_warmup_does_not_change_training(tmp_path, warm_model_dir):
+    ppo = ["algorithm.name=ppo", "critic.warmup_steps=2", "data.val=null", "train.steps=3"]
+    without = train(small_config(tmp_path / "without", warm_model_dir, *ppo, "train.save_every=0"), show_progress=False)
+    every_step = train(small_config(tmp_path / "every", warm_model_dir, *ppo, "train.save_every=1"), show_progress=False)
+    assert max_weight_difference(without.final_checkpoint, every_step.final_checkpoint) == 0.0
+
+
 def test_existing_checkpoints_without_resume_are_not_overwritten(tmp_path, warm_model_dir):
     train(small_config(tmp_path / "run", warm_model_dir, "train.steps=2"), show_progress=False)
     with pytest.raises(ConfigError, match="already holds checkpoints; pass resume=auto"):

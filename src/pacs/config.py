@@ -135,6 +135,9 @@ class TrainConfig(_Section):
     """With several processes (torchrun / accelerate launch): `ddp` replicates the model,
     `fsdp` shards parameters, gradients and optimizer state (FSDP2, per decoder layer); `auto` is
     ddp. One process ignores it."""
+    distributed_timeout_s: float = Field(1800.0, gt=0, allow_inf_nan=False)
+    """With several processes: how long a rank waits in a collective (for the others to reach
+    it) before the job ends with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of storing them."""
     save_rollouts: bool = False

@@ -90,6 +90,13 @@ class Algorithm(Protocol):
         """
         ...
 
+    def metric_weights(self, minibatch: Tensors) -> dict[str, float]:
+        """For each metric of `prepare_update` that is a mean over this share's response tokens
+        or over some of its rows, how many it is a mean over (metrics absent here are means over
+        all the share's rows, which every rank holds equally many of): the weights that make the
+        ranks' metrics the global mini-batch's (`World.mean_over_ranks`)."""
+        ...
+
     def micro_batch_loss(self, logprobs: torch.Tensor, micro: Tensors, row_terms: Tensors) -> torch.Tensor:
         """A 0-dim loss for the micro-batch's rows; `logprobs` (b, R) carry the gradient.
         `micro` holds the micro-batch's rows of every batch tensor (and "entropy" if needed)."""

@@ -361,6 +361,15 @@ class PACS:
             )
         return row_terms, metrics
 
+    def metric_weights(self, minibatch) -> dict[str, float]:
+        """The predicted probabilities are means over the share's correct or incorrect rows; the
+        loss is a mean over all its rows (see `pacs.algos.base`)."""
+        rewards = minibatch["rewards"]
+        return {
+            "pacs/predicted_p_on_correct": float((rewards == 1).sum()),
+            "pacs/predicted_p_on_incorrect": float((rewards == 0).sum()),
+        }
+
     def micro_batch_loss(self, logprobs, micro, row_terms) -> torch.Tensor:
         """Σ_{i ∈ micro} c_i · r_i(θ) (+ this micro-batch's share of the KL penalty and entropy
         bonus): its gradient is this micro-batch's share of ∇L_total."""

@@ -153,6 +153,17 @@ class ClippedPolicyGradient:
         }
         return {"loss_weight": loss_weight}, metrics
 
+    def metric_weights(self, minibatch) -> dict[str, float]:
+        """Response tokens for the per-token means (and "loss" under token-mean, "advantages/mean"
+        when advantages are per token); see `pacs.algos.base`."""
+        tokens = float(minibatch["response_mask"].sum())
+        weights = {"actor/clip_fraction": tokens, "actor/approx_kl": tokens, "actor/kl_ref": tokens}
+        if self.loss_agg == "token-mean":
+            weights["loss"] = tokens
+        if minibatch["advantages"].dim() == 2:
+            weights["advantages/mean"] = tokens
+        return weights
+
     def micro_batch_loss(self, logprobs, micro, row_terms) -> torch.Tensor:
         """Σ_{i ∈ micro} w_i Σ_t m_it ℓ_it: this micro-batch's share of L (entropy bonus included)."""
         per_token, _ = self._policy_loss(logprobs, micro)

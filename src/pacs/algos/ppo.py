@@ -295,6 +295,16 @@ class PPO(ClippedPolicyGradient):
         per_token = value_loss(values, micro["values"], micro["returns"], mask, clip=self.value_clip)
         return weighted_token_sum(per_token, mask, row_terms["loss_weight"])
 
+    def critic_metric_weights(self, minibatch) -> dict[str, float]:
+        """Response tokens for "critic/value_loss" under a token-mean critic loss and for
+        "critic/explained_variance" (a ratio of variances over tokens: the token-weighted mean of
+        the ranks' values approximates the global one; it is exact with one process)."""
+        tokens = float(minibatch["response_mask"].sum())
+        weights = {"critic/explained_variance": tokens}
+        if self.critic_loss_agg == "token-mean":
+            weights["critic/value_loss"] = tokens
+        return weights
+
     def critic_metrics(self, values: torch.Tensor, minibatch) -> dict[str, float]:
         """"critic/value_loss" (the mini-batch value loss) and "critic/explained_variance" of
         ``values`` (B, R), e.g. the rollout-time ``minibatch["values"]`` or a no-grad pass."""

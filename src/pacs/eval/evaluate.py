@@ -118,6 +118,25 @@ class EvalResult:
     records: list[dict]
     sources: dict[str, SourceReport]
 
+    @classmethod
+    def merge(cls, shares: list[EvalResult]) -> EvalResult:
+        """One result from the results of disjoint shares of the problems (`evaluate`'s
+        `problem_share`): records in share order, each data source's problems and counts joined."""
+        sources: dict[str, SourceReport] = {}
+        for share in shares:
+            for source, report in share.sources.items():
+                merged = sources.setdefault(source, SourceReport(report.samples_per_problem, report.requested_max_new_tokens))
+                merged.prompts_dropped_too_long += report.prompts_dropped_too_long
+                merged.correct_counts += report.correct_counts
+                merged.generation_caps += report.generation_caps
+                merged.timeouts += report.timeouts
+                merged.crashes += report.crashes
+        return cls([record for share in shares for record in share.records], sources)
+
+    def without_records(self) -> EvalResult:
+        """The same counts without the per-sample records (cheap to send between processes)."""
+        return EvalResult([], self.sources)
+
     @property
     def metrics(self) -> dict[str, dict[str, float]]:
         """{data_source: {"pass@k": value}} for every data source with at least one problem generated."""
@@ -233,9 +252,13 @@ def evaluate(
     row_locations: list[str] | None = None,
     context_length: int | None = None,
     sequences_per_call: int = 512,
+    problem_share: tuple[int, int] = (0, 1),
     show_progress: bool = True,
 ) -> EvalResult:
     """Sample `params.n` responses per copy of every problem, score them, compute pass@k.
+
+    `problem_share=(k, K)` evaluates only problems k, k + K, k + 2K, … (a problem with all its
+    copies), for K processes that split the work; `EvalResult.merge` joins their results.
 
     With `context_length` (the model's), each prompt is generated with max_new_tokens =
     min(params.max_new_tokens, context_length − its length), and prompts that leave no room are
@@ -252,8 +275,11 @@ def evaluate(
     cap_of: dict[int, int] = {}
     """problem -> its max_new_tokens, for every problem that fits the context."""
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    share_index, share_count = problem_share
     for problem, ((row, copies), ids) in enumerate(zip(problems, token_ids)):
         report = sources.setdefault(row["data_source"], SourceReport(params.n * copies, params.max_new_tokens))
+        if problem % share_count != share_index:
+            continue
         room = params.max_new_tokens if context_length is None else context_length - len(ids)
         if room < 1:
             report.prompts_dropped_too_long += 1

@@ -118,10 +118,16 @@ class TransformersEngine:
         repeated n times per prompt, and `generate` goes on from it over (U * n, P) rows. The
         sampling distribution is the one of `generate` with `num_return_sequences=n`, which runs
         every prompt n times; here the prompt costs 1/n of that.
+
+        Each process generates on its own (`synced_gpus=False`): transformers would otherwise
+        switch it on for a model that FSDP shards and add a collective after every token, which
+        hangs as soon as one rank generates while another does not.
         """
         rows_ids, rows_mask = input_ids.repeat_interleave(n, dim=0), attention_mask.repeat_interleave(n, dim=0)
         if n == 1 or input_ids.shape[1] == 1:
-            return self.model.generate(input_ids=rows_ids, attention_mask=rows_mask, generation_config=generation_config)
+            return self.model.generate(
+                input_ids=rows_ids, attention_mask=rows_mask, generation_config=generation_config, synced_gpus=False
+            )
         prefix_mask = attention_mask[:, :-1]
         cache = self.model(
             input_ids=input_ids[:, :-1],
@@ -132,7 +138,11 @@ class TransformersEngine:
         ).past_key_values
         cache.batch_repeat_interleave(n)
         return self.model.generate(
-            input_ids=rows_ids, attention_mask=rows_mask, past_key_values=cache, generation_config=generation_config
+            input_ids=rows_ids,
+            attention_mask=rows_mask,
+            past_key_values=cache,
+            generation_config=generation_config,
+            synced_gpus=False,
         )
 
 

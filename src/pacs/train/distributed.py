@@ -6,7 +6,7 @@ The loop in `pacs.train.trainer` reads as the algorithm; it asks this module who
     model = world.wrap(model)                                # DDP or FSDP2 (or nothing)
     local_prompts = world.shard_prompts(step_prompts, mini_batch_size)
     ... generate / score / update on the local share ...
-    metrics = world.reduce_metrics(metrics)                  # global, on every rank
+    metrics = world.mean_over_ranks(metrics, weights)       # global, on every rank
     if world.is_writer: write files                          # rank 0 alone
 
 Sharding a step (DESIGN.md, section 6). Every rank draws the same `train.batch_size` prompts
@@ -21,11 +21,20 @@ gradients are summed across ranks: DDP and FSDP2 average, so the loop scales eac
 the world size (`loss_scale`).
 
 FSDP2 (`train.strategy=fsdp`): `fully_shard` each decoder layer, then the root; parameters,
-gradients and optimizer state are sharded. Generation unshards every layer once and keeps them
-unsharded until it ends (`generation`), so it never all-gathers per token (and ranks may generate
-different numbers of tokens without a collective to hang on). Checkpoints gather a full state dict
-to rank 0 (`full_model_state`), written as one plain Hugging Face directory; the optimizer state is
+gradients and optimizer state are sharded, and gradients stay sharded between micro-batches
+(each backward reduce-scatters: more communication than one reduction per update, but no rank
+ever holds a whole unsharded gradient). The frozen KL reference is sharded the same way
+(`shard_frozen`). Generation unshards every layer once and keeps them unsharded until it ends
+(`generation`), so it never all-gathers per token (and ranks may generate different numbers of
+tokens without a collective to hang on). Checkpoints gather a full state dict to rank 0
+(`full_model_state`), written as one plain Hugging Face directory; the optimizer state is
 gathered in full as well (`full_optimizer_state`) and restored from it on every rank.
+
+Collectives. Every collective pacs calls is a method of `World`, and each one hands the backend
+its tensors on the device that backend serves (`communication_device`): NCCL serves CUDA tensors
+only, gloo CPU ones, so a caller may build its counts on the CPU whatever the backend.
+`tests/test_distributed.py` keeps it so: a 2-process training run fails if pacs calls a
+`torch.distributed` collective from anywhere else.
 
 One process (no launcher) is the trivial case: nothing is wrapped and every collective is the
 identity.
@@ -34,6 +43,7 @@ identity.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -74,10 +84,11 @@ class World:
         return cls(rank=0, world_size=1, device=torch.device(device), strategy="none")
 
     @classmethod
-    def from_environment(cls, strategy: str = "auto") -> World:
+    def from_environment(cls, strategy: str = "auto", timeout_s: float = 1800.0) -> World:
         """Join the process group that torchrun (or `accelerate launch`) describes in the
         environment (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): NCCL on CUDA, gloo on
-        CPU. Without a launcher: one process, on CUDA if there is one."""
+        CPU, a collective that waits longer than `timeout_s` seconds ending the job. Without a
+        launcher: one process, on CUDA if there is one."""
         if strategy not in STRATEGIES:
             raise DistributedConfigError(f"unknown train.strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -88,7 +99,7 @@ class World:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
         return cls(
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
@@ -138,51 +149,80 @@ class World:
 
     # ----- collectives (identity with one process) -------------------------------------------
 
+    def _to_backend(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of `tensor` on a device the process group's backend serves
+        (`communication_device`), for a collective to work on in place."""
+        device = communication_device(dist.get_backend_config(), tensor.device, self.local_rank)
+        return tensor.detach().to(device, copy=True)
+
     def sum(self, value: torch.Tensor) -> torch.Tensor:
-        """The sum of `value` over every rank (a new tensor; any shape)."""
+        """The sum of `value` over every rank (a new tensor on `value`'s device; any shape)."""
         if self.world_size == 1:
             return value.clone()
-        total = value.detach().clone()
+        total = self._to_backend(value)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total
+        return total.to(value.device)
 
     def max(self, value: float) -> float:
+        """The largest `value` of any rank."""
         if self.world_size == 1:
             return value
-        total = torch.tensor(value, dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(total, op=dist.ReduceOp.MAX)
-        return float(total)
+        largest = self._to_backend(torch.tensor(value, dtype=torch.float64))
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return float(largest)
 
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """(b, ...) rows of every rank, concatenated in rank order: (world_size * b, ...). Every
         rank must pass the same shape."""
         if self.world_size == 1:
             return rows
-        parts = [torch.empty_like(rows, device=self._comm_device) for _ in range(self.world_size)]
-        dist.all_gather(parts, rows.to(self._comm_device))
+        local = self._to_backend(rows)
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
         return torch.cat(parts).to(rows.device)
 
     def gather_objects(self, value: Any) -> list[Any]:
         """`value` of every rank, in rank order (picklable objects between this job's own
-        processes; used for rollout records and metric dictionaries)."""
+        processes; used for rollout records and evaluation reports)."""
         if self.world_size == 1:
             return [value]
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, value)
         return gathered
 
-    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Metrics of every rank made global: "time/*" keys take the slowest rank's value, every
-        other key the mean over the ranks that report it (each rank holds the same number of
-        rows, so a per-row mean averages exactly)."""
+    def decided_by_writer(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank: for a decision that every rank must take alike (which
+        checkpoint to resume, whether to go on) from what rank 0 sees."""
+        if self.world_size == 1:
+            return value
+        message = [value]
+        dist.broadcast_object_list(message, src=0)
+        return message[0]
+
+    def mean_over_ranks(self, metrics: dict[str, float], weights: dict[str, float] | None = None) -> dict[str, float]:
+        """Metrics that are means over each rank's own rows or tokens, made global: the mean over
+        the ranks that report a key, each rank weighted by `weights[key]` (the count its value is a
+        mean over; 1 when absent). Non-finite values stay non-finite."""
         if self.world_size == 1:
             return dict(metrics)
-        per_rank = self.gather_objects(metrics)
+        weights = weights or {}
+        per_rank = self.gather_objects({key: (value, weights.get(key, 1.0)) for key, value in metrics.items()})
         reduced = {}
         for key in dict.fromkeys(key for values in per_rank for key in values):
-            values = [values[key] for values in per_rank if key in values]
-            reduced[key] = max(values) if key.startswith("time/") else sum(values) / len(values)
+            pairs = [values[key] for values in per_rank if key in values]
+            total_weight = sum(weight for _, weight in pairs)
+            if total_weight > 0:
+                reduced[key] = sum(value * weight for value, weight in pairs if weight) / total_weight
+            else:
+                reduced[key] = sum(value for value, _ in pairs) / len(pairs)
         return reduced
+
+    def slowest(self, timings: dict[str, float]) -> dict[str, float]:
+        """Each timing (seconds) of the slowest rank."""
+        if self.world_size == 1:
+            return dict(timings)
+        per_rank = self.gather_objects(timings)
+        return {key: max(values[key] for values in per_rank) for key in timings}
 
     @contextmanager
     def node_leader_first(self) -> Iterator[None]:
@@ -203,10 +243,6 @@ class World:
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
-    @property
-    def _comm_device(self) -> torch.device:
-        return self.device if dist.is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu")
-
     # ----- models ------------------------------------------------------------------------------
 
     def wrap(self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -214,15 +250,31 @@ class World:
         decoder layer and then the root sharded (bf16 compute with fp32 sharded master weights
         when `compute_dtype` is bfloat16). For a LoRA model the FSDP root is the Hugging Face
         model inside peft's wrapper, the module that generation calls as well."""
-        model = model.to(self.device)
         if self.strategy == "ddp":
+            model = model.to(self.device)
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(model, device_ids=device_ids)
         if self.strategy == "fsdp":
-            policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else MixedPrecisionPolicy()
-            for layer in decoder_layers(model):
-                fully_shard(layer, mp_policy=policy)
-            fully_shard(language_model(model), mp_policy=policy)
+            return self._fully_shard(model, compute_dtype, reshard_root=False)
+        return model.to(self.device)
+
+    def shard_frozen(self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+        """A model that is never trained (the KL reference), ready for forward passes: sharded like
+        `wrap` under FSDP, the root resharded after forward too (no rank holds it whole between
+        passes: no backward follows), on this rank's device otherwise."""
+        model.requires_grad_(False)
+        if self.strategy == "fsdp":
+            return self._fully_shard(model, compute_dtype, reshard_root=True).eval()
+        return model.to(self.device).eval()
+
+    def _fully_shard(self, model: torch.nn.Module, compute_dtype: torch.dtype | None, *, reshard_root: bool) -> torch.nn.Module:
+        """FSDP2 on each decoder layer, then on the root; the root of a trained model keeps its
+        parameters gathered after forward (FSDP2's own choice for a root: backward needs them
+        right away), which `generation` restores."""
+        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else MixedPrecisionPolicy()
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(language_model(model), mp_policy=policy, reshard_after_forward=reshard_root)
         return model
 
     @staticmethod
@@ -232,25 +284,28 @@ class World:
 
     def gradient_sync(self, model: torch.nn.Module, sync: bool):
         """A context in which backward passes synchronise gradients across ranks only when `sync`
-        (the last micro-batch of an optimizer update)."""
-        if sync or self.strategy == "none":
+        (the last micro-batch of an optimizer update). Under FSDP2 every backward synchronises:
+        its reduce-scatter keeps each rank's gradients a shard, where skipping it would hold the
+        whole unsharded gradient until the update's last micro-batch."""
+        if sync or self.strategy != "ddp":
             return nullcontext()
-        if isinstance(model, DistributedDataParallel):
-            return model.no_sync()
-        return _fsdp_no_sync(model)
+        return model.no_sync()
 
     @contextmanager
     def generation(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         """The unwrapped model, ready to generate: under FSDP2 every shard group is all-gathered
-        once on entry and stays whole until exit (no per-token collectives)."""
-        fsdp_modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
-        for module in fsdp_modules:
+        once on entry and stays whole until exit (no per-token collectives). On exit the layers
+        reshard and go back to resharding after forward; the root (the first FSDP module) stays
+        gathered, as `wrap` set it to be after every forward."""
+        root, *layers = [module for module in model.modules() if isinstance(module, FSDPModule)] or [None]
+        for module in layers:
             module.set_reshard_after_forward(False, recurse=False)
+        for module in [root, *layers] if root is not None else []:
             module.unshard()
         try:
             yield self.unwrap(model)
         finally:
-            for module in fsdp_modules:
+            for module in layers:
                 module.reshard()
                 module.set_reshard_after_forward(True, recurse=False)
 
@@ -259,30 +314,51 @@ class World:
         process, where the model itself holds it); every rank must call it."""
         if self.strategy == "none":
             return None
+        _reshard(model)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
         return state if self.is_writer else None
 
     def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """The optimizer's whole state, keyed by parameter names, on the CPU of rank 0 (None on
-        other ranks); every rank must call it."""
+        other ranks, and for an optimizer that has not stepped yet: torch would fill its empty
+        state by stepping it, which leaves AdamW one step ahead); every rank must call it."""
+        if not optimizer.state:  # every rank steps alike, so every rank takes this branch alike
+            return None
+        _reshard(model)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_optimizer_state_dict(model, optimizer, options=options)
         return state if self.is_writer else None
 
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """Restore what `full_optimizer_state` returned (every rank reads the same file)."""
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any] | None) -> None:
+        """Restore what `full_optimizer_state` returned (every rank reads the same file); None:
+        the optimizer had not stepped, and stays as it is."""
+        if state is None:
+            return
+        _reshard(model)
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
 
 
-@contextmanager
-def _fsdp_no_sync(model: torch.nn.Module) -> Iterator[None]:
-    root = next(module for module in model.modules() if isinstance(module, FSDPModule))
-    root.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        root.set_requires_gradient_sync(True)
+def _reshard(model: torch.nn.Module) -> None:
+    """Every FSDP2 module of `model` back to its shards: the root stays gathered after a forward
+    pass until the next backward ends, and while it is, the model's registered parameters are
+    its gathered tensors, not the sharded ones that the optimizer and state dicts name."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def communication_device(backend_config: str, tensor_device: torch.device, local_rank: int) -> torch.device:
+    """Where a collective must see a tensor that lives on `tensor_device`, for a process group
+    configured as `torch.distributed.get_backend_config()` says ("cuda:nccl", "cpu:gloo,cuda:nccl",
+    "cpu:gloo,cuda:gloo"): where it is when the backend serves that device type, else the CPU when
+    the backend serves it, else this rank's CUDA device (NCCL serves CUDA tensors only)."""
+    served = {entry.split(":")[0] for entry in backend_config.split(",")}
+    if tensor_device.type in served:
+        return tensor_device
+    if "cpu" in served:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

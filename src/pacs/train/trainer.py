@@ -17,22 +17,26 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
 from rich.console import Console
+from transformers import PreTrainedTokenizerBase
 
 from pacs.algos.core import mixed_group_fraction
+from pacs.algos.base import Algorithm
 from pacs.algos.registry import build_algorithm
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
-from pacs.eval.evaluate import evaluate
+from pacs.eval.evaluate import EvalResult, evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, add_lora, language_model, require_peft
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
-from pacs.rollout.base import SamplingParams
+from pacs.rewards.pool import BatchScores
+from pacs.rollout.base import Rollouts, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
@@ -121,46 +125,299 @@ def check_resumable(checkpoint: Path, lora_rank: int) -> None:
 def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     """Run `config` to the end (or from its newest checkpoint with `resume=auto`), in this
     process and every other one the launcher started."""
-    world = World.from_environment(config.train.strategy)
+    world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        result = _train(config, world, show_progress=show_progress)
+        result = Trainer.setup(config, world).run(show_progress=show_progress)
         world.barrier()  # no rank tears its process group down while another still uses it
         return result
     finally:
         world.close()
 
 
-def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
-    world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
-    lora = config.model.lora_rank > 0
-    if lora:
+@dataclass
+class Policy:
+    """The trained model (wrapped for the strategy) and what goes with it."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    tokenizer: PreTrainedTokenizerBase
+    sizes: dict[str, float]
+    """`parameter_counts` of the unwrapped model, logged at a run's first step."""
+
+
+@dataclass
+class Trainer:
+    """What a run builds once (`setup`), and the step that uses it (`step`, `run`)."""
+
+    config: Config
+    world: World
+    policy: Policy
+    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None
+    reference: torch.nn.Module | None
+    """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
+    is the policy with its adapters disabled)."""
+    algorithm: Algorithm
+    engine: TransformersEngine
+    scorer: ScoringPool
+    train_prompts: EncodedPrompts
+    val_prompts: EncodedPrompts | None
+    sampler: PromptSampler
+    start_step: int
+    settings: UpdateSettings
+    console: Console
+
+    # ----- built once ----------------------------------------------------------------------------
+
+    @classmethod
+    def setup(cls, config: Config, world: World) -> Trainer:
+        """Models, optimizers, prompts, scorer and engine, restored from the newest checkpoint
+        with `resume=auto`; every rank resumes the checkpoint rank 0 chose."""
+        world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+        if config.model.lora_rank > 0:
+            try:
+                require_peft()
+            except ImportError as error:
+                raise ConfigError(str(error)) from None
+        resume_from = world.decided_by_writer(resume_point(config))
+        if resume_from:
+            check_resumable(resume_from, config.model.lora_rank)
+        if world.is_writer:
+            Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+            dump_config(config, Path(config.output_dir) / "config.yaml")
+        console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
+        seed_everything(config.seed)
+        algorithm = build_algorithm(
+            group_size=config.rollout.n, horizon=config.data.max_response_length, **config.algorithm.model_dump()
+        )
+        policy = load_policy(config, world, resume_from, console)
+        critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
+        needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
+        reference = load_reference(config, world) if needs_reference else None
+        train_prompts, val_prompts = load_train_and_val_prompts(config, policy.tokenizer, console)
+        sampler, start_step = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
+        if resume_from:
+            console.print(f"resuming from {resume_from} (step {start_step})")
+        engine = TransformersEngine(
+            language_model(world.unwrap(policy.model)),
+            policy.tokenizer,
+            max_sequences_per_call=config.rollout.generation_batch_size,
+        )
+        scorer = ScoringPool(config.reward.function, num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
+        settings = UpdateSettings(
+            mini_batch_size=config.train.mini_batch_size // world.world_size,
+            micro_batch_size=config.train.micro_batch_size,
+            epochs=config.train.epochs,
+            grad_clip=config.train.grad_clip,
+            temperature=config.rollout.temperature,
+            autocast=mixed_precision(world.device, config.model.dtype),
+        )
+        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
+                   sampler, start_step, settings, console)
+
+    # ----- the loop ------------------------------------------------------------------------------
+
+    def run(self, *, show_progress: bool = True) -> TrainResult:
+        """Every step from `start_step + 1` to `train.steps`: log, validate and checkpoint as the
+        config says; the final checkpoint at the end."""
+        config, world = self.config, self.world
+        output_dir = Path(config.output_dir)
+        logger = MetricsLogger(output_dir, world, resume_step=self.start_step)
+        skipped_updates, metrics = 0, {}
         try:
-            require_peft()
-        except ImportError as error:
-            raise ConfigError(str(error)) from None
-    output_dir = Path(config.output_dir)
-    checkpoints_dir = output_dir / "checkpoints"
-    resume_from = latest_checkpoint(checkpoints_dir) if config.resume == "auto" else None
-    if config.resume == "never" and latest_checkpoint(checkpoints_dir) is not None:
+            steps = progress_bar(
+                range(self.start_step + 1, config.train.steps + 1),
+                initial=self.start_step,
+                total=config.train.steps,
+                desc="training",
+                unit="step",
+                disable=not (show_progress and world.is_writer),
+            )
+            for step in steps:
+                metrics = self.step(step, logger)
+                if self.validates_at(step):
+                    metrics.update(self.validate())
+                logger.log(step, metrics)
+                skipped_updates += int(metrics["updates/skipped"])
+                steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
+                if config.train.save_every and step % config.train.save_every == 0:
+                    self.save(f"step_{step}", step)
+            steps.close()
+        finally:
+            logger.close()
+            self.scorer.close()
+        final = self.save("final", config.train.steps)
+        return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
+
+    def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
+        """One step of the algorithm on this rank's share of the step's prompts: rollout → score
+        → old log-probs (and reference log-probs, values) → updates; its global metrics."""
+        started = time.perf_counter()
+        rows, rollouts = self.rollout()
+        generated = time.perf_counter()
+        scored = self.scorer.score(rows, rollouts.response_texts)
+        if self.config.train.save_rollouts:
+            logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
+        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), self.compute_dtype).to(self.world.device)
+        updates_policy = self.critic is None or step > self.config.critic.warmup_steps
+        first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if updates_policy else 0
+        self.fill_step_terms(batch, first_update_rows)
+        metrics = self.update(batch, updates_policy, first_update_rows)
+        timings = {"time/step_s": time.perf_counter() - started, "time/generation_s": generated - started}
+        metrics.update(self.world.slowest(timings))
+        metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
+        if step == self.start_step + 1:
+            metrics.update(self.policy.sizes)
+        return metrics
+
+    def rollout(self) -> tuple[list[dict], Rollouts]:
+        """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
+        their sampled responses."""
+        config = self.config
+        indices = self.world.shard_prompts(self.sampler.next_batch(config.train.batch_size), config.train.mini_batch_size)
+        params = SamplingParams(
+            n=config.rollout.n,
+            temperature=config.rollout.temperature,
+            top_p=config.rollout.top_p,
+            max_new_tokens=config.data.max_response_length,
+        )
+        with self.world.generation(self.policy.model), self.settings.autocast():
+            rollouts = self.engine.generate([self.train_prompts.token_ids[i] for i in indices], params)
+        return [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)], rollouts
+
+    def fill_step_terms(self, batch: PolicyBatch, first_update_rows: int) -> None:
+        """The rollout policy's log-probs (but for the first update's rows, whose update takes
+        them from its own forward pass), the reference's log-probs and the critic's values the
+        algorithm needs, then the algorithm's step terms (advantages)."""
+        micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
+        with self.settings.autocast():
+            fill_rollout_logprobs(
+                self.policy.model, batch, slice(first_update_rows, None), micro_batch_size=micro, temperature=temperature
+            )
+            if "ref_logprobs" in self.algorithm.needs:
+                with self.reference_policy() as reference:
+                    batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
+                        reference, batch, micro_batch_size=micro, temperature=temperature
+                    )
+            if self.critic is not None:
+                batch.row_terms["values"] = response_values_no_grad(self.critic[0], batch, micro_batch_size=micro)
+        step_inputs = {name: value for name, value in batch.tensors().items() if name != "old_logprobs"}
+        batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=self.world.sum))
+
+    def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int) -> dict[str, float]:
+        """The critic's updates (PPO), then the policy's (none while the critic warms up)."""
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            critic, critic_optimizer = self.critic
+            metrics.update(update_critic(critic, critic_optimizer, self.world, batch, self.algorithm, self.settings))
+        if not updates_policy:
+            return {**metrics, "loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0}
+        policy = self.policy
+        metrics.update(
+            update_policy(
+                policy.model,
+                policy.optimizer,
+                self.world,
+                batch,
+                self.algorithm,
+                self.settings,
+                rows_without_old_logprobs=first_update_rows,
+            )
+        )
+        return metrics
+
+    @contextlib.contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen initial policy to compute reference log-probs with: with LoRA, the policy
+        itself with its adapters disabled (run through its wrapper, so FSDP gathers its shards);
+        otherwise the loaded reference model."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        with self.world.unwrap(self.policy.model).disable_adapter():
+            yield self.policy.model
+
+    # ----- validation and checkpoints ----------------------------------------------------------
+
+    def validates_at(self, step: int) -> bool:
+        every = self.config.train.eval_every
+        return self.val_prompts is not None and (step == self.config.train.steps or bool(every and step % every == 0))
+
+    def validate(self) -> dict[str, float]:
+        """The validation prompts evaluated with the current policy, each rank generating for its
+        share of the problems, pass@k computed over all of them (the same on every rank)."""
+        config, world = self.config, self.world
+        params = SamplingParams(
+            n=config.eval.n,
+            temperature=config.eval.temperature,
+            top_p=config.eval.top_p,
+            max_new_tokens=config.data.max_response_length,
+        )
+        devices = [] if world.device.type == "cpu" else [world.device]
+        with world.generation(self.policy.model), self.settings.autocast(), torch.random.fork_rng(devices=devices):
+            share = evaluate(
+                self.engine,
+                self.policy.tokenizer,
+                self.val_prompts.rows,
+                params,
+                self.scorer,
+                problem_share=(world.rank, world.world_size),
+                sequences_per_call=config.rollout.generation_batch_size,
+                show_progress=False,
+            )
+        result = EvalResult.merge(world.gather_objects(share.without_records()))
+        metrics = {
+            f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
+        }
+        return {**metrics, "val/reward_timeouts": float(result.timed_out)}
+
+    def save(self, name: str, step: int) -> Path:
+        """`checkpoints/<name>`: every rank gathers its part, rank 0 writes."""
+        return write_checkpoint(
+            self.world,
+            Path(self.config.output_dir) / "checkpoints" / name,
+            self.policy.tokenizer,
+            step=step,
+            sampler=self.sampler,
+            policy=(self.policy.model, self.policy.optimizer),
+            critic=self.critic,
+        )
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return DTYPES["float64" if self.config.model.dtype == "float64" else "float32"]
+
+
+# ----- what `Trainer.setup` builds ---------------------------------------------------------------
+
+
+def resume_point(config: Config) -> Path | None:
+    """The checkpoint to resume (`resume=auto`: the newest `step_N`), as this process sees the
+    disk; refuses `resume=never` into a run that has checkpoints."""
+    checkpoints_dir = Path(config.output_dir) / "checkpoints"
+    latest = latest_checkpoint(checkpoints_dir)
+    if config.resume == "never" and latest is not None:
         raise ConfigError(
             f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
             "or choose another output_dir"
         )
-    if world.is_writer:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(config, output_dir / "config.yaml")
-    console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
-    seed_everything(config.seed)
-    if resume_from:
-        check_resumable(resume_from, config.model.lora_rank)
+    return latest if config.resume == "auto" else None
 
-    weights_dtype = "float64" if config.model.dtype == "float64" else "float32"
-    autocast = mixed_precision(world.device, config.model.dtype)
-    # with LoRA the frozen base comes from model.path (in bf16 under mixed precision), the adapter from the checkpoint
+
+def weights_dtype(config: Config) -> str:
+    """The dtype trained weights are held in: float64 for float64 runs, float32 otherwise (bf16
+    runs compute in bf16 under autocast or FSDP's mixed precision)."""
+    return "float64" if config.model.dtype == "float64" else "float32"
+
+
+def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
+    """The policy (from the checkpoint, or `model.path`; with LoRA, the base from `model.path` in
+    the run's dtype and the adapter from the checkpoint), wrapped for the strategy, with its
+    optimizer over the trainable parameters."""
+    lora = config.model.lora_rank > 0
     model_source = str(resume_from) if resume_from and not lora else config.model.path
     with world.node_leader_first():
         tokenizer = load_tokenizer(str(resume_from) if resume_from else config.model.path)
-        model = load_causal_lm(model_source, dtype=config.model.dtype if lora else weights_dtype)
+        model = load_causal_lm(model_source, dtype=config.model.dtype if lora else weights_dtype(config))
     if config.train.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if lora:
@@ -177,8 +434,37 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
     )
-    compute_dtype = DTYPES[weights_dtype]
+    model = world.wrap(model, compute_dtype=bf16_compute(config))
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
+    )
+    return Policy(model, optimizer, tokenizer, sizes)
 
+
+def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
+    the policy, and its optimizer."""
+    source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
+    with world.node_leader_first():
+        critic = load_value_model(source, dtype=weights_dtype(config))
+    if config.train.gradient_checkpointing:
+        enable_activation_checkpointing(critic)
+    critic = world.wrap(critic, compute_dtype=bf16_compute(config))
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
+    return critic, optimizer
+
+
+def load_reference(config: Config, world: World) -> torch.nn.Module:
+    """The frozen initial policy for the KL penalty, from `model.path` (in bfloat16 under mixed
+    precision: it is never trained), sharded under FSDP like the policy."""
+    with world.node_leader_first():  # on resume, the first load of model.path
+        reference = load_causal_lm(config.model.path, dtype=config.model.dtype)
+    return world.shard_frozen(reference)
+
+
+def load_train_and_val_prompts(config: Config, tokenizer, console: Console) -> tuple[EncodedPrompts, EncodedPrompts | None]:
+    """`data.train` and `data.val` (if set) through the chat template; says how many prompts were
+    too long and left out."""
     train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
     val_prompts = (
         load_prompts(config.data.val, tokenizer, config.data.max_prompt_length, "val") if config.data.val else None
@@ -189,196 +475,53 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                 f"[yellow]data.{name}: {prompts.num_filtered} of {prompts.num_filtered + len(prompts.rows)} prompts "
                 f"are longer than data.max_prompt_length={config.data.max_prompt_length} tokens and were left out"
             )
-    scorer = ScoringPool(config.reward.function, num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
-    algorithm = build_algorithm(
-        group_size=config.rollout.n, horizon=config.data.max_response_length, **config.algorithm.model_dump()
-    )
+    return train_prompts, val_prompts
 
-    bf16 = torch.bfloat16 if config.model.dtype == "bfloat16" else None
-    critic = critic_optimizer = None
-    if "values" in algorithm.needs:
-        critic_source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-        with world.node_leader_first():
-            critic = load_value_model(critic_source, dtype=weights_dtype)
-        if config.train.gradient_checkpointing:
-            enable_activation_checkpointing(critic)
-    model = world.wrap(model, compute_dtype=bf16)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
-    )
+
+def restore_progress(
+    config: Config,
+    world: World,
+    resume_from: Path | None,
+    policy: Policy,
+    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None,
+    num_prompts: int,
+) -> tuple[PromptSampler, int]:
+    """The prompt sampler and the last step done: from the checkpoint (with the optimizers' and
+    every rank's random states), or fresh (each rank > 0 seeded apart, so ranks sample apart)."""
+    if not resume_from:
+        if world.rank > 0:
+            torch.manual_seed(config.seed * 1_000_003 + world.rank)
+        return PromptSampler(num_prompts, config.seed), 0
+    state = load_trainer_state(resume_from)
+    world.load_optimizer_state(policy.model, policy.optimizer, state["optimizer"])
     if critic is not None:
-        critic = world.wrap(critic, compute_dtype=bf16)
-        critic_optimizer = torch.optim.AdamW(
-            critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay
-        )
-    sampler = PromptSampler(len(train_prompts.rows), config.seed)
-    start_step = 0
-    if resume_from:
-        state = load_trainer_state(resume_from)
-        world.load_optimizer_state(model, optimizer, state["optimizer"])
-        if critic is not None:
-            world.load_optimizer_state(critic, critic_optimizer, state["critic_optimizer"])
-        sampler = PromptSampler(**state["sampler"])
-        restore_rng_states(state["rng"], world)
-        start_step = state["step"]
-        console.print(f"resuming from {resume_from} (step {start_step})")
-    elif world.rank > 0:
-        torch.manual_seed(config.seed * 1_000_003 + world.rank)
-    engine = TransformersEngine(language_model(world.unwrap(model)), tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
-    rollout_params = SamplingParams(
-        n=config.rollout.n,
-        temperature=config.rollout.temperature,
-        top_p=config.rollout.top_p,
-        max_new_tokens=config.data.max_response_length,
+        world.load_optimizer_state(*critic, state["critic_optimizer"])
+    restore_rng_states(state["rng"], world)
+    return PromptSampler(**state["sampler"]), state["step"]
+
+
+def bf16_compute(config: Config) -> torch.dtype | None:
+    """bfloat16 when the run computes in it (FSDP's mixed-precision policy), else None."""
+    return torch.bfloat16 if config.model.dtype == "bfloat16" else None
+
+
+def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:
+    """The step's rollouts over every rank (`rollout_metrics`), the scorer's timeouts and crashes,
+    and tokens per second."""
+    per_row = torch.stack(
+        [
+            batch.rewards,
+            batch.response_mask.sum(dim=1),
+            (batch.entropy * batch.response_mask).sum(dim=1),
+            batch.prompt_mask.sum(dim=1).to(batch.rewards.dtype),
+        ],
+        dim=1,
     )
-    settings = UpdateSettings(
-        mini_batch_size=config.train.mini_batch_size // world.world_size,
-        micro_batch_size=config.train.micro_batch_size,
-        epochs=config.train.epochs,
-        grad_clip=config.train.grad_clip,
-        temperature=config.rollout.temperature,
-        autocast=autocast,
-    )
-
-    @functools.cache
-    def reference_model():
-        """The frozen initial policy, loaded only when an algorithm asks for reference log-probs
-        (in bfloat16 under mixed precision: it is never trained)."""
-        with world.node_leader_first():  # on resume, the first load of config.model.path
-            return load_causal_lm(config.model.path, dtype=config.model.dtype).to(world.device).eval()
-
-    @contextlib.contextmanager
-    def reference_policy():
-        """The frozen initial policy to compute reference log-probs with: with LoRA, the policy
-        itself with its adapters disabled (run through its wrapper, so FSDP gathers its shards);
-        otherwise the loaded `reference_model()`."""
-        if not lora:
-            yield reference_model()
-            return
-        with world.unwrap(model).disable_adapter():
-            yield model
-
-    def checkpoint(name: str, step: int) -> Path:
-        return write_checkpoint(
-            world,
-            checkpoints_dir / name,
-            tokenizer,
-            step=step,
-            sampler=sampler,
-            policy=(model, optimizer),
-            critic=(critic, critic_optimizer) if critic is not None else None,
-        )
-
-    def validate() -> dict[str, float]:
-        """Rank 0 evaluates the validation prompts with the current policy (all ranks hold the
-        gathered weights meanwhile under FSDP)."""
-        params = SamplingParams(
-            n=config.eval.n,
-            temperature=config.eval.temperature,
-            top_p=config.eval.top_p,
-            max_new_tokens=config.data.max_response_length,
-        )
-        devices = [] if world.device.type == "cpu" else [world.device]
-        with world.generation(model), autocast(), torch.random.fork_rng(devices=devices):
-            if not world.is_writer:
-                return {}
-            result = evaluate(engine, tokenizer, val_prompts.rows, params, scorer, show_progress=False)
-        metrics = {
-            f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
-        }
-        return {**metrics, "val/reward_timeouts": float(result.timed_out)}
-
-    logger = MetricsLogger(output_dir, world, resume_step=start_step)
-    try:
-        skipped_updates = 0
-        metrics: dict[str, float] = {}
-        progress = progress_bar(
-            range(start_step + 1, config.train.steps + 1),
-            initial=start_step,
-            total=config.train.steps,
-            desc="training",
-            unit="step",
-            disable=not (show_progress and world.is_writer),
-        )
-        for step in progress:
-            step_start = time.perf_counter()
-            indices = world.shard_prompts(sampler.next_batch(config.train.batch_size), config.train.mini_batch_size)
-            with world.generation(model), autocast():
-                rollouts = engine.generate([train_prompts.token_ids[i] for i in indices], rollout_params)
-            generation_time = time.perf_counter() - step_start
-            rows = [train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
-            scored = scorer.score(rows, rollouts.response_texts)
-            rewards = torch.tensor(scored.scores)
-            if config.train.save_rollouts:
-                logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
-            batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(world.device)
-            updates_policy = critic is None or step > config.critic.warmup_steps
-            first_update_rows = min(len(batch), settings.mini_batch_size * config.rollout.n) if updates_policy else 0
-            with autocast():  # the first update's rows get π_old from that update's own forward pass
-                fill_rollout_logprobs(
-                    model,
-                    batch,
-                    slice(first_update_rows, None),
-                    micro_batch_size=config.train.micro_batch_size,
-                    temperature=config.rollout.temperature,
-                )
-                if "ref_logprobs" in algorithm.needs:
-                    with reference_policy() as reference:
-                        batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
-                            reference, batch, micro_batch_size=config.train.micro_batch_size, temperature=config.rollout.temperature
-                        )
-                if critic is not None:
-                    batch.row_terms["values"] = response_values_no_grad(
-                        critic, batch, micro_batch_size=config.train.micro_batch_size
-                    )
-            step_inputs = {name: value for name, value in batch.tensors().items() if name != "old_logprobs"}
-            batch.row_terms.update(algorithm.prepare_step(step_inputs, sum_over_ranks=world.sum))
-            metrics = {}
-            if critic is not None:
-                metrics.update(update_critic(critic, critic_optimizer, world, batch, algorithm, settings))
-            if updates_policy:
-                metrics.update(
-                    update_policy(
-                        model, optimizer, world, batch, algorithm, settings, rows_without_old_logprobs=first_update_rows
-                    )
-                )
-            else:
-                metrics.update({"loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0})
-            metrics.update({"time/step_s": time.perf_counter() - step_start, "time/generation_s": generation_time})
-            if step == start_step + 1:
-                metrics.update(sizes)
-            metrics = world.reduce_metrics(metrics)
-            skipped_updates += int(metrics["updates/skipped"])
-            per_row = torch.stack(
-                [
-                    batch.rewards,
-                    batch.response_mask.sum(dim=1),
-                    (batch.entropy * batch.response_mask).sum(dim=1),
-                    batch.prompt_mask.sum(dim=1).to(batch.rewards.dtype),
-                ],
-                dim=1,
-            )
-            rewards_all, lengths_all, entropy_all, prompt_lengths_all = world.gather_rows(per_row.double()).unbind(dim=1)
-            metrics.update(rollout_metrics(rewards_all, lengths_all, entropy_all, config.rollout.n))
-            timeouts, crashes = world.sum(torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
-            metrics.update(
-                {
-                    "reward/timeouts": timeouts,
-                    "reward/crashes": crashes,
-                    "throughput/tokens_per_s": float(lengths_all.sum() + prompt_lengths_all.sum()) / metrics["time/step_s"],
-                }
-            )
-            if val_prompts is not None and (
-                step == config.train.steps or (config.train.eval_every and step % config.train.eval_every == 0)
-            ):
-                metrics.update(validate())
-            logger.log(step, metrics)
-            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
-            if config.train.save_every and step % config.train.save_every == 0:
-                checkpoint(f"step_{step}", step)
-        progress.close()
-    finally:
-        logger.close()
-        scorer.close()
-    final = checkpoint("final", config.train.steps)
-    return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
+    rewards, lengths, entropy, prompt_lengths = world.gather_rows(per_row.double()).unbind(dim=1)
+    timeouts, crashes = world.sum(torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
+    return {
+        **rollout_metrics(rewards, lengths, entropy, group_size),
+        "reward/timeouts": timeouts,
+        "reward/crashes": crashes,
+        "throughput/tokens_per_s": float(lengths.sum() + prompt_lengths.sum()) / step_seconds,
+    }

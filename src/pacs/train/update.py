@@ -40,7 +40,9 @@ class UpdateSettings:
     """The context every forward pass runs in (bf16 autocast under mixed precision)."""
 
 
-PrepareUpdate = Callable[[PolicyBatch, slice, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float]]]
+PrepareUpdate = Callable[
+    [PolicyBatch, slice, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float], dict[str, float]]
+]
 MicroBatchLoss = Callable[[PolicyBatch, slice], torch.Tensor]
 
 
@@ -55,11 +57,12 @@ def run_updates(
     micro_batch_loss: MicroBatchLoss,
 ) -> dict[str, float]:
     """The loop: for each epoch and local mini-batch of `rows_per_update` rows,
-    `prepare_update(minibatch, rows, model_changed, totals)` gives per-row terms and metrics, each
-    micro-batch back-propagates `micro_batch_loss(micro, rows)`, then one clipped optimizer step
-    (`rows`: where the mini- or micro-batch lies in `batch`).
-    Returns this rank's metrics averaged over the updates that report them, `grad_norm`, and
-    `updates/skipped`."""
+    `prepare_update(minibatch, rows, model_changed, totals)` gives per-row terms, metrics of this
+    rank's share and their weights (`Algorithm.metric_weights`), each micro-batch back-propagates
+    `micro_batch_loss(micro, rows)`, then one clipped optimizer step (`rows`: where the mini- or
+    micro-batch lies in `batch`).
+    Returns the global mini-batches' metrics (the same on every rank) averaged over the updates
+    that report them, `grad_norm`, and `updates/skipped`."""
     model_changed = False
     per_update: list[dict[str, float]] = []
     skipped = 0
@@ -68,7 +71,7 @@ def run_updates(
         for start in range(0, len(batch), rows_per_update):
             minibatch_rows = slice(start, min(start + rows_per_update, len(batch)))
             minibatch = batch.rows(minibatch_rows)
-            row_terms, metrics = prepare_update(
+            row_terms, metrics, weights = prepare_update(
                 minibatch, minibatch_rows, model_changed, global_totals(minibatch, world)
             )
             minibatch.row_terms = {**minibatch.row_terms, **row_terms}
@@ -88,7 +91,7 @@ def run_updates(
             else:
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
-            per_update.append({**metrics, "grad_norm": grad_norm})
+            per_update.append({**world.mean_over_ranks(metrics, weights), "grad_norm": grad_norm})
     averaged = {}
     for key in dict.fromkeys(key for update in per_update for key in update):
         values = [update[key] for update in per_update if key in update]
@@ -148,12 +151,13 @@ def update_policy(
         tensors = minibatch.tensors()
         if not old_logprobs_known[rows].all():
             del tensors["old_logprobs"]
-        return algorithm.prepare_update(
+        row_terms, metrics = algorithm.prepare_update(
             tensors,
             lambda: current_logprobs(minibatch),
             policy_is_rollout_policy=not policy_changed,
             totals=totals,
         )
+        return row_terms, metrics, algorithm.metric_weights(tensors)
 
     def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
         sets_old_logprobs = not old_logprobs_known[rows].all()
@@ -190,7 +194,8 @@ def update_critic(
 
     def prepare(minibatch: PolicyBatch, rows: slice, critic_changed: bool, totals: MiniBatchTotals):
         tensors = minibatch.tensors()
-        return algorithm.critic_row_terms(tensors, totals=totals), algorithm.critic_metrics(tensors["values"], tensors)
+        metrics = algorithm.critic_metrics(tensors["values"], tensors)
+        return algorithm.critic_row_terms(tensors, totals=totals), metrics, algorithm.critic_metric_weights(tensors)
 
     def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
         return algorithm.critic_micro_batch_loss(response_values(critic, micro), micro.tensors(), micro.row_terms)

@@ -1,0 +1,84 @@
+"""`pacs` under an audit of its collectives: every `torch.distributed` collective that pacs code
+calls must come through `pacs.train.distributed` (the one place that puts tensors on the device
+the backend serves), and every tensor a collective gets must be on a device the backend serves.
+
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/collective_audit.py train ARGS...
+
+runs `pacs ARGS...` with the collectives wrapped; each call is attributed to the first frame, from
+the caller outwards, that is torch's own distributed code (FSDP hooks, DTensor, checkpoint
+helpers: allowed) or pacs code (allowed only in pacs/train/distributed.py). Frames of other
+libraries are looked through: transformers' `generate` all-reducing per token under pacs's
+rollout counts against the rollout. Any violation ends the process with exit code 3 and a list.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from pacs.cli import main as pacs_main
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "all_to_all", "all_to_all_single", "gather", "gather_object", "scatter",
+    "scatter_object_list", "reduce", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+)
+PACS = str(Path(__import__("pacs").__file__).parent)
+THE_PLACE = str(Path(PACS) / "train" / "distributed.py")
+TORCH_DISTRIBUTED = str(Path(torch.__file__).parent / "distributed")
+violations: list[str] = []
+
+
+def attribute(stack: list[traceback.FrameSummary]) -> str | None:
+    """Why the call at the end of `stack` breaks the rule, or None."""
+    for frame in reversed(stack[:-1]):  # the last frame is the wrapper itself
+        if frame.filename.startswith(TORCH_DISTRIBUTED):
+            return None
+        if frame.filename.startswith(PACS):
+            return None if frame.filename == THE_PLACE else f"{frame.filename}:{frame.lineno} ({frame.name})"
+    return None
+
+
+def served_device_types() -> set[str]:
+    return {entry.split(":")[0] for entry in dist.get_backend_config().split(",")}
+
+
+def audited(name: str, collective):
+    @functools.wraps(collective)
+    def wrapper(*args, **kwargs):
+        culprit = attribute(traceback.extract_stack())
+        if culprit:
+            violations.append(f"{name} called from {culprit}")
+        tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+        tensors += [item for value in args if isinstance(value, list) for item in value if isinstance(item, torch.Tensor)]
+        for tensor in tensors:
+            if dist.is_initialized() and tensor.device.type not in served_device_types():
+                violations.append(f"{name} got a {tensor.device.type} tensor, which the backend does not serve")
+        return collective(*args, **kwargs)
+
+    return wrapper
+
+
+def install() -> None:
+    for name in COLLECTIVES:
+        if hasattr(c10d, name):
+            wrapped = audited(name, getattr(c10d, name))
+            setattr(c10d, name, wrapped)
+            setattr(dist, name, wrapped)
+
+
+if __name__ == "__main__":
+    install()
+    try:
+        pacs_main(sys.argv[1:])
+    finally:
+        if violations:
+            print("collectives outside pacs.train.distributed:\n" + "\n".join(sorted(set(violations))), file=sys.stderr)
+            sys.exit(3)

@@ -1,0 +1,84 @@
+"""FSDP2 behaviours that only show with several processes, checked in one torchrun launch.
+
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_checks.py MODEL_DIR OUT.json
+
+Rank 0 writes OUT.json with what it saw:
+- "all_gathers_per_forward_before" / "_after_generation": all-gathers that one forward pass of the
+  policy costs, before and after `World.generation` (its root keeps its parameters gathered after
+  forward, as FSDP2 sets a root, and generation must leave it so);
+- "sharded_gradients_between_micro_batches": every trainable parameter holds a sharded gradient
+  after a backward pass that does not synchronise (`World.gradient_sync(model, sync=False)`);
+- "reference_sharded": the frozen reference's parameters are shards, not whole tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from pacs.models.loading import load_causal_lm
+from pacs.train.distributed import World
+
+
+def count_all_gathers(run) -> int:
+    calls = 0
+    original = dist.all_gather_single
+
+    def counting(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    dist.all_gather_single = counting
+    try:
+        run()
+    finally:
+        dist.all_gather_single = original
+    return calls
+
+
+def main() -> None:
+    model_dir, out = sys.argv[1], Path(sys.argv[2])
+    world = World.from_environment("fsdp")
+    try:
+        model = world.wrap(load_causal_lm(model_dir, dtype="float32"))
+        tokens = torch.arange(1, 9).unsqueeze(0)
+
+        def forward():
+            with torch.no_grad():
+                model(input_ids=tokens)
+
+        forward()  # the first forward initialises FSDP
+        seen = {"all_gathers_per_forward_before": count_all_gathers(forward)}
+        with world.generation(model) as unwrapped:
+            unwrapped.generate(input_ids=tokens, max_new_tokens=2, do_sample=False, synced_gpus=False)
+        seen["all_gathers_per_forward_after_generation"] = count_all_gathers(forward)
+
+        with world.gradient_sync(model, sync=False):
+            model(input_ids=tokens).logits.sum().backward()
+        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        seen["sharded_gradients_between_micro_batches"] = all(
+            isinstance(parameter.grad, DTensor) and parameter.grad.to_local().numel() < parameter.grad.numel()
+            for parameter in trainable
+            if parameter.numel() >= world.world_size
+        )
+        reference = world.shard_frozen(load_causal_lm(model_dir, dtype="float32"))
+        seen["reference_sharded"] = all(
+            isinstance(parameter, DTensor) and parameter.to_local().numel() < parameter.numel()
+            for parameter in reference.parameters()
+            if parameter.numel() >= world.world_size
+        )
+        if world.is_writer:
+            out.write_text(json.dumps(seen))
+        world.barrier()
+    finally:
+        world.close()
+
+
+if __name__ == "__main__":
+    main()
