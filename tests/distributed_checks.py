@@ -8,7 +8,10 @@ Rank 0 writes OUT.json with what it saw:
   forward, as FSDP2 sets a root, and generation must leave it so);
 - "sharded_gradients_between_micro_batches": every trainable parameter holds a sharded gradient
   after a backward pass that does not synchronise (`World.gradient_sync(model, sync=False)`);
-- "reference_sharded": the frozen reference's parameters are shards, not whole tensors.
+- "reference_sharded": the frozen reference's parameters are shards, not whole tensors;
+- "loads_per_rank": how many times each rank read the model from disk (`World.load_once`: rank 0
+  alone), and "loaded_max_difference": the largest difference of the sharded model's gathered
+  weights and every rank's buffers (rotary frequencies) from the model on disk.
 """
 
 from __future__ import annotations
@@ -46,7 +49,25 @@ def main() -> None:
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     world = World.from_environment("fsdp")
     try:
-        model = world.wrap(load_causal_lm(model_dir, dtype="float32"))
+        loads = 0
+
+        def load():
+            nonlocal loads
+            loads += 1
+            return load_causal_lm(model_dir, dtype="float32")
+
+        skeleton, aside = world.load_once(load)
+        model = world.wrap(skeleton, aside=aside)
+        on_disk = load_causal_lm(model_dir, dtype="float32")
+        buffers = {name: buffer for name, buffer in on_disk.named_buffers()}
+        buffer_difference = max(float((buffer - buffers[name]).abs().max()) for name, buffer in model.named_buffers())
+        gathered = world.full_model_state(model)
+        seen: dict = {"loads_per_rank": world.gather_objects(loads)}
+        if world.is_writer:
+            weight_difference = max(float((gathered[name] - value).abs().max()) for name, value in on_disk.state_dict().items())
+            seen["loaded_max_difference"] = max(weight_difference, world.max(buffer_difference))
+        else:
+            world.max(buffer_difference)
         tokens = torch.arange(1, 9).unsqueeze(0)
 
         def forward():
@@ -54,7 +75,7 @@ def main() -> None:
                 model(input_ids=tokens)
 
         forward()  # the first forward initialises FSDP
-        seen = {"all_gathers_per_forward_before": count_all_gathers(forward)}
+        seen["all_gathers_per_forward_before"] = count_all_gathers(forward)
         with world.generation(model) as unwrapped:
             unwrapped.generate(input_ids=tokens, max_new_tokens=2, do_sample=False, synced_gpus=False)
         seen["all_gathers_per_forward_after_generation"] = count_all_gathers(forward)

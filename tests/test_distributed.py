@@ -289,10 +289,20 @@ def test_two_processes_log_the_one_process_metrics(two_process_metrics, one_proc
                 assert metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, key)
 
 
-def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(tmp_path, tiny_model_dir):
-    out = tmp_path / "checks.json"
+@pytest.fixture(scope="module")
+def fsdp_checks(tmp_path_factory, tiny_model_dir) -> dict:
+    out = tmp_path_factory.mktemp("fsdp-checks") / "checks.json"
     torchrun(str(WORKER.with_name("distributed_checks.py")), str(tiny_model_dir), str(out))
-    seen = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_fsdp_reads_the_model_on_rank_0_alone_and_fills_every_shard_exactly(fsdp_checks):
+    assert fsdp_checks["loads_per_rank"] == [1, 0]
+    assert fsdp_checks["loaded_max_difference"] == 0.0
+
+
+def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(fsdp_checks):
+    seen = fsdp_checks
     assert seen["all_gathers_per_forward_after_generation"] == seen["all_gathers_per_forward_before"]
     assert seen["sharded_gradients_between_micro_batches"]
     assert seen["reference_sharded"]

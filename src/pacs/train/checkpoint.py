@@ -113,7 +113,7 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
         "a new output_dir); the optimizer state and data position are not carried over."
     )
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
     except pickle.UnpicklingError as error:
         first_line = str(error).strip().splitlines()[0]
         raise CheckpointError(f"{refusal}. It holds other objects ({first_line}). {advice}") from None

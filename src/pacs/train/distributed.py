@@ -46,7 +46,7 @@ import os
 from datetime import timedelta
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -66,6 +67,15 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 
 class DistributedConfigError(ValueError):
     """A batch that cannot be split evenly across the processes, or a strategy that cannot run."""
+
+
+@dataclass(frozen=True)
+class WeightsAside:
+    """Rank 0's loaded tensors, kept while its model is sent as a skeleton (`World.load_once`):
+    the state dict, and every buffer (non-persistent ones, like rotary frequencies, included)."""
+
+    state: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,12 @@ class World:
         dist.all_gather_object(gathered, value)
         return gathered
 
+    def _from_writer(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `tensor` (same shape and dtype on every rank), on the caller's device."""
+        received = self._to_backend(tensor)
+        dist.broadcast(received, src=0)
+        return received.to(tensor.device)
+
     def decided_by_writer(self, value: Any) -> Any:
         """Rank 0's `value` on every rank: for a decision that every rank must take alike (which
         checkpoint to resume, whether to go on) from what rank 0 sees."""
@@ -245,36 +261,71 @@ class World:
 
     # ----- models ------------------------------------------------------------------------------
 
-    def wrap(self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    def load_once(self, load: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module, WeightsAside | None]:
+        """A model for `wrap`, loaded so that no node holds one copy per rank: under FSDP rank 0
+        alone runs `load()` (on the CPU), keeps its tensors aside and sends every rank the model
+        as an empty skeleton on the meta device, which `wrap` shards and fills from rank 0's
+        tensors; otherwise every rank runs `load()`, each node's first rank before the others
+        (`node_leader_first`). Every rank must call it."""
+        if self.strategy != "fsdp":
+            with self.node_leader_first():
+                return load(), None
+        aside = None
+        if self.is_writer:
+            model = load()
+            aside = WeightsAside(model.state_dict(), dict(model.named_buffers()))
+            model.to("meta")  # the tensors aside keep their data; the model is now a skeleton
+        skeleton = self.decided_by_writer(model if self.is_writer else None)
+        return skeleton, aside
+
+    def wrap(
+        self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None, aside: WeightsAside | None = None
+    ) -> torch.nn.Module:
         """`model` on this rank's device, wrapped for the strategy: DDP, or FSDP2 with each
         decoder layer and then the root sharded (bf16 compute with fp32 sharded master weights
         when `compute_dtype` is bfloat16). For a LoRA model the FSDP root is the Hugging Face
-        model inside peft's wrapper, the module that generation calls as well."""
+        model inside peft's wrapper, the module that generation calls as well. A skeleton from
+        `load_once` is sharded empty and then filled from rank 0's tensors."""
         if self.strategy == "ddp":
             model = model.to(self.device)
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             return DistributedDataParallel(model, device_ids=device_ids)
         if self.strategy == "fsdp":
-            return self._fully_shard(model, compute_dtype, reshard_root=False)
+            return self._fully_shard(model, compute_dtype, reshard_root=False, aside=aside)
         return model.to(self.device)
 
-    def shard_frozen(self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    def shard_frozen(
+        self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None, aside: WeightsAside | None = None
+    ) -> torch.nn.Module:
         """A model that is never trained (the KL reference), ready for forward passes: sharded like
         `wrap` under FSDP, the root resharded after forward too (no rank holds it whole between
         passes: no backward follows), on this rank's device otherwise."""
         model.requires_grad_(False)
         if self.strategy == "fsdp":
-            return self._fully_shard(model, compute_dtype, reshard_root=True).eval()
+            return self._fully_shard(model, compute_dtype, reshard_root=True, aside=aside).eval()
         return model.to(self.device).eval()
 
-    def _fully_shard(self, model: torch.nn.Module, compute_dtype: torch.dtype | None, *, reshard_root: bool) -> torch.nn.Module:
+    def _fully_shard(
+        self, model: torch.nn.Module, compute_dtype: torch.dtype | None, *, reshard_root: bool, aside: WeightsAside | None
+    ) -> torch.nn.Module:
         """FSDP2 on each decoder layer, then on the root; the root of a trained model keeps its
         parameters gathered after forward (FSDP2's own choice for a root: backward needs them
-        right away), which `generation` restores."""
+        right away), which `generation` restores. A skeleton (`load_once`) is sharded on the meta
+        device, given storage for its shards only, and filled: each tensor is broadcast from rank
+        0, every rank keeping its shard."""
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else MixedPrecisionPolicy()
+        skeleton = any(parameter.is_meta for parameter in model.parameters())
+        if not skeleton:
+            model = model.to(self.device)
         for layer in decoder_layers(model):
             fully_shard(layer, mp_policy=policy)
         fully_shard(language_model(model), mp_policy=policy, reshard_after_forward=reshard_root)
+        if skeleton:
+            model.to_empty(device=self.device)
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(model, aside.state if aside is not None else {}, options=options)
+            for name, buffer in model.named_buffers():
+                buffer.copy_(self._from_writer(aside.buffers[name] if aside is not None else buffer))
         return model
 
     @staticmethod

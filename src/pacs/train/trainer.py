@@ -411,13 +411,19 @@ def weights_dtype(config: Config) -> str:
 
 def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
     """The policy (from the checkpoint, or `model.path`; with LoRA, the base from `model.path` in
-    the run's dtype and the adapter from the checkpoint), wrapped for the strategy, with its
-    optimizer over the trainable parameters."""
+    the run's dtype and the adapter from the checkpoint), loaded once per job under FSDP
+    (`World.load_once`), wrapped for the strategy, with its optimizer over the trainable
+    parameters."""
     lora = config.model.lora_rank > 0
-    model_source = str(resume_from) if resume_from and not lora else config.model.path
     with world.node_leader_first():
         tokenizer = load_tokenizer(str(resume_from) if resume_from else config.model.path)
-        model = load_causal_lm(model_source, dtype=config.model.dtype if lora else weights_dtype(config))
+    if lora:  # peft wraps a whole model: every rank loads the base
+        with world.node_leader_first():
+            model, aside = load_causal_lm(config.model.path, dtype=config.model.dtype), None
+    else:
+        model, aside = world.load_once(
+            functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
+        )
     if config.train.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if lora:
@@ -434,7 +440,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
     )
-    model = world.wrap(model, compute_dtype=bf16_compute(config))
+    model = world.wrap(model, compute_dtype=bf16_compute(config), aside=aside)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
@@ -445,11 +451,10 @@ def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple
     """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
     the policy, and its optimizer."""
     source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-    with world.node_leader_first():
-        critic = load_value_model(source, dtype=weights_dtype(config))
+    critic, aside = world.load_once(functools.partial(load_value_model, source, dtype=weights_dtype(config)))
     if config.train.gradient_checkpointing:
         enable_activation_checkpointing(critic)
-    critic = world.wrap(critic, compute_dtype=bf16_compute(config))
+    critic = world.wrap(critic, compute_dtype=bf16_compute(config), aside=aside)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
     return critic, optimizer
 
@@ -457,9 +462,8 @@ def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple
 def load_reference(config: Config, world: World) -> torch.nn.Module:
     """The frozen initial policy for the KL penalty, from `model.path` (in bfloat16 under mixed
     precision: it is never trained), sharded under FSDP like the policy."""
-    with world.node_leader_first():  # on resume, the first load of model.path
-        reference = load_causal_lm(config.model.path, dtype=config.model.dtype)
-    return world.shard_frozen(reference)
+    reference, aside = world.load_once(functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype))
+    return world.shard_frozen(reference, aside=aside)
 
 
 def load_train_and_val_prompts(config: Config, tokenizer, console: Console) -> tuple[EncodedPrompts, EncodedPrompts | None]:
