@@ -11,7 +11,8 @@ Rank 0 writes OUT.json with what it saw:
 - "reference_sharded": the frozen reference's parameters are shards, not whole tensors;
 - "loads_per_rank": how many times each rank read the model from disk (`World.load_once`: rank 0
   alone), and "loaded_max_difference": the largest difference of the sharded model's gathered
-  weights and every rank's buffers (rotary frequencies) from the model on disk.
+  weights and every rank's buffers (rotary frequencies) from the model on disk;
+  "parameters_of_skeleton_and_disk": parameter counts (tied weights once) of both.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def main() -> None:
         buffers = {name: buffer for name, buffer in on_disk.named_buffers()}
         buffer_difference = max(float((buffer - buffers[name]).abs().max()) for name, buffer in model.named_buffers())
         gathered = world.full_model_state(model)
-        seen: dict = {"loads_per_rank": world.gather_objects(loads)}
+        seen: dict = {
+            "loads_per_rank": world.gather_objects(loads),
+            "parameters_of_skeleton_and_disk": [sum(p.numel() for p in m.parameters()) for m in (skeleton, on_disk)],
+        }
         if world.is_writer:
             weight_difference = max(float((gathered[name] - value).abs().max()) for name, value in on_disk.state_dict().items())
             seen["loaded_max_difference"] = max(weight_difference, world.max(buffer_difference))

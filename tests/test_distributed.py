@@ -298,6 +298,8 @@ def fsdp_checks(tmp_path_factory, tiny_model_dir) -> dict:
 
 def test_fsdp_reads_the_model_on_rank_0_alone_and_fills_every_shard_exactly(fsdp_checks):
     assert fsdp_checks["loads_per_rank"] == [1, 0]
+    skeleton, on_disk = fsdp_checks["parameters_of_skeleton_and_disk"]
+    assert skeleton == on_disk  # tied input and output embeddings stay one parameter
     assert fsdp_checks["loaded_max_difference"] == 0.0
 
 

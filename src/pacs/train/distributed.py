@@ -276,6 +276,7 @@ class World:
             aside = WeightsAside(model.state_dict(), dict(model.named_buffers()))
             model.to("meta")  # the tensors aside keep their data; the model is now a skeleton
         skeleton = self.decided_by_writer(model if self.is_writer else None)
+        skeleton.tie_weights()  # moving to the meta device gave tied weights a parameter each
         return skeleton, aside
 
     def wrap(
