@@ -19,8 +19,11 @@ from pacs.train.checkpoint import (
     load_trainer_state,
     restore_rng_states,
     rng_states,
+    load_optimizer_state,
     save_checkpoint,
+    save_optimizer_state,
 )
+from pacs.train import checkpoint as checkpoint_module
 from pacs.train.distributed import World
 
 
@@ -108,10 +111,27 @@ def test_each_rank_gets_its_own_saved_torch_random_state_back():
     assert torch.equal(torch.get_rng_state(), second)
 
 
-def test_saving_an_optimizer_that_has_not_stepped_leaves_it_unstepped(tiny_model_dir):
+def test_saving_an_optimizer_that_has_not_stepped_leaves_it_unstepped(tmp_path, tiny_model_dir):
     """torch's get_optimizer_state_dict fills an empty state by stepping with zero gradients
     (AdamW step=1), which shrinks the first real update to 0.744x."""
     model = load_causal_lm(str(tiny_model_dir))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    assert World.single().full_optimizer_state(model, optimizer) is None
-    assert not optimizer.state
+    save_optimizer_state(World.single(), model, optimizer, tmp_path / "optimizer")
+    assert not optimizer.state and not (tmp_path / "optimizer").exists()
+
+
+def test_optimizer_state_round_trips_through_files_of_bounded_size(tmp_path, tiny_model_dir, monkeypatch):
+    model = load_causal_lm(str(tiny_model_dir))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    monkeypatch.setattr(checkpoint_module, "OPTIMIZER_FILE_BYTES", 100_000)
+    save_optimizer_state(World.single(), model, optimizer, tmp_path / "optimizer")
+    assert len(list((tmp_path / "optimizer").glob("*.safetensors"))) > 1
+
+    restored = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    load_optimizer_state(World.single(), model, restored, tmp_path / "optimizer")
+    assert restored.state.keys() == optimizer.state.keys()
+    for parameter, state in optimizer.state.items():
+        assert state.keys() == restored.state[parameter].keys()
+        assert all(torch.equal(value, restored.state[parameter][key]) for key, value in state.items())

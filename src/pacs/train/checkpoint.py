@@ -1,9 +1,12 @@
 """Checkpoints in Hugging Face format, written atomically, plus what resuming needs.
 
     checkpoints/step_N/   config.json, model.safetensors, tokenizer files  (any HF tool reads it)
-                          trainer_state.pt: step, optimizer, RNG states, data position (tensors
-                          and plain Python values only: read with torch.load(weights_only=True))
-                          critic/: PPO's critic (value head), when there is one
+                          trainer_state.pt: step, RNG states, data position (tensors and plain
+                          Python values only: read with torch.load(weights_only=True))
+                          optimizer/: the AdamW state, "<parameter name>:<key>" -> the whole
+                          tensor, in safetensors files of at most 1 GiB each (none before the
+                          first update)
+                          critic/, critic_optimizer/: PPO's critic (value head) and its optimizer
                           adapter/: with LoRA, the adapter (adapter_config.json,
                           adapter_model.safetensors); the model files beside it are then the
                           merged model (base + adapter), and resuming loads the base from
@@ -32,6 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pacs.models.lora import is_lora, save_lora
@@ -39,9 +44,13 @@ from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
 
 TRAINER_STATE = "trainer_state.pt"
-TRAINER_STATE_FORMAT = 2
+TRAINER_STATE_FORMAT = 3
 """Written into every trainer state as "format"; bumped when its layout changes."""
 CRITIC_DIR = "critic"
+OPTIMIZER_DIR = "optimizer"
+CRITIC_OPTIMIZER_DIR = "critic_optimizer"
+OPTIMIZER_FILE_BYTES = 1 << 30
+"""Largest optimizer-state file rank 0 holds in memory while writing a checkpoint."""
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
@@ -54,14 +63,14 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor] | None = None,
     critic: PreTrainedModel | None = None,
     critic_state: dict[str, torch.Tensor] | None = None,
+    staging: Path | None = None,
 ) -> Path:
     """Write model, tokenizer, `trainer_state` (and PPO's critic, in `critic/`) to `directory`,
     replacing it atomically. `model_state` / `critic_state`: the full state dicts to write when
     the modules themselves hold only a shard (FSDP); None: the modules' own. A LoRA `model` is
-    written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`). `staging`: a
+    directory from `staging_directory` that already holds other files of the checkpoint."""
+    staging = staging or staging_directory(directory)
     if is_lora(model):
         save_lora(model, staging, model_state)
     else:
@@ -78,6 +87,76 @@ def save_checkpoint(
     else:
         os.replace(staging, directory)
     return directory
+
+
+def staging_directory(directory: Path) -> Path:
+    """A fresh hidden directory beside `directory` to assemble its checkpoint in."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    return staging
+
+
+def _optimized_parameters(world: World, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
+    """(name, parameter) of every parameter `optimizer` updates, in the model's order."""
+    updated = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+    return [(name, parameter) for name, parameter in world.named_parameters(model) if id(parameter) in updated]
+
+
+def save_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path | None) -> None:
+    """The optimizer's state, whole, as "<parameter name>:<key>" tensors in safetensors files in
+    `directory` (rank 0; None elsewhere). Every rank must call it: sharded states are gathered
+    one tensor at a time, and rank 0 holds at most `OPTIMIZER_FILE_BYTES` of them. An optimizer
+    that has not stepped writes nothing (and is not stepped to fill its state)."""
+    named_states = (
+        (f"{name}:{key}", value)
+        for name, parameter in _optimized_parameters(world, model, optimizer)
+        for key, value in optimizer.state.get(parameter, {}).items()
+    )
+    pending: dict[str, torch.Tensor] = {}
+    files = 0
+
+    def flush() -> None:
+        nonlocal files
+        files += 1
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(pending, str(directory / f"{files:05d}.safetensors"))
+        pending.clear()
+
+    for name, whole in world.whole_on_writer(named_states):
+        pending[name] = whole
+        if sum(tensor.numel() * tensor.element_size() for tensor in pending.values()) >= OPTIMIZER_FILE_BYTES:
+            flush()
+    if pending:
+        flush()
+
+
+def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Put back what `save_optimizer_state` wrote: rank 0 alone reads `directory` (memory-mapped,
+    one tensor at a time) and each rank receives its shard of every state tensor (the whole
+    tensor where parameters are not sharded). 0-dim states (AdamW's step) stay on the CPU.
+    Every rank must call it."""
+    files = sorted(directory.glob("*.safetensors")) if world.is_writer and directory.is_dir() else []
+    readers = {key: reader for reader in (safe_open(str(file), "pt") for file in files) for key in reader.keys()}
+    layouts = world.decided_by_writer(
+        {key: (reader.get_slice(key).get_shape(), reader.get_slice(key).get_dtype()) for key, reader in readers.items()}
+    )
+    for name, parameter in _optimized_parameters(world, model, optimizer):
+        state = {}
+        for key, (shape, dtype) in layouts.items():
+            parameter_name, state_name = key.rsplit(":", 1)
+            if parameter_name != name:
+                continue
+            whole = readers[key].get_tensor(key) if world.is_writer else None
+            like = parameter if shape else torch.empty(())
+            state[state_name] = world.from_writer_like(whole, like, shape=torch.Size(shape), dtype=SAFETENSORS_DTYPES[dtype])
+        if state:
+            optimizer.state[parameter] = state
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+"""torch dtypes of safetensors' dtype names, for the floating-point optimizer states."""
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
@@ -172,20 +251,18 @@ def write_checkpoint(
     policy: tuple[torch.nn.Module, torch.optim.Optimizer],
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> Path:
-    """The training checkpoint of every rank: each gathers its shards and random states, rank 0
-    writes `directory` (`save_checkpoint`), and all wait until it is in place."""
+    """The training checkpoint of every rank: the optimizers' states gathered one tensor at a
+    time into rank 0's files, then the models' full states and random states, which rank 0
+    writes (`save_checkpoint`); all wait until it is in place."""
+    staging = staging_directory(directory) if world.is_writer else None
     model, optimizer = policy
-    state = {
-        "step": step,
-        "optimizer": world.full_optimizer_state(model, optimizer),
-        "sampler": sampler.state(),
-        "rng": rng_states(world),
-    }
+    save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
     critic_model = critic_state = None
     if critic is not None:
         critic_model, critic_optimizer = critic
-        state["critic_optimizer"] = world.full_optimizer_state(critic_model, critic_optimizer)
+        save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
         critic_state = world.full_model_state(critic_model)
+    state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world)}
     model_state = world.full_model_state(model)
     if world.is_writer:
         save_checkpoint(
@@ -196,6 +273,23 @@ def write_checkpoint(
             model_state=model_state,
             critic=world.unwrap(critic_model) if critic_model is not None else None,
             critic_state=critic_state,
+            staging=staging,
         )
     world.barrier()
     return directory
+
+
+def restore_training_state(
+    world: World,
+    checkpoint: Path,
+    policy: tuple[torch.nn.Module, torch.optim.Optimizer],
+    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
+) -> dict[str, Any]:
+    """The optimizers' states and every rank's random states put back from `checkpoint`, which
+    rank 0 alone reads; returns the trainer state (step, sampler) on every rank."""
+    state = world.decided_by_writer(load_trainer_state(checkpoint) if world.is_writer else None)
+    load_optimizer_state(world, *policy, checkpoint / OPTIMIZER_DIR)
+    if critic is not None:
+        load_optimizer_state(world, *critic, checkpoint / CRITIC_OPTIMIZER_DIR)
+    restore_rng_states(state["rng"], world)
+    return state

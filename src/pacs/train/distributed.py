@@ -28,7 +28,8 @@ ever holds a whole unsharded gradient). The frozen KL reference is sharded the s
 (`generation`), so it never all-gathers per token (and ranks may generate different numbers of
 tokens without a collective to hang on). Checkpoints gather a full state dict to rank 0
 (`full_model_state`), written as one plain Hugging Face directory; the optimizer state is
-gathered in full as well (`full_optimizer_state`) and restored from it on every rank.
+gathered to rank 0 one tensor at a time (`whole_on_writer`) and, on resume, read by rank 0 alone
+and sent to each rank as its shard (`from_writer_like`).
 
 Collectives. Every collective pacs calls is a method of `World`, and each one hands the backend
 its tensors on the device that backend serves (`communication_device`): NCCL serves CUDA tensors
@@ -46,18 +47,13 @@ import os
 from datetime import timedelta
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from pacs.models.lora import language_model
@@ -371,24 +367,32 @@ class World:
         state = get_model_state_dict(model, options=options)
         return state if self.is_writer else None
 
-    def full_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """The optimizer's whole state, keyed by parameter names, on the CPU of rank 0 (None on
-        other ranks, and for an optimizer that has not stepped yet: torch would fill its empty
-        state by stepping it, which leaves AdamW one step ahead); every rank must call it."""
-        if not optimizer.state:  # every rank steps alike, so every rank takes this branch alike
-            return None
+    def named_parameters(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of the model inside any wrapper, as its optimizer holds them: under
+        FSDP2 the shards (the root is resharded first, see `_reshard`)."""
         _reshard(model)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_optimizer_state_dict(model, optimizer, options=options)
-        return state if self.is_writer else None
+        return list(self.unwrap(model).named_parameters())
 
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any] | None) -> None:
-        """Restore what `full_optimizer_state` returned (every rank reads the same file); None:
-        the optimizer had not stepped, and stays as it is."""
-        if state is None:
-            return
-        _reshard(model)
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    def whole_on_writer(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each (name, tensor) whole, on rank 0's CPU, one at a time: a sharded tensor (DTensor,
+        FSDP) is gathered when its turn comes, so no rank ever holds more than one of them whole.
+        Yields nothing on other ranks, which must still iterate to take part."""
+        for name, tensor in named_tensors:
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if self.is_writer:
+                yield name, whole.detach().to("cpu", copy=True)
+
+    def from_writer_like(self, whole: torch.Tensor | None, like: torch.Tensor, *, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """Rank 0's `whole` tensor (of `shape` and `dtype`; None on other ranks) as this rank holds
+        tensors like `like`: its shard, placed as `like` is, for a DTensor; the whole tensor on
+        `like`'s device otherwise."""
+        if isinstance(like, DTensor):
+            source = whole if self.is_writer else torch.empty(shape, dtype=dtype)
+            return distribute_tensor(source.to(like.device), like.device_mesh, like.placements, src_data_rank=0)
+        if self.world_size == 1:
+            return whole.to(like.device)
+        received = self._from_writer(whole if self.is_writer else torch.empty(shape, dtype=dtype))
+        return received.to(like.device)
 
 
 def _reshard(model: torch.nn.Module) -> None:

@@ -40,7 +40,7 @@ from pacs.rollout.base import Rollouts, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, load_trainer_state, restore_rng_states, write_checkpoint
+from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
 from pacs.train.sampler import PromptSampler
@@ -496,11 +496,7 @@ def restore_progress(
         if world.rank > 0:
             torch.manual_seed(config.seed * 1_000_003 + world.rank)
         return PromptSampler(num_prompts, config.seed), 0
-    state = load_trainer_state(resume_from)
-    world.load_optimizer_state(policy.model, policy.optimizer, state["optimizer"])
-    if critic is not None:
-        world.load_optimizer_state(*critic, state["critic_optimizer"])
-    restore_rng_states(state["rng"], world)
+    state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic)
     return PromptSampler(**state["sampler"]), state["step"]
 
 
