@@ -116,7 +116,8 @@ def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | N
 
     For every LoRA layer: weight = W + scaling * (B @ A), with W (out, in), A (r, in), B (out, r),
     summed in float32 (or float64) and stored in W's dtype; every other tensor is copied, and the
-    keys lose peft's `base_model.model.` prefix and `.base_layer` infix.
+    keys lose peft's `base_model.model.` prefix and `.base_layer` infix. The result lives on the
+    CPU: on a GPU only one layer's update B @ A exists at a time, never a merged copy of the model.
     """
     state = model.state_dict() if state is None else state
     prefix = "base_model.model."
@@ -138,7 +139,7 @@ def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | N
             if layer.fan_in_fan_out:
                 delta = delta.T
             value = (value.to(wide) + delta).to(value.dtype)
-        merged[key.replace(".base_layer.", ".").removeprefix(prefix)] = value
+        merged[key.replace(".base_layer.", ".").removeprefix(prefix)] = value.to("cpu")
     return merged
 
 
