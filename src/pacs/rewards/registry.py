@@ -21,7 +21,7 @@ import numpy as np
 
 from pacs.rewards.arithmetic import arithmetic_score
 from pacs.rewards.math import MATH_DATA_SOURCES, math_compute_score
-from pacs.rewards.workers import import_function
+from pacs.plugins import import_function
 
 ComputeScore = Callable[[str, str, str, dict | None], float | dict]
 RewardCall = tuple[str, str, str, dict | None]

@@ -54,13 +54,11 @@ call. Each worker may grow its address space by at most ``memory_limit_mib`` (RL
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import math
 import numbers
 import os
 import pickle
-import re
 import resource
 import select
 import signal
@@ -76,13 +74,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from pacs.plugins import check_function_spec, import_function
+
 SERVER_START_TIMEOUT_S = 120.0
 CALLS_PER_MESSAGE = 64
 MAX_MESSAGE_BYTES = 1 << 20
 """Largest message a worker may send back (one result or error)."""
 DEFAULT_MEMORY_LIMIT_MIB = 2048
 """How far a worker may grow its address space beyond its size when forked, in MiB."""
-FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 ERROR_TEXT_CHARS = 8192
 _FRAME_HEADER = struct.Struct(">I")
 _CONTROL_MESSAGE_BYTES = 1 << 16
@@ -106,31 +105,6 @@ def check_timeout_s(timeout_s: object) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
         raise ValueError(f"timeout_s must be a positive, finite number of seconds, got {timeout_s!r}")
     return float(timeout_s)
-
-
-def check_function_spec(spec: object) -> str:
-    """``spec`` if it is written ``"package.module:function"``; ValueError otherwise."""
-    if not isinstance(spec, str) or not FUNCTION_SPEC_PATTERN.match(spec):
-        raise ValueError(f"Function {spec!r} must be written 'package.module:function'")
-    return spec
-
-
-def import_function(spec: str) -> Callable:
-    """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise."""
-    module_name, function_name = check_function_spec(spec).split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"Cannot import module {module_name!r} of function {spec!r}: {error}") from error
-    if not hasattr(module, function_name):
-        available = sorted(
-            name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
-        )
-        raise ValueError(f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}")
-    function = getattr(module, function_name)
-    if not callable(function):
-        raise ValueError(f"{spec!r} is not callable (it is a {type(function).__name__})")
-    return function
 
 
 def exception_text(error: BaseException) -> str:
