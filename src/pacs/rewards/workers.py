@@ -204,6 +204,8 @@ class TimeLimitedWorkers:
                 while pending or self._busy():
                     self._dispatch(calls, pending, timeout_s)
                     busy = self._busy()
+                    if not busy:  # every idle worker died before taking its chunk; fresh ones take it
+                        continue
                     ready = wait([worker.connection for worker in busy], self._seconds_to_deadline(busy))
                     for worker in busy:
                         if worker.connection in ready and worker in self._workers:
@@ -299,7 +301,7 @@ class TimeLimitedWorkers:
                 [sys.executable, "-I", "-c", code], stdin=subprocess.PIPE, pass_fds=[server_end.fileno()]
             )
         self._control = control
-        self._stop_server = weakref.finalize(self, _stop_server, self._server, control)
+        self._stop_server = weakref.finalize(self, _stop_server, self._server, control, os.getpid())
         try:
             self._server.stdin.write(json.dumps(settings).encode())
             self._server.stdin.close()
@@ -388,8 +390,12 @@ def _forget_all_pools_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_all_pools_in_child)
 
 
-def _stop_server(server: subprocess.Popen, control: socket.socket) -> None:
-    """Ask the server to kill every worker group and exit; wait for it (kill it after 10 s)."""
+def _stop_server(server: subprocess.Popen, control: socket.socket, owner_pid: int) -> None:
+    """Ask the server to kill every worker group and exit; wait for it (kill it after 10 s).
+    In a forked copy of the owner (``owner_pid``), only close this copy of the socket."""
+    if os.getpid() != owner_pid:
+        control.close()
+        return
     try:
         control.send(json.dumps(["exit", None]).encode())
     except OSError:  # already gone
@@ -553,7 +559,10 @@ def _become_worker(control: socket.socket, server_fds: tuple[int, int], memory_l
         page_bytes = os.sysconf("SC_PAGE_SIZE")
         with open("/proc/self/statm") as statm:
             address_space_bytes = int(statm.read().split()[0]) * page_bytes
+        _, hard_limit = resource.getrlimit(resource.RLIMIT_AS)
         limit_bytes = address_space_bytes + memory_limit_mib * (1 << 20)
+        if hard_limit != resource.RLIM_INFINITY:
+            limit_bytes = min(limit_bytes, hard_limit)
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
