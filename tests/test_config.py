@@ -161,3 +161,10 @@ def test_a_reward_function_that_cannot_be_imported_is_refused_when_the_config_lo
 
 def test_an_importable_reward_function_loads():
     assert load_config(None, ["reward.function=math:isclose"]).reward.function == "math:isclose"
+
+
+def test_the_scoring_memory_limit_defaults_to_the_workers_and_may_be_lifted():
+    from pacs.rewards.workers import DEFAULT_MEMORY_LIMIT_MIB
+
+    assert load_config(None).reward.memory_limit_mib == DEFAULT_MEMORY_LIMIT_MIB
+    assert load_config(None, ["reward.memory_limit_mib=null"]).reward.memory_limit_mib is None

@@ -179,6 +179,10 @@ class RewardConfig(_Section):
     """Hard wall-clock limit per scored response; a response over it scores 0 and is counted."""
     num_workers: int = Field(2, ge=0)
     """Worker processes that score in parallel (0: in the trainer's process, without the limit)."""
+    memory_limit_mib: int | None = Field(2048, ge=1)
+    """How far each worker may grow its address space beyond its size at start, in MiB (RLIMIT_AS,
+    inherited by programs it runs); a response whose scoring goes past it scores 0 and is counted as
+    a crash. None: no limit. The default is `pacs.rewards.workers.DEFAULT_MEMORY_LIMIT_MIB`."""
 
 
 class Config(_Section):

@@ -189,7 +189,12 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                 f"[yellow]data.{name}: {prompts.num_filtered} of {prompts.num_filtered + len(prompts.rows)} prompts "
                 f"are longer than data.max_prompt_length={config.data.max_prompt_length} tokens and were left out"
             )
-    scorer = ScoringPool(config.reward.function, num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
+    scorer = ScoringPool(
+        config.reward.function,
+        num_workers=config.reward.num_workers,
+        timeout_s=config.reward.timeout_s,
+        memory_limit_mib=config.reward.memory_limit_mib,
+    )
     algorithm = build_algorithm(
         group_size=config.rollout.n, horizon=config.data.max_response_length, **config.algorithm.model_dump()
     )
