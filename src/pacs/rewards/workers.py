@@ -49,6 +49,9 @@ Output and memory. A worker's standard output goes to the caller's standard erro
 function's prints never mix with a command's results on standard output), flushed after every
 call. Each worker may grow its address space by at most ``memory_limit_mib`` (RLIMIT_AS, default
 ``DEFAULT_MEMORY_LIMIT_MIB``; None: no limit); a call that exceeds it is counted as a crash.
+
+Platform: POSIX; the server reaps with ``os.waitid``. The memory limit (it reads /proc) and the
+workers' death with a killed server (``prctl(PR_SET_PDEATHSIG)``) are Linux only.
 """
 
 from __future__ import annotations
@@ -555,7 +558,7 @@ def _become_worker(control: socket.socket, server_fds: tuple[int, int], memory_l
     for fd in server_fds:
         os.close(fd)
     os.dup2(2, 1)
-    if memory_limit_mib is not None:
+    if memory_limit_mib is not None and sys.platform == "linux":
         page_bytes = os.sysconf("SC_PAGE_SIZE")
         with open("/proc/self/statm") as statm:
             address_space_bytes = int(statm.read().split()[0]) * page_bytes
