@@ -55,8 +55,8 @@ class ScoringPool:
     ``function_spec`` is None for ``default_compute_score`` (by ``data_source``) or
     ``"package.module:function"``, imported here at once so that a wrong name fails early.
     ``timeout_s`` is read at every ``score`` call. ``memory_limit_mib``: how far each worker may
-    grow its address space (None: no limit; see ``pacs.rewards.workers``). Use as a context manager, or call
-    ``close()``; a later ``score`` starts fresh workers. Workers end with the caller.
+    grow its address space (None: no limit; see ``pacs.rewards.workers``). Use as a context
+    manager, or call ``close()``; a later ``score`` starts fresh workers. Workers end with the caller.
     """
 
     def __init__(
