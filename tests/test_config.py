@@ -105,3 +105,66 @@ def test_k1_as_a_kl_loss_is_refused_with_the_valid_estimators():
     with pytest.raises(ConfigError, match=r"algorithm.kl_estimator 'k1' with kl_coef=0.1: .*'k2'.*'k3'"):
         load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"])
     assert load_config(None, ["algorithm.kl_coef=0", "algorithm.kl_estimator=k1"]).algorithm.kl_estimator == "k1"
+
+
+def test_a_key_given_twice_is_refused_naming_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("train:\n  steps: 5\nseed: 1\ntrain:\n  lr: 0.001\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: key 'train' is given twice in one mapping, on lines 1 and 4"):
+        load_config(str(path))
+
+
+def test_a_key_given_twice_inside_a_section_is_refused(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("train:\n  steps: 5\n  steps: 6\n")
+    with pytest.raises(ConfigError, match=r"key 'steps' is given twice in one mapping, on lines 2 and 3"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["algorithm.kl_coef", "algorithm.entropy_coef", "train.weight_decay", "algorithm.clip_high", "train.grad_clip",
+     "algorithm.value_clip", "algorithm.dual_clip"],
+)
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_an_infinite_or_nan_coefficient_is_refused(key, value):
+    with pytest.raises(ConfigError, match=rf"{key}: Input should be a finite number"):
+        load_config(None, [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("override", ["train.steps=yes", "train.lr=true", "algorithm.dual_clip=on"])
+def test_a_boolean_where_a_number_belongs_is_refused(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}: expected a number, got True"):
+        load_config(None, [override])
+
+
+def test_an_empty_section_keeps_its_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("train:\nseed: 3\n")
+    assert load_config(str(path)).train.steps == 40
+    assert load_config(str(path), ["train.steps=5"]).train.steps == 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_xyz:score", "Cannot import module 'no_such_module_xyz'"),
+        ("math:no_such_function", "Module 'math' has no attribute 'no_such_function'"),
+        ("my rewards.py", "must be written 'package.module:function'"),
+    ],
+)
+def test_a_reward_function_that_cannot_be_imported_is_refused_when_the_config_loads(spec, message):
+    with pytest.raises(ConfigError, match=rf"reward.function: .*{message}"):
+        load_config(None, [f"reward.function={spec}"])
+
+
+def test_an_importable_reward_function_loads():
+    assert load_config(None, ["reward.function=math:isclose"]).reward.function == "math:isclose"
+
+
+def test_the_scoring_memory_limit_defaults_to_the_workers_and_may_be_lifted():
+    from pacs.rewards.workers import DEFAULT_MEMORY_LIMIT_MIB
+
+    assert load_config(None).reward.memory_limit_mib == DEFAULT_MEMORY_LIMIT_MIB
+    assert load_config(None, ["reward.memory_limit_mib=null"]).reward.memory_limit_mib is None

@@ -96,7 +96,8 @@ def test_amc23_float_answers_become_integer_text_and_are_counted() -> None:
 
 @pytest.mark.parametrize(
     ("answer", "text"),
-    [(2.5, "2.5"), (1e-07, "0.0000001"), (1.5e-10, "0.00000000015"), (-0.25, "-0.25"), (1e20, "100000000000000000000")],
+    [(2.5, "2.5"), (1e-07, "0.0000001"), (1.5e-10, "0.00000000015"), (-0.25, "-0.25"), (1e20, "100000000000000000000"),
+     (1e23, "100000000000000000000000"), (27.0, "27"), (-0.0, "0")],
 )
 def test_float_answers_are_written_in_plain_positional_decimal_notation(tmp_path: Path, answer: float, text: str) -> None:
     path = _write_jsonl(tmp_path / "amc23.jsonl", [{"problem": "Compute it.", "answer": answer}])
@@ -207,6 +208,58 @@ def test_unrepairable_control_character_is_refused_naming_file_row_field_and_cha
     path = _write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": "Fine.", "answer": "1"}, {"problem": problem, "answer": "2"}])
     with pytest.raises(ValueError, match=rf"aime2025\.jsonl: row 1: field 'problem': control character {re.escape(repr(character))}"):
         prepare_dataset(path)
+
+
+@pytest.mark.parametrize(
+    ("problem", "repaired"),
+    [
+        ("Show that $a \neq b$.", "Show that $a \\neq b$."),
+        ("Is x \neq y?", "Is x \\neq y?"),
+        ("The frequency $\nu$ is 2.", "The frequency $\\nu$ is 2."),
+    ],
+)
+def test_a_newline_starting_a_latex_command_is_repaired_and_reported(tmp_path: Path, problem: str, repaired: str) -> None:
+    path = _write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": problem, "answer": "1"}])
+    prepared = prepare_dataset(path)
+    assert _content(prepared.rows[0]) == repaired + PROMPT_SUFFIX
+    assert prepared.report.repaired_control_characters == [0]
+
+
+@pytest.mark.parametrize("problem", ["First line.\nSecond line.", "Lines:\nu and v.", "Read:\ni) one\nii) two"])
+def test_a_newline_before_prose_stays_a_newline(tmp_path: Path, problem: str) -> None:
+    path = _write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": problem, "answer": "1"}])
+    prepared = prepare_dataset(path)
+    assert _content(prepared.rows[0]) == problem + PROMPT_SUFFIX
+    assert prepared.report.repaired_control_characters == []
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_line_separator_inside_a_json_string_does_not_split_the_line(tmp_path: Path, separator: str) -> None:
+    path = tmp_path / "aime2025.jsonl"
+    path.write_text(json.dumps({"problem": f"Find x.{separator}Then y.", "answer": "1"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_records(path) == [{"problem": f"Find x.{separator}Then y.", "answer": "1"}]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_deeply_nested_json_is_refused_naming_the_file(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"aime2025{suffix}"
+    path.write_text('{"problem": ' + "[" * 100_000 + "]" * 100_000 + "}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"aime2025\{suffix}(:1)?: JSON nested too deeply to read"):
+        read_records(path)
+
+
+def test_parquet_text_that_is_not_utf8_is_refused_naming_the_file_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "math500.parquet"
+    pq.write_table(pa.table({"problem": pa.array([b"ok", b"bad \xff"], pa.binary()).view(pa.string())}), path)
+    with pytest.raises(ValueError, match=r"math500\.parquet: column 'problem' holds text that is not UTF-8"):
+        read_records(path)
+
+
+def test_write_parquet_refuses_a_file_name_that_is_not_parquet(tmp_path: Path) -> None:
+    rows = prepare_dataset(BENCHMARK_DATA / "amc23.jsonl").rows
+    with pytest.raises(ValueError, match=r"rows\.jsonl: rows are written as parquet; give a file name ending in \.parquet"):
+        write_parquet(rows, tmp_path / "rows.jsonl")
+    assert not (tmp_path / "rows.jsonl").exists()
 
 
 def test_aime2024_capitalised_spellings_in_parquet_are_accepted(tmp_path: Path) -> None:

@@ -42,13 +42,11 @@ def _load_in_subprocess(model_id: str, hub_cache: Path, *, endpoint: str, offlin
     env.update(HF_ENDPOINT=endpoint, HF_HUB_CACHE=str(hub_cache), HF_HOME=str(hub_cache.parent / "hf-home"))
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
-    start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-c", LOAD_AND_REPORT, model_id], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", LOAD_AND_REPORT, model_id], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - start < 10, result.stdout
-    return result.stdout
+    return result.stdout  # timed by the child around the load call alone, not its start-up
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["closed-port", "HF_HUB_OFFLINE"])

@@ -86,6 +86,13 @@ def test_non_integer_answer_scores_zero(answer: str) -> None:
     assert arithmetic_score(f"\\boxed{{{answer}}}", "7") == 0.0
 
 
+def test_an_integer_of_more_digits_than_int_reads_is_compared() -> None:
+    digits = "9" * 4301
+    assert arithmetic_score(f"\\boxed{{{digits}}}", digits) == 1.0
+    assert arithmetic_score(f"\\boxed{{{digits}}}", "7") == 0.0
+    assert arithmetic_score("\\boxed{-007}", "-7") == 1.0
+
+
 def test_missing_box_scores_zero() -> None:
     assert arithmetic_score("7", "7") == 0.0
 

@@ -183,9 +183,9 @@ def test_no_limit_runs_the_symbolic_step_in_this_process() -> None:
     assert math_score("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", timeout_s=None) == 1.0
 
 
-@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan")])
-def test_a_non_positive_limit_is_rejected(timeout_s: float) -> None:
-    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), float("inf")])
+def test_a_limit_that_is_not_positive_and_finite_is_rejected(timeout_s: float) -> None:
+    with pytest.raises(ValueError, match="timeout_s must be a positive, finite number"):
         math_score("\\boxed{1}", "1", timeout_s=timeout_s)
 
 

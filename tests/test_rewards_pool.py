@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +18,68 @@ from pacs.rewards import BatchScores, ScoringPool
 PLUGIN_MODULE = "pacs_test_pool_plugin"
 PLUGIN_SOURCE = '''
 import os
+import subprocess
+import sys
 import time
+
+import numpy as np
+
+INJECTOR = """
+import os, pickle, stat, struct, sys
+
+class Forged:
+    def __reduce__(self):
+        return (eval, ("__import__('pathlib').Path(%r).touch() or 1.0" % sys.argv[1],))
+
+payload = pickle.dumps(("result", Forged()))
+for fd in range(3, 256):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.write(fd, struct.pack("!i", len(payload)) + payload)
+    except OSError:
+        pass
+"""
+
+
+def run_a_forging_program(data_source, solution_str, ground_truth, extra_info=None):
+    """Run a 'model-written' program that writes a forged pickle to every socket it holds."""
+    subprocess.run([sys.executable, "-c", INJECTOR, ground_truth], close_fds=False, check=True)
+    return 0.0
+
+
+def exit_after_starting_a_background_program(data_source, solution_str, ground_truth, extra_info=None):
+    os.system("sleep 30 &")
+    os._exit(3)
+
+
+def call_sys_exit(data_source, solution_str, ground_truth, extra_info=None):
+    sys.exit(3)
+
+
+def raise_keyboard_interrupt(data_source, solution_str, ground_truth, extra_info=None):
+    raise KeyboardInterrupt
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+def raise_unprintable(data_source, solution_str, ground_truth, extra_info=None):
+    raise Unprintable()
+
+
+def huge_integer(data_source, solution_str, ground_truth, extra_info=None):
+    return 10**400
+
+
+def numpy_true(data_source, solution_str, ground_truth, extra_info=None):
+    return np.bool_(True)
+
+
+def print_and_score(data_source, solution_str, ground_truth, extra_info=None):
+    print("printed by the reward function")
+    return 1.0
 
 
 def length_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -188,11 +252,74 @@ def test_an_invalid_worker_count_is_rejected(num_workers: int) -> None:
         ScoringPool(num_workers=num_workers)
 
 
-def test_a_non_positive_limit_is_rejected() -> None:
-    with pytest.raises(ValueError, match="timeout_s must be a positive number of seconds, got 0"):
-        ScoringPool(timeout_s=0)
+@pytest.mark.parametrize("timeout_s", [0, float("inf")])
+def test_a_limit_that_is_not_positive_and_finite_is_rejected(timeout_s: float) -> None:
+    with pytest.raises(ValueError, match=f"timeout_s must be a positive, finite number of seconds, got {timeout_s}"):
+        ScoringPool(timeout_s=timeout_s)
 
 
 def test_rows_and_responses_must_pair_up() -> None:
     with pytest.raises(ValueError, match="Got 2 rows but 1 responses"):
         ScoringPool(num_workers=0).score(rows(2, "arithmetic"), ["\\boxed{1}"])
+
+
+def test_a_program_started_by_the_reward_function_cannot_forge_a_result(plugin: str, tmp_path: Path) -> None:
+    marker = tmp_path / "forged pickle ran"
+    with ScoringPool(f"{plugin}:run_a_forging_program", num_workers=1, timeout_s=30) as pool:
+        batch = pool.score(rows(1, ground_truth=str(marker)), ["x"])
+    assert not marker.exists()
+    assert batch == BatchScores([0.0], timed_out=0, crashed=0)
+
+
+def test_a_worker_that_exits_leaving_a_background_program_is_counted_as_crashed(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:exit_after_starting_a_background_program", num_workers=1, timeout_s=20) as pool:
+        assert pool.score(rows(1), ["x"]) == BatchScores([0.0], timed_out=0, crashed=1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize(
+    ("function", "error_text"),
+    [
+        ("call_sys_exit", "SystemExit: 3"),
+        ("raise_unprintable", "Unprintable: <str() of the exception raised RuntimeError>"),
+    ],
+)
+def test_an_exit_or_an_unprintable_exception_is_raised_naming_the_row(
+    plugin: str, function: str, error_text: str, num_workers: int
+) -> None:
+    with ScoringPool(f"{plugin}:{function}", num_workers=num_workers) as pool:
+        with pytest.raises(ValueError, match=f"extra_info index 0: {re.escape(error_text)}"):
+            pool.score(rows(1), ["x"])
+
+
+def test_a_keyboard_interrupt_raised_by_the_reward_function_in_a_worker_is_raised(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:raise_keyboard_interrupt", num_workers=1) as pool:
+        with pytest.raises(ValueError, match="extra_info index 0: KeyboardInterrupt"):
+            pool.score(rows(1), ["x"])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_score_too_large_for_a_float_is_rejected(plugin: str, num_workers: int) -> None:
+    with ScoringPool(f"{plugin}:huge_integer", num_workers=num_workers) as pool:
+        with pytest.raises(ValueError, match=r"extra_info index 0 must be in \[0, 1\], got a number too large"):
+            pool.score(rows(1), ["x"])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_numpy_bool_is_a_score(plugin: str, num_workers: int) -> None:
+    with ScoringPool(f"{plugin}:numpy_true", num_workers=num_workers) as pool:
+        assert pool.score(rows(1), ["x"]).scores == [1.0]
+
+
+def test_what_the_reward_function_prints_reaches_standard_error(plugin: str, tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(sys.modules[plugin].__file__).parent)!r})\n"
+        "from pacs.rewards import ScoringPool\n"
+        f"with ScoringPool('{plugin}:print_and_score', num_workers=1) as pool:\n"
+        "    print('scores', pool.score([{'data_source': 's', 'reward_model': {'ground_truth': '1'}}], ['x']).scores)\n"
+    )
+    caller = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert caller.returncode == 0, caller.stderr
+    assert "printed by the reward function" in caller.stderr
+    assert caller.stdout == "scores [1.0]\n"

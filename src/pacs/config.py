@@ -5,20 +5,26 @@
 Every key has a type and a default; an unknown key, a value of the wrong type or an impossible
 combination (a mini-batch that does not divide the batch, leave-one-out with one response per
 prompt, ...) raises `ConfigError` naming the key, the value and what would be valid, before any
-model is loaded. `builtin:NAME` reads the recipe `configs/NAME.yaml` shipped with pacs.
+model is loaded. A YAML key given twice in one mapping, a boolean where a number belongs (YAML reads
+`yes` as true) and a `reward.function` that cannot be imported are refused too. An empty section
+(`train:` with nothing under it) keeps its defaults. `builtin:NAME` reads the recipe
+`configs/NAME.yaml` shipped with pacs.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.resources
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pacs.algos.core import check_kl_penalty
+from pacs.plugins import import_function
 
 
 class ConfigError(ValueError):
@@ -27,6 +33,21 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _refuse_booleans_for_numbers(cls, value: object, info: ValidationInfo) -> object:
+        """pydantic would read true as 1; YAML reads yes/no/on/off as booleans."""
+        if isinstance(value, bool) and _is_numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, got {value!r} (YAML reads yes/no/on/off/true/false as booleans)")
+        return value
+
+
+def _is_numeric(annotation: object) -> bool:
+    """Whether a field of this type holds an int or a float (``float | None`` included)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_numeric(member) for member in typing.get_args(annotation))
+    return annotation in (int, float)
 
 
 class ModelConfig(_Section):
@@ -72,25 +93,25 @@ class AlgorithmConfig(_Section):
     weighting: Literal["question", "none", "only_positive", "only_negative"] = "question"
     # clipped policy-gradient baselines (grpo, rloo, ppo); loss_agg, kl_* and entropy_coef: all
     clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.2, gt=0)
-    dual_clip: float | None = Field(None, gt=1)
+    clip_high: float = Field(0.2, gt=0, allow_inf_nan=False)
+    dual_clip: float | None = Field(None, gt=1, allow_inf_nan=False)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None: off."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         "seq-mean-token-sum-norm"
     )
     norm_by_std: bool = True
     """grpo: divide group-centred rewards by the group's standard deviation."""
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the KL penalty to the frozen initial model (every algorithm); 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator used as the loss: k2 follows the gradient of KL(π_θ‖π_ref), k3 (GRPO's
     default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0."""
-    entropy_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus (every algorithm)."""
     # ppo
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
-    value_clip: float | None = Field(0.5, gt=0)
+    value_clip: float | None = Field(0.5, gt=0, allow_inf_nan=False)
     """Clip range of the critic's values around their rollout-time values; None: no clipping."""
 
 
@@ -125,8 +146,8 @@ class TrainConfig(_Section):
     epochs: int = Field(1, ge=1)
     """Passes over each step's rollouts."""
     lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    grad_clip: float = Field(1.0, gt=0, allow_inf_nan=False)
     save_every: int = Field(0, ge=0)
     """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
     eval_every: int = Field(0, ge=0)
@@ -161,6 +182,10 @@ class RewardConfig(_Section):
     """Hard wall-clock limit per scored response; a response over it scores 0 and is counted."""
     num_workers: int = Field(2, ge=0)
     """Worker processes that score in parallel (0: in the trainer's process, without the limit)."""
+    memory_limit_mib: int | None = Field(2048, ge=1)
+    """How far each worker may grow its address space beyond its size at start, in MiB (RLIMIT_AS,
+    inherited by programs it runs); a response whose scoring goes past it scores 0 and is counted as
+    a crash. None: no limit. The default is `pacs.rewards.workers.DEFAULT_MEMORY_LIMIT_MIB`."""
 
 
 class Config(_Section):
@@ -216,8 +241,8 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
         key = ".".join(str(part) for part in item["loc"])
         if item["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key{_suggestion(item['loc'])}")
-        elif item["type"] == "value_error":
-            lines.append(f"  {item['msg'].removeprefix('Value error, ')}")
+        elif item["type"] == "value_error":  # a field's own check names no key; the whole config's checks do
+            lines.append(f"  {key + ': ' if key else ''}{item['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {key}: {item['msg']} (got {item['input']!r})")
     return "\n".join(lines)
@@ -236,6 +261,28 @@ def _suggestion(location: tuple) -> str:
     return f"{hint}; valid keys here: {', '.join(valid)}"
 
 
+class _DuplicateKeyError(ValueError):
+    """A YAML mapping gives one key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (it would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_lines: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in first_lines:
+                raise _DuplicateKeyError(
+                    f"key {key!r} is given twice in one mapping, on lines {first_lines[key]} and {line} "
+                    "(YAML would silently keep only the last); keep one"
+                )
+            if isinstance(key, typing.Hashable):
+                first_lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(source: str) -> dict[str, Any]:
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
@@ -250,9 +297,11 @@ def _read_yaml(source: str) -> dict[str, Any]:
             raise ConfigError(f"config file not found: {source}")
         text = path.read_text()
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"{source} is not valid YAML: {error}") from None
+    except _DuplicateKeyError as error:
+        raise ConfigError(f"{source}: {error}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -269,7 +318,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = key.split(".")
         node = data
         for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
+            if node.get(part) is None:  # absent, or an empty section (`train:`)
+                node[part] = {}
+            child = node[part]
             if not isinstance(child, dict):
                 raise ConfigError(f"override '{override}': '{'.'.join(parts[: depth + 1])}' is not a section")
             node = child
@@ -278,7 +329,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem."""
+    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem.
+    An empty section (None) keeps its defaults."""
+    sections = {name for name, field in Config.model_fields.items() if isinstance(field.default, BaseModel)}
+    data = {key: {} if key in sections and value is None else value for key, value in data.items()}
     try:
         return Config.model_validate(data)
     except ValidationError as error:
@@ -286,10 +340,17 @@ def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
 
 
 def load_config(source: str | None, overrides: list[str] = ()) -> Config:
-    """Read a YAML file (or `builtin:NAME`; None for all defaults), apply overrides, validate."""
+    """Read a YAML file (or `builtin:NAME`; None for all defaults), apply overrides, validate, and
+    import `reward.function` (so that a misspelled one fails before any model is loaded)."""
     data = _read_yaml(source) if source else {}
     apply_overrides(data, list(overrides))
-    return build_config(data, source or "defaults")
+    config = build_config(data, source or "defaults")
+    if config.reward.function is not None:
+        try:
+            import_function(config.reward.function)
+        except ValueError as error:
+            raise ConfigError(f"invalid configuration ({source or 'defaults'}):\n  reward.function: {error}") from None
+    return config
 
 
 def dump_config(config: Config, path: Path) -> None:

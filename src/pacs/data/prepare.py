@@ -26,13 +26,15 @@ decodes as a JSON escape: ``"\\frac"`` becomes a form feed + ``rac``, ``"\\times
 
 - a form feed or backspace followed by letters is always a lost ``\\f`` / ``\\b`` command (these
   characters have no use in text): form feed + ``rac`` -> ``\\frac``, backspace + ``eta`` -> ``\\beta``;
-- a tab or carriage return followed by letters is a lost ``\\t`` / ``\\r`` command only when the
-  result is a known LaTeX command (``\\times``, ``\\triangle``, ``\\text``, ``\\tan``, ``\\right``,
-  ``\\rangle``, ... see ``TAB_COMMANDS`` and ``CARRIAGE_RETURN_COMMANDS``): real tabs also occur as
+- a tab, carriage return or newline followed by letters is a lost ``\\t`` / ``\\r`` / ``\\n``
+  command only when the result is a known LaTeX command (``\\times``, ``\\triangle``, ``\\text``,
+  ``\\tan``, ``\\right``, ``\\rangle``, ``\\neq``, ``\\nu``, ... see ``TAB_COMMANDS``,
+  ``CARRIAGE_RETURN_COMMANDS`` and ``NEWLINE_COMMANDS``): real tabs and newlines also occur as
   whitespace between words (math500 rows 17 and 426, ``"have\\tequal"``). Where the letters after
-  the tab are themselves a word of prose (``PROSE_WORD_COMMANDS``: tab + ``an`` could be ``\\tan`` or
-  a tab before the word "an"), the command is restored only inside math (``$...$``, ``$$...$$``,
-  ``\\(...\\)``, ``\\[...\\]``), where those commands live; elsewhere the tab is whitespace;
+  the character are themselves a word of prose (``PROSE_WORD_COMMANDS``: tab + ``an`` could be
+  ``\\tan`` or a tab before the word "an"), the command is restored only inside math (``$...$``,
+  ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``), where those commands live; elsewhere the character
+  is whitespace;
 - every remaining tab is whitespace and becomes a space;
 - any other control character except ``"\\n"`` is refused with a ValueError naming the file, the
   row, the field and the character.
@@ -67,18 +69,24 @@ TAB_COMMANDS = frozenset({
     "triangleright", "trianglerighteq", "tt",
 })
 """LaTeX commands starting with ``t``: a tab followed by the rest of one of these is repaired."""
-PROSE_WORD_COMMANDS = frozenset({"tan", "tau", "to", "top", "tt"})
-"""Commands whose letters after the tab are also words of prose ("an", "au", "o", "op", "t"):
-repaired only inside math."""
+NEWLINE_COMMANDS = frozenset({
+    "nabla", "natural", "ne", "nearrow", "neg", "neq", "nexists", "ngeq", "ngtr", "ni", "nleq",
+    "nless", "nmid", "not", "notin", "nparallel", "nprec", "nsim", "nsubseteq", "nsucc", "nsupseteq",
+    "ntriangleleft", "ntriangleright", "nu", "nvdash", "nwarrow",
+})
+"""LaTeX commands starting with ``n``: a newline followed by the rest of one of these is repaired."""
+PROSE_WORD_COMMANDS = frozenset({"tan", "tau", "to", "top", "tt", "ne", "ni", "nu"})
+"""Commands whose letters after the control character are also words of prose ("an", "au", "o",
+"op", "t", "e", "i", "u"): repaired only inside math."""
 CARRIAGE_RETURN_COMMANDS = frozenset({
     "rangle", "rbrace", "rbrack", "rceil", "rfloor", "rho", "right", "rightarrow", "rightharpoondown",
     "rightharpoonup", "rightleftharpoons", "rightrightarrows", "rm", "rtimes", "rvert", "rVert",
 })
 """LaTeX commands starting with ``r``: a carriage return followed by the rest of one of these is repaired."""
-ESCAPE_LETTERS = {"\b": "b", "\f": "f", "\t": "t", "\r": "r"}
+ESCAPE_LETTERS = {"\b": "b", "\f": "f", "\t": "t", "\r": "r", "\n": "n"}
 """Control character -> the letter of the JSON escape that produced it."""
-COMMANDS_OF_AMBIGUOUS_ESCAPES = {"\t": TAB_COMMANDS, "\r": CARRIAGE_RETURN_COMMANDS}
-BROKEN_ESCAPE = re.compile(r"([\b\f\t\r])([A-Za-z]+)")
+COMMANDS_OF_AMBIGUOUS_ESCAPES = {"\t": TAB_COMMANDS, "\r": CARRIAGE_RETURN_COMMANDS, "\n": NEWLINE_COMMANDS}
+BROKEN_ESCAPE = re.compile(r"([\b\f\t\r\n])([A-Za-z]+)")
 MATH_DELIMITER = re.compile(r"\\\\|\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]")
 """What opens or closes math, and what must not be read as doing so: ``\\\\`` (a line break, as in
 ``\\\\[2pt]``) and ``\\$`` (a dollar sign)."""
@@ -102,8 +110,18 @@ def _answer_text(answer: object, location: str) -> tuple[str, bool]:
     if isinstance(answer, int) and not isinstance(answer, bool):
         return str(answer), True
     if isinstance(answer, float) and math.isfinite(answer):
-        return (str(int(answer)) if answer.is_integer() else format(Decimal(repr(answer)), "f")), True
+        return _shortest_positional_text(answer), True
     raise ValueError(f"{location}: expected a non-empty string or a finite number, got {describe_value(answer)}")
+
+
+def _shortest_positional_text(number: float) -> str:
+    """The shortest decimal that reads back as ``number``, in positional notation without a
+    trailing ``.0``: 27.0 -> "27", 1e23 -> "100000000000000000000000" (not int(1e23)'s
+    "99999999999999991611392"), 1e-07 -> "0.0000001", -0.0 -> "0"."""
+    text = format(Decimal(repr(number)), "f")
+    if "." in text:
+        text = text.rstrip("0").removesuffix(".")
+    return "0" if text == "-0" else text
 
 
 def _gsm8k_answer_text(solution: object, location: str) -> tuple[str, bool]:
@@ -228,13 +246,15 @@ def _read_text(path: Path) -> str:
 def _json_lines(path: Path, text: str) -> list[dict]:
     """Parse one JSON object per non-blank line of ``text``; errors name the file and line."""
     records = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
+    for line_number, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{line_number}: JSON nested too deeply to read") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{line_number}: expected a JSON object, got {describe_value(record)}")
         records.append(record)
@@ -249,6 +269,8 @@ def _json_document(path: Path, text: str) -> list[dict]:
         if text.lstrip().startswith("["):
             raise ValueError(f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg})") from None
         return _json_lines(path, text)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to read") from None
     if isinstance(document, dict):
         return [document]
     if not isinstance(document, list):
@@ -260,11 +282,25 @@ def _json_document(path: Path, text: str) -> list[dict]:
 
 
 def _parquet_rows(path: Path) -> list[dict]:
-    """Read every row of a parquet file as a dict; errors name the file."""
+    """Read every row of a parquet file as a dict; errors name the file (and a column not UTF-8)."""
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except (pa.ArrowException, OSError) as error:
         raise ValueError(f"{path}: not a readable parquet file ({error})") from None
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as error:
+        column = next(name for name in table.column_names if not _decodes(table.column(name)))
+        raise ValueError(f"{path}: column {column!r} holds text that is not UTF-8 ({error})") from None
+
+
+def _decodes(column: pa.ChunkedArray) -> bool:
+    """Whether every value of ``column`` converts to Python (text columns: valid UTF-8)."""
+    try:
+        column.to_pylist()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -438,6 +474,8 @@ def write_parquet(rows: list[dict], out_path: str | Path) -> None:
     first row's keys); a key that a row lacks reads back as null.
     """
     out_path = Path(out_path)
+    if out_path.suffix.lower() != ".parquet":
+        raise ValueError(f"{out_path}: rows are written as parquet; give a file name ending in .parquet")
     if not rows:
         raise ValueError(f"{out_path}: no rows to write")
     validate_rows(rows, str(out_path))

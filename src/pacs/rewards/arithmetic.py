@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 BOXED_OPENING = "\\boxed{"
-INTEGER_PATTERN = re.compile(r"^[+-]?[0-9]+$")
+INTEGER_PATTERN = re.compile(r"^([+-]?)([0-9]+)$")
 
 
 def extract_boxed(text: str) -> str | None:
@@ -32,10 +32,21 @@ def arithmetic_score(solution_str: str, ground_truth: str) -> float:
     """Return 1.0 if the last boxed answer is an integer literal equal to ``ground_truth``, else 0.0.
 
     The boxed content is stripped and must match ``[+-]?[0-9]+`` (no expressions are evaluated).
+    Literals are compared as text, so any number of digits works (``int()`` refuses over 4300).
     """
-    if not INTEGER_PATTERN.match(ground_truth.strip()):
+    expected = _canonical_integer(ground_truth)
+    if expected is None:
         raise ValueError(f"Arithmetic ground truth must be an integer literal, got {ground_truth!r}")
     answer = extract_boxed(solution_str)
-    if answer is None or not INTEGER_PATTERN.match(answer.strip()):
-        return 0.0
-    return 1.0 if int(answer.strip()) == int(ground_truth) else 0.0
+    return 1.0 if answer is not None and _canonical_integer(answer) == expected else 0.0
+
+
+def _canonical_integer(text: str) -> str | None:
+    """An integer literal without ``+`` or leading zeros (``"-007"`` -> ``"-7"``, ``"-0"`` -> ``"0"``);
+    None when ``text`` (stripped) is not one."""
+    literal = INTEGER_PATTERN.match(text.strip())
+    if literal is None:
+        return None
+    sign, digits = literal.groups()
+    magnitude = digits.lstrip("0") or "0"
+    return "-" + magnitude if sign == "-" and magnitude != "0" else magnitude

@@ -32,7 +32,7 @@ import threading
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from pacs.rewards.arithmetic import extract_boxed
-from pacs.rewards.workers import TimeLimitedWorkers, inside_time_limited_worker
+from pacs.rewards.workers import TimeLimitedWorkers, check_timeout_s, inside_time_limited_worker
 
 MATH_DATA_SOURCES = ("math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "math")
 GOLD_EXTRACTION = (LatexExtractionConfig(),)
@@ -126,8 +126,8 @@ def math_score(solution_str: str, ground_truth: str, *, timeout_s: float | None 
         raise ValueError(
             f"Math ground truth must be a string, got {type(ground_truth).__name__} {ground_truth!r}"
         )
-    if timeout_s is not None and not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s}")
+    if timeout_s is not None:
+        check_timeout_s(timeout_s)
     boxed_answer = _sole_boxed_answer(solution_str)
     if boxed_answer is not None:
         normalized_answer = normalize_answer(boxed_answer)

@@ -7,9 +7,11 @@ One bad answer must never stall a training step. ``ScoringPool`` runs a reward f
 
 - a call still running at ``timeout_s``: its worker is killed and replaced, the score is 0.0 and
   counted in ``BatchScores.timed_out``;
-- a worker that dies (segfault, ``os._exit``): replaced, score 0.0, counted in ``crashed``;
-- an exception raised by the reward function: re-raised here as ValueError naming the row
-  (a bug is not a zero), as is a result that is not a score in [0, 1] (``_checked_score``).
+- a worker that dies (segfault, ``os._exit``, past ``memory_limit_mib``): replaced, score 0.0,
+  counted in ``crashed``;
+- an exception raised by the reward function (``sys.exit`` included): re-raised here as
+  ValueError naming the row (a bug is not a zero), as is a result that is not a score in [0, 1]
+  (``_checked_score``). The same holds with ``num_workers=0``.
 
 It works from any caller: a script with or without an ``if __name__ == "__main__":`` guard, a
 script read from standard input, ``python -c``, ``exec``'d code, a worker thread, a process with
@@ -17,7 +19,7 @@ torch threads (workers are forks of a server of their own, never of the caller, 
 the caller's ``__main__``). ``num_workers=0`` scores in this process, sequentially and without
 the pool's limit, for debugging; the math verifier still bounds its own symbolic step (see
 ``pacs.rewards.math``), and each step it stopped or lost (``math_score_timeouts``) is counted in
-``timed_out``. A pool is not thread-safe: one ``score`` at a time.
+``timed_out``. Threads may share a pool: their ``score`` calls take turns.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from dataclasses import dataclass
 
 from pacs.rewards.math import math_score_timeouts
 from pacs.rewards.registry import RewardCall, _checked_score, _describe_row, load_reward_function, reward_calls
-from pacs.rewards.workers import NO_RESULT, CallError, TimeLimitedWorkers
+from pacs.rewards.workers import (
+    DEFAULT_MEMORY_LIMIT_MIB,
+    NO_RESULT,
+    CallError,
+    TimeLimitedWorkers,
+    check_timeout_s,
+    exception_text,
+)
 
 DEFAULT_FUNCTION_SPEC = "pacs.rewards.registry:default_compute_score"
 
@@ -45,25 +54,32 @@ class ScoringPool:
 
     ``function_spec`` is None for ``default_compute_score`` (by ``data_source``) or
     ``"package.module:function"``, imported here at once so that a wrong name fails early.
-    ``timeout_s`` is read at every ``score`` call. Use as a context manager, or call
-    ``close()``; a later ``score`` starts fresh workers. Workers end with the caller.
+    ``timeout_s`` is read at every ``score`` call. ``memory_limit_mib``: how far each worker may
+    grow its address space (None: no limit; see ``pacs.rewards.workers``). Use as a context
+    manager, or call ``close()``; a later ``score`` starts fresh workers. Workers end with the caller.
     """
 
     def __init__(
-        self, function_spec: str | None = None, *, num_workers: int = 2, timeout_s: float = 1.0
+        self,
+        function_spec: str | None = None,
+        *,
+        num_workers: int = 2,
+        timeout_s: float = 1.0,
+        memory_limit_mib: int | None = DEFAULT_MEMORY_LIMIT_MIB,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(
                 f"num_workers must be an integer >= 0 (0 scores in this process), got {num_workers!r}"
             )
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        check_timeout_s(timeout_s)
         self.function_spec = function_spec
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self._compute_score = load_reward_function(function_spec)
         self._workers = (
-            TimeLimitedWorkers(function_spec or DEFAULT_FUNCTION_SPEC, num_workers=num_workers)
+            TimeLimitedWorkers(
+                function_spec or DEFAULT_FUNCTION_SPEC, num_workers=num_workers, memory_limit_mib=memory_limit_mib
+            )
             if num_workers
             else None
         )
@@ -87,7 +103,7 @@ class ScoringPool:
             scores = [self._score_in_process(call) for call in calls]
             return BatchScores(scores, timed_out=math_score_timeouts() - timeouts_before)
         try:
-            outcome = self._workers.run(calls, timeout_s=self.timeout_s)
+            outcome = self._workers.run(calls, timeout_s=check_timeout_s(self.timeout_s))
         except CallError as error:
             raise self._function_error(calls[error.index], error.text) from None
         scores = [
@@ -105,6 +121,6 @@ class ScoringPool:
     def _score_in_process(self, call: RewardCall) -> float:
         try:
             result = self._compute_score(*call)
-        except Exception as error:
-            raise self._function_error(call, f"{type(error).__name__}: {error}") from error
+        except (Exception, SystemExit) as error:  # KeyboardInterrupt stays Ctrl-C
+            raise self._function_error(call, exception_text(error)) from error
         return _checked_score(result, call[0], call[3])

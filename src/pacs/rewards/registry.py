@@ -17,9 +17,11 @@ import math
 import numbers
 from collections.abc import Callable
 
+import numpy as np
+
 from pacs.rewards.arithmetic import arithmetic_score
 from pacs.rewards.math import MATH_DATA_SOURCES, math_compute_score
-from pacs.rewards.workers import import_function
+from pacs.plugins import import_function
 
 ComputeScore = Callable[[str, str, str, dict | None], float | dict]
 RewardCall = tuple[str, str, str, dict | None]
@@ -61,17 +63,20 @@ def _describe_row(data_source: str, extra_info: dict | None) -> str:
 
 
 def _checked_score(result: object, data_source: str, extra_info: dict | None) -> float:
-    """Return ``result`` (a number, or a dict with ``"score"``) as a float in [0, 1]; else raise."""
+    """Return ``result`` (a number or numpy bool, or a dict with ``"score"``) as a float in [0, 1]; else raise."""
     where = _describe_row(data_source, extra_info)
     if isinstance(result, dict):
         if "score" not in result:
             raise ValueError(f"Reward dict for {where} has no 'score' key (keys: {sorted(result)})")
         result = result["score"]
-    if not isinstance(result, numbers.Real):
+    if not isinstance(result, (numbers.Real, np.bool_)):
         raise ValueError(
             f"Reward for {where} must be a number in [0, 1], got {type(result).__name__} {result!r}"
         )
-    score = float(result)
+    try:
+        score = float(result)
+    except OverflowError:
+        raise ValueError(f"Reward for {where} must be in [0, 1], got a number too large for a float") from None
     if not (math.isfinite(score) and 0.0 <= score <= 1.0):
         raise ValueError(f"Reward for {where} must be in [0, 1], got {score}")
     return score

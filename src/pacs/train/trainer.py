@@ -202,7 +202,12 @@ class Trainer:
             policy.tokenizer,
             max_sequences_per_call=config.rollout.generation_batch_size,
         )
-        scorer = ScoringPool(config.reward.function, num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
+        scorer = ScoringPool(
+            config.reward.function,
+            num_workers=config.reward.num_workers,
+            timeout_s=config.reward.timeout_s,
+            memory_limit_mib=config.reward.memory_limit_mib,
+        )
         settings = UpdateSettings(
             mini_batch_size=config.train.mini_batch_size // world.world_size,
             micro_batch_size=config.train.micro_batch_size,

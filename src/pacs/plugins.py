@@ -1,0 +1,34 @@
+"""Plug-in functions named ``"package.module:function"`` (a user's reward function, for one)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+
+FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def check_function_spec(spec: object) -> str:
+    """``spec`` if it is written ``"package.module:function"``; ValueError otherwise."""
+    if not isinstance(spec, str) or not FUNCTION_SPEC_PATTERN.match(spec):
+        raise ValueError(f"Function {spec!r} must be written 'package.module:function'")
+    return spec
+
+
+def import_function(spec: str) -> Callable:
+    """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise."""
+    module_name, function_name = check_function_spec(spec).split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"Cannot import module {module_name!r} of function {spec!r}: {error}") from error
+    if not hasattr(module, function_name):
+        available = sorted(
+            name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
+        )
+        raise ValueError(f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}")
+    function = getattr(module, function_name)
+    if not callable(function):
+        raise ValueError(f"{spec!r} is not callable (it is a {type(function).__name__})")
+    return function
