@@ -15,7 +15,7 @@ import contextlib
 import functools
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -313,7 +313,8 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                 logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
             batch = PolicyBatch.from_rollouts(rollouts, rewards, compute_dtype).to(world.device)
             updates_policy = critic is None or step > config.critic.warmup_steps
-            first_update_rows = min(len(batch), settings.mini_batch_size * config.rollout.n) if updates_policy else 0
+            takes_first_old_logprobs = updates_policy and "step_old_logprobs" not in algorithm.needs
+            first_update_rows = min(len(batch), settings.mini_batch_size * config.rollout.n) if takes_first_old_logprobs else 0
             with autocast():  # the first update's rows get π_old from that update's own forward pass
                 fill_rollout_logprobs(
                     model,
@@ -331,11 +332,16 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
                     batch.row_terms["values"] = response_values_no_grad(
                         critic, batch, micro_batch_size=config.train.micro_batch_size
                     )
-            step_inputs = {name: value for name, value in batch.tensors().items() if name != "old_logprobs"}
+            step_inputs = {
+                name: value
+                for name, value in batch.tensors().items()
+                if name != "old_logprobs" or "step_old_logprobs" in algorithm.needs
+            }
             batch.row_terms.update(algorithm.prepare_step(step_inputs, sum_over_ranks=world.sum))
             metrics = {}
             if critic is not None:
-                metrics.update(update_critic(critic, critic_optimizer, world, batch, algorithm, settings))
+                critic_settings = replace(settings, grad_clip=config.critic.grad_clip or config.train.grad_clip)
+                metrics.update(update_critic(critic, critic_optimizer, world, batch, algorithm, critic_settings))
             if updates_policy:
                 metrics.update(
                     update_policy(
