@@ -105,3 +105,29 @@ def test_k1_as_a_kl_loss_is_refused_with_the_valid_estimators():
     with pytest.raises(ConfigError, match=r"algorithm.kl_estimator 'k1' with kl_coef=0.1: .*'k2'.*'k3'"):
         load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"])
     assert load_config(None, ["algorithm.kl_coef=0", "algorithm.kl_estimator=k1"]).algorithm.kl_estimator == "k1"
+
+
+def test_k1_in_the_reward_is_accepted():
+    config = load_config(
+        None, ["algorithm.name=ppo", "algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1", "algorithm.kl_in_reward=true"]
+    )
+    assert config.algorithm.kl_in_reward
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.name=pacs", "algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"],
+        ["algorithm.name=grpo", "algorithm.kl_coef=0", "algorithm.kl_in_reward=true"],
+    ],
+    ids=["pacs", "no-coefficient"],
+)
+def test_kl_in_reward_needs_a_reward_driven_baseline_and_a_coefficient(overrides):
+    with pytest.raises(ConfigError, match=r"algorithm.kl_in_reward=true .*grpo, rloo or ppo.*kl_coef > 0"):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize("key", ["algorithm.loss_scale", "algorithm.critic_loss_scale", "critic.grad_clip"])
+def test_loss_scales_and_the_critic_clip_must_be_positive(key):
+    with pytest.raises(ConfigError, match=rf"{key}: Input should be greater than 0"):
+        load_config(None, [f"{key}=0"])
