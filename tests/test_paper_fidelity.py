@@ -30,8 +30,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pacs import compare as compare_module
 from pacs.algos.base import MiniBatchTotals
 from pacs.algos.registry import build_algorithm
+from pacs.cli import main
+from pacs.compare import PAPER_BASELINES as PAPER_BASELINES_OVERRIDES
 from pacs.config import Config, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -262,3 +265,32 @@ def test_the_rollout_has_tokens_beyond_the_dual_clip_and_outside_the_value_clip(
     negative = reference_advantages(DATA, "grpo")[:, None] < 0
     assert (mask & negative & (DATA["log_ratios"].exp() > 3)).sum() >= 10
     assert (mask & (DATA["value_offsets"].abs() > 0.5)).sum() >= 10
+
+
+# --- the two kinds of comparison in `pacs compare` -----------------------------------------------
+
+FIDELITY_KEYS = ("dual_clip", "loss_agg", "loss_scale", "critic_loss_agg", "critic_loss_scale")
+
+
+@pytest.mark.parametrize("path", PAPER_PPO, ids=lambda path: path.stem)
+def test_compare_paper_baselines_switch_sets_what_the_paper_configs_set(path):
+    paper = load_config(str(path))
+    switched = load_config("builtin:compare-demo", PAPER_BASELINES_OVERRIDES)
+    assert {key: getattr(switched.algorithm, key) for key in FIDELITY_KEYS} == {
+        key: getattr(paper.algorithm, key) for key in FIDELITY_KEYS
+    }
+    assert (switched.critic.grad_clip or switched.train.grad_clip) == paper.critic.grad_clip
+
+
+def test_compare_demo_normalises_every_method_alike():
+    """Without the switch, every loss is mean-normalised and clipped at train.grad_clip, as PACS's."""
+    config = load_config("builtin:compare-demo")
+    assert (config.algorithm.loss_scale, config.algorithm.critic_loss_scale, config.algorithm.dual_clip) == (1.0, 1.0, None)
+
+
+def test_cli_compare_paper_baselines_flag_passes_the_switch_before_the_users_overrides(monkeypatch):
+    calls = []
+    monkeypatch.setattr(compare_module, "run_comparison", lambda *args, **kwargs: calls.append(kwargs["overrides"]))
+    main(["compare", "--config", "builtin:compare-demo", "--out", "unused", "--paper-baselines", "train.steps=2"])
+    main(["compare", "--config", "builtin:compare-demo", "--out", "unused", "train.steps=2"])
+    assert calls == [[*PAPER_BASELINES_OVERRIDES, "train.steps=2"], ["train.steps=2"]]

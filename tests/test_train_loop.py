@@ -211,4 +211,4 @@ def test_the_critic_is_clipped_at_its_own_grad_clip_else_at_the_trainers(tmp_pat
     overrides = ["algorithm.name=ppo", "train.steps=1", "train.save_every=0", "data.val=null", "train.grad_clip=1.0"]
     result = train(small_config(tmp_path / "run", warm_model_dir, *overrides, *critic_clip), show_progress=False)
     assert clips == [expected]
-    assert result.metrics["updates/skipped"] == 0
+    assert result.skipped_updates == 0
