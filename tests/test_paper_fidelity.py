@@ -38,8 +38,8 @@ from pacs.compare import PAPER_BASELINES as PAPER_BASELINES_OVERRIDES
 from pacs.config import Config, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-PAPER_BASELINES = sorted(CONFIGS.glob("paper-grpo-*.yaml")) + sorted(CONFIGS.glob("paper-ppo-*.yaml"))
-PAPER_PPO = [path for path in PAPER_BASELINES if path.name.startswith("paper-ppo-")]
+PAPER_BASELINE_CONFIGS = sorted(CONFIGS.glob("paper-grpo-*.yaml")) + sorted(CONFIGS.glob("paper-ppo-*.yaml"))
+PAPER_PPO_CONFIGS = [path for path in PAPER_BASELINE_CONFIGS if path.name.startswith("paper-ppo-")]
 
 GROUP_SIZE = 8
 PROMPTS = 16
@@ -203,7 +203,7 @@ def assert_equal_up_to_one_factor(pacs_gradients, reference_gradients) -> None:
     assert factors == pytest.approx([factors[0]] * len(factors), rel=1e-9), f"factor per mini-batch: {factors}"
 
 
-@pytest.mark.parametrize("path", PAPER_BASELINES, ids=lambda path: path.stem)
+@pytest.mark.parametrize("path", PAPER_BASELINE_CONFIGS, ids=lambda path: path.stem)
 def test_paper_config_clips_the_actor_gradient_where_the_paper_did(path):
     config = load_config(str(path))
     algorithm = paper_algorithm(config)
@@ -234,7 +234,7 @@ def test_paper_config_clips_the_actor_gradient_where_the_paper_did(path):
     assert_equal_up_to_one_factor(pacs_gradients, reference_gradients)
 
 
-@pytest.mark.parametrize("path", PAPER_PPO, ids=lambda path: path.stem)
+@pytest.mark.parametrize("path", PAPER_PPO_CONFIGS, ids=lambda path: path.stem)
 def test_paper_ppo_config_clips_the_critic_gradient_where_the_paper_did(path):
     config = load_config(str(path))
     algorithm = paper_algorithm(config)
@@ -272,7 +272,7 @@ def test_the_rollout_has_tokens_beyond_the_dual_clip_and_outside_the_value_clip(
 FIDELITY_KEYS = ("dual_clip", "loss_agg", "loss_scale", "critic_loss_agg", "critic_loss_scale")
 
 
-@pytest.mark.parametrize("path", PAPER_PPO, ids=lambda path: path.stem)
+@pytest.mark.parametrize("path", PAPER_PPO_CONFIGS, ids=lambda path: path.stem)
 def test_compare_paper_baselines_switch_sets_what_the_paper_configs_set(path):
     paper = load_config(str(path))
     switched = load_config("builtin:compare-demo", PAPER_BASELINES_OVERRIDES)

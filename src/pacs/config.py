@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pacs.algos.core import check_kl_penalty
 
 
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""The loss aggregation modes of `pacs.algos.core.aggregation_weights`."""
+
+
 class ConfigError(ValueError):
     """A configuration file or override that cannot be used; the message says how to fix it."""
 
@@ -75,9 +79,7 @@ class AlgorithmConfig(_Section):
     clip_high: float = Field(0.2, gt=0)
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None: off."""
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-sum-norm"
-    )
+    loss_agg: LossAggregation = "seq-mean-token-sum-norm"
     loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     """grpo, rloo, ppo: multiplies the policy loss, and so the gradient that `train.grad_clip` clips.
     1: every loss mean-normalised (PACS's normalisation, one clip point for every method); 8: the
@@ -101,9 +103,7 @@ class AlgorithmConfig(_Section):
     lam: float = Field(1.0, ge=0, le=1)
     value_clip: float | None = Field(0.5, gt=0)
     """Clip range of the critic's values around their rollout-time values; None: no clipping."""
-    critic_loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "token-mean"
-    )
+    critic_loss_agg: LossAggregation = "token-mean"
     """ppo: how the per-token value loss ½·max((V − G)², (V_clipped − G)²) is aggregated."""
     critic_loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     """ppo: multiplies the value loss (16 for the paper's verl critic: 2 for its missing ½, times 8)."""

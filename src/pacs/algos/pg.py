@@ -65,7 +65,7 @@ class ClippedPolicyGradient:
         loss_agg: one of ``LOSS_AGG_MODES``; the default is the paper's GRPO baseline (Dr. GRPO).
         kl_coef: weight ≥ 0 of the per-token KL to the reference policy; > 0 needs "ref_logprobs".
         kl_estimator: ``"k2"`` (gradient of KL(π_θ ‖ π_ref)) or ``"k3"`` (gradient of KL(π_ref ‖ π_θ));
-            ``"k1"`` only with kl_coef = 0 (see ``core.kl_penalty``).
+            ``"k1"`` only with kl_coef = 0 or in the reward (see ``core.kl_penalty``).
         entropy_coef: weight ≥ 0 of the entropy bonus; > 0 needs "entropy".
         loss_scale: s > 0 multiplying the whole loss (1: the mean-normalised loss; see above).
         kl_in_reward: subtract the KL estimate of the rollout policy from the reward instead of adding

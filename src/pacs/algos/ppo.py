@@ -2,8 +2,8 @@
 al. 2016, arXiv 1506.02438), as verl runs it for RLVR.
 
 The outcome reward is the reward of the last response token (``outcome_token_rewards``; with
-``kl_in_reward`` minus the rollout policy's per-token KL penalty, ``ClippedPolicyGradient.token_rewards``); the
-critic's values V_t of the states before each response token give per-token advantages by GAE,
+``kl_in_reward``, every token's reward is lowered by the rollout policy's KL penalty:
+``ClippedPolicyGradient.token_rewards``); the critic's values V_t of the states before each response token give per-token advantages by GAE,
 computed once per step over the response tokens of each row:
 
     δ_t = r_t + γ V_{t+1} − V_t          V after the last response token = 0
@@ -16,7 +16,8 @@ surrogate on A (``pacs.algos.pg``); the critic minimises the clipped value loss
 
     ℓ^V_t = ½ · max((V_t − G_t)², (clip(V_t, V^old_t − c, V^old_t + c) − G_t)²)
 
-aggregated by ``critic_loss_agg`` and multiplied by ``critic_loss_scale`` (``critic_micro_batch_loss``).
+aggregated by ``critic_loss_agg`` and multiplied by ``critic_loss_scale``
+(``critic_micro_batch_loss``).
 verl's value loss has no ½ and is aggregated per micro-batch like its actor loss
 (``pg.ClippedPolicyGradient``, ``loss_scale``): with seq-mean-token-sum-norm its gradient is 2·M
 times this one's for micro-batches of M rows, so ``critic_loss_scale = 2·M`` (16 in the paper)
