@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from pacs.algos import GRPO, PACS, PPO, RLOO, kl_penalty
+from pacs.algos import GRPO, PACS, PPO, RLOO, gae_advantages, kl_penalty, outcome_token_rewards
 
 NUM_CATEGORIES = 6
 GROUP_SIZE = 4
@@ -189,3 +189,63 @@ def test_regularised_update_ignores_the_logprobs_at_padding(name, estimator, pad
     torch.testing.assert_close(loss, clean_loss, atol=1e-12, rtol=0)
     torch.testing.assert_close(gradient, clean_gradient, atol=1e-12, rtol=0)
     assert metrics == pytest.approx(clean_metrics, abs=1e-12)
+
+
+# --- the KL penalty in the reward (kl_in_reward) ------------------------------------------------
+
+REWARD_KL_ALGORITHMS = {name: ALGORITHMS[name] for name in ("GRPO", "RLOO", "PPO")}
+
+
+def reward_k1(rollouts, kl_coef):
+    """kl_coef · (log π_old − log π_ref) at response tokens, 0 at padding: (B, T)."""
+    difference = rollouts["old_logprobs"] - rollouts["ref_logprobs"]
+    return kl_coef * difference * rollouts["response_mask"]
+
+
+@pytest.mark.parametrize("name", ["GRPO", "RLOO"])
+def test_kl_in_reward_subtracts_the_summed_rollout_k1_from_the_reward_the_group_compares(name):
+    rollouts = make_rollouts()
+    penalised = ALGORITHMS[name](kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
+    plain = ALGORITHMS[name]()
+    rewards = rollouts["rewards"] - reward_k1(rollouts, 0.1).sum(dim=-1)
+    expected = plain.prepare_step({**rollouts, "rewards": rewards})["advantages"]
+    torch.testing.assert_close(penalised.prepare_step(rollouts)["advantages"], expected, atol=1e-12, rtol=0)
+
+
+def test_kl_in_reward_subtracts_the_rollout_k1_from_every_tokens_reward_before_gae():
+    rollouts = make_rollouts()
+    mask = rollouts["response_mask"]
+    token_rewards = outcome_token_rewards(rollouts["rewards"], mask) - reward_k1(rollouts, 0.1)
+    expected_advantages, expected_returns = gae_advantages(token_rewards, rollouts["values"], mask)
+    terms = PPO(GROUP_SIZE, horizon=HORIZON, kl_coef=0.1, kl_estimator="k1", kl_in_reward=True).prepare_step(rollouts)
+    torch.testing.assert_close(terms["advantages"], expected_advantages, atol=1e-12, rtol=0)
+    torch.testing.assert_close(terms["returns"], expected_returns, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", REWARD_KL_ALGORITHMS)
+def test_kl_in_reward_leaves_no_kl_term_in_the_loss(name):
+    rollouts = make_rollouts()
+    penalised = ALGORITHMS[name](kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
+    step = {key: value for key, value in rollouts.items() if key not in ("logprobs", "entropy")}
+    step.update(penalised.prepare_step(step))
+    plain = ALGORITHMS[name]()
+    gradients = []
+    for algorithm in (penalised, plain):
+        row_terms, _ = algorithm.prepare_update(step, lambda: rollouts["logprobs"], False)
+        logprobs = rollouts["logprobs"].clone().requires_grad_()
+        (gradient,) = torch.autograd.grad(algorithm.micro_batch_loss(logprobs, step, row_terms), logprobs)
+        gradients.append(gradient)
+    torch.testing.assert_close(gradients[0], gradients[1], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", REWARD_KL_ALGORITHMS)
+def test_kl_in_reward_needs_the_reference_and_every_rows_rollout_logprobs_at_the_step(name):
+    needs = ALGORITHMS[name](kl_coef=0.1, kl_estimator="k1", kl_in_reward=True).needs
+    assert {"ref_logprobs", "step_old_logprobs"} <= needs
+    assert "step_old_logprobs" not in ALGORITHMS[name](kl_coef=0.1).needs
+
+
+@pytest.mark.parametrize("name", REWARD_KL_ALGORITHMS)
+def test_kl_in_reward_without_a_coefficient_is_refused(name):
+    with pytest.raises(ValueError, match=r"kl_in_reward needs kl_coef > 0"):
+        ALGORITHMS[name](kl_coef=0.0, kl_in_reward=True)

@@ -168,3 +168,29 @@ def test_the_scoring_memory_limit_defaults_to_the_workers_and_may_be_lifted():
 
     assert load_config(None).reward.memory_limit_mib == DEFAULT_MEMORY_LIMIT_MIB
     assert load_config(None, ["reward.memory_limit_mib=null"]).reward.memory_limit_mib is None
+
+
+def test_k1_in_the_reward_is_accepted():
+    config = load_config(
+        None, ["algorithm.name=ppo", "algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1", "algorithm.kl_in_reward=true"]
+    )
+    assert config.algorithm.kl_in_reward
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.name=pacs", "algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"],
+        ["algorithm.name=grpo", "algorithm.kl_coef=0", "algorithm.kl_in_reward=true"],
+    ],
+    ids=["pacs", "no-coefficient"],
+)
+def test_kl_in_reward_needs_a_reward_driven_baseline_and_a_coefficient(overrides):
+    with pytest.raises(ConfigError, match=r"algorithm.kl_in_reward=true .*grpo, rloo or ppo.*kl_coef > 0"):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize("key", ["algorithm.loss_scale", "algorithm.critic_loss_scale", "critic.grad_clip"])
+def test_loss_scales_and_the_critic_clip_must_be_positive(key):
+    with pytest.raises(ConfigError, match=rf"{key}: Input should be greater than 0"):
+        load_config(None, [f"{key}=0"])

@@ -174,8 +174,18 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
         ["algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01", "algorithm.loss_agg=token-mean"],
         ["algorithm.name=ppo", "critic.warmup_steps=1", "critic.lr=1e-4"],
         ["algorithm.name=pacs", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01"],
+        ["algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k1", "algorithm.kl_in_reward=true"],
+        [
+            "algorithm.name=ppo",
+            "algorithm.kl_coef=0.05",
+            "algorithm.kl_estimator=k1",
+            "algorithm.kl_in_reward=true",
+            "algorithm.critic_loss_agg=seq-mean-token-sum-norm",
+            "algorithm.critic_loss_scale=16",
+            "critic.grad_clip=0.5",
+        ],
     ],
-    ids=["grpo", "rloo", "grpo-kl-entropy", "ppo", "pacs-kl-entropy"],
+    ids=["grpo", "rloo", "grpo-kl-entropy", "ppo", "pacs-kl-entropy", "grpo-kl-in-reward", "ppo-kl-in-reward-paper-critic"],
 )
 def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_model_dir, algorithm):
     overrides = [*algorithm, "train.steps=2", "train.save_every=1", "data.val=null"]
@@ -191,3 +201,21 @@ def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_m
     if "algorithm.name=ppo" in algorithm:
         assert all("critic/value_loss" in row for row in rows)
         assert (resumed.final_checkpoint / "critic" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("critic_clip, expected", [([], 1.0), (["critic.grad_clip=0.25"], 0.25)], ids=["train-clip", "own-clip"])
+def test_the_critic_is_clipped_at_its_own_grad_clip_else_at_the_trainers(tmp_path, warm_model_dir, monkeypatch, critic_clip, expected):
+    from pacs.train import trainer as trainer_module
+
+    clips = []
+    update_critic = trainer_module.update_critic
+
+    def recording_update_critic(critic, optimizer, world, batch, algorithm, settings):
+        clips.append(settings.grad_clip)
+        return update_critic(critic, optimizer, world, batch, algorithm, settings)
+
+    monkeypatch.setattr(trainer_module, "update_critic", recording_update_critic)
+    overrides = ["algorithm.name=ppo", "train.steps=1", "train.save_every=0", "data.val=null", "train.grad_clip=1.0"]
+    result = train(small_config(tmp_path / "run", warm_model_dir, *overrides, *critic_clip), show_progress=False)
+    assert clips == [expected]
+    assert result.skipped_updates == 0

@@ -98,7 +98,7 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from pacs.compare import run_comparison
+    from pacs.compare import PAPER_BASELINES, run_comparison
 
     run_comparison(
         args.config,
@@ -106,7 +106,7 @@ def _compare(args: argparse.Namespace) -> None:
         [int(seed) for seed in args.seeds.split(",") if seed],
         args.out,
         eval_n=args.eval_n,
-        overrides=args.overrides,
+        overrides=[*(PAPER_BASELINES if args.paper_baselines else []), *args.overrides],
     )
 
 
@@ -173,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
     compare.add_argument("--eval-n", type=AT_LEAST_ONE, default=16, help="samples per held-out problem (pass@k up to k = N)")
+    compare.add_argument(
+        "--paper-baselines",
+        action="store_true",
+        help="grpo, rloo, ppo update as the paper's verl baselines did (dual clip 3, verl's loss scale); "
+        "default: as the config says",
+    )
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
     compare.set_defaults(run=_compare)
 

@@ -47,6 +47,16 @@ METHODS: dict[str, list[str]] = {
     "ppo": ["algorithm.name=ppo"],
     "rloo": ["algorithm.name=rloo"],
 }
+PAPER_BASELINES = [
+    "algorithm.dual_clip=3.0",
+    "algorithm.loss_agg=seq-mean-token-sum-norm",
+    "algorithm.loss_scale=8",
+    "algorithm.critic_loss_agg=seq-mean-token-sum-norm",
+    "algorithm.critic_loss_scale=16",
+]
+"""Overrides (`pacs compare --paper-baselines`) under which GRPO, RLOO and PPO update as the paper's
+verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (README, *Fidelity to the paper*).
+PACS's loss uses none of these keys but `loss_agg` (for its KL and entropy terms only)."""
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
 EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")

@@ -27,6 +27,10 @@ from pacs.algos.core import check_kl_penalty
 from pacs.plugins import import_function
 
 
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""The loss aggregation modes of `pacs.algos.core.aggregation_weights`."""
+
+
 class ConfigError(ValueError):
     """A configuration file or override that cannot be used; the message says how to fix it."""
 
@@ -96,16 +100,23 @@ class AlgorithmConfig(_Section):
     clip_high: float = Field(0.2, gt=0, allow_inf_nan=False)
     dual_clip: float | None = Field(None, gt=1, allow_inf_nan=False)
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None: off."""
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-sum-norm"
-    )
+    loss_agg: LossAggregation = "seq-mean-token-sum-norm"
+    loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """grpo, rloo, ppo: multiplies the policy loss, and so the gradient that `train.grad_clip` clips.
+    1: every loss mean-normalised (PACS's normalisation, one clip point for every method); 8: the
+    paper's verl baselines (seq-mean-token-sum-norm per micro-batch of 8 rows, see README,
+    *Fidelity to the paper*)."""
     norm_by_std: bool = True
     """grpo: divide group-centred rewards by the group's standard deviation."""
     kl_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the KL penalty to the frozen initial model (every algorithm); 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator used as the loss: k2 follows the gradient of KL(π_θ‖π_ref), k3 (GRPO's
-    default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0."""
+    default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0
+    unless the penalty goes into the reward (`kl_in_reward`)."""
+    kl_in_reward: bool = False
+    """grpo, rloo, ppo: subtract kl_coef times the estimator on the rollout policy's log-probs from
+    each token's reward (classic PPO-RLHF, verl's use_kl_in_reward) instead of adding it to the loss."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus (every algorithm)."""
     # ppo
@@ -113,6 +124,10 @@ class AlgorithmConfig(_Section):
     lam: float = Field(1.0, ge=0, le=1)
     value_clip: float | None = Field(0.5, gt=0, allow_inf_nan=False)
     """Clip range of the critic's values around their rollout-time values; None: no clipping."""
+    critic_loss_agg: LossAggregation = "token-mean"
+    """ppo: how the per-token value loss ½·max((V − G)², (V_clipped − G)²) is aggregated."""
+    critic_loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """ppo: multiplies the value loss (16 for the paper's verl critic: 2 for its missing ½, times 8)."""
 
 
 class CriticConfig(_Section):
@@ -123,6 +138,8 @@ class CriticConfig(_Section):
     lr: float = Field(1e-5, gt=0, allow_inf_nan=False)
     warmup_steps: int = Field(0, ge=0)
     """Steps at the start that update only the critic."""
+    grad_clip: float | None = Field(None, gt=0)
+    """Gradient-norm clip of the critic's updates; None: `train.grad_clip`."""
 
 
 class RolloutConfig(_Section):
@@ -217,9 +234,15 @@ class Config(_Section):
                 "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
             )
         try:
-            check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator)
+            check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator, in_reward=algorithm.kl_in_reward)
         except ValueError as error:
             raise ValueError(f"algorithm.{error}") from None
+        if algorithm.kl_in_reward and (algorithm.name == "pacs" or algorithm.kl_coef <= 0):
+            raise ValueError(
+                f"algorithm.kl_in_reward=true with algorithm.name='{algorithm.name}', algorithm.kl_coef="
+                f"{algorithm.kl_coef}: the reward's KL penalty needs a reward-driven baseline (grpo, rloo or "
+                "ppo; PACS's 0/1 reward is a label) and kl_coef > 0 (its weight)"
+            )
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
             raise ValueError(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"

@@ -9,6 +9,7 @@ from pacs.algos.core import (
     aggregation_weights,
     clipped_surrogate,
     kl_penalty,
+    outcome_token_rewards,
     weighted_token_sum,
 )
 from pacs.algos.grpo import GRPO, grpo_advantages
@@ -24,7 +25,7 @@ from pacs.algos.pacs import (
     reward_proxy,
 )
 from pacs.algos.pg import ClippedPolicyGradient
-from pacs.algos.ppo import PPO, explained_variance, gae_advantages, outcome_token_rewards, value_loss, whiten
+from pacs.algos.ppo import PPO, explained_variance, gae_advantages, value_loss, whiten
 from pacs.algos.rloo import RLOO, rloo_advantages
 
 __all__ = [

@@ -23,7 +23,10 @@ Tensors arrive as a `Mapping[str, Tensor]` with these keys (B rows, R response p
     values         (B, R)  the critic's values of the rollout states    (if "values" in needs)
     entropy        (b, R)  per-token entropy of the current policy, with gradient, in micro-batches
                            only                                          (if "entropy" in needs)
-plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R).
+plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R). With
+"step_old_logprobs" in needs, `prepare_step` also gets every row's "old_logprobs" (the trainer
+then computes them for the step's first mini-batch too, instead of taking them from its first
+update's forward pass).
 """
 
 from __future__ import annotations
@@ -60,13 +63,15 @@ class MiniBatchTotals:
 class Algorithm(Protocol):
     group_size: int
     needs: frozenset[str]
-    """Extra tensors the trainer must provide: a subset of {"ref_logprobs", "values", "entropy"}."""
+    """Extra tensors the trainer must provide: a subset of {"ref_logprobs", "values", "entropy",
+    "step_old_logprobs"}."""
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every
         row of the step on this process), e.g. advantages; {} when there are none. `batch` has
         no "old_logprobs" (see `prepare_update`). Statistics over the whole step (PPO's
-        whitening) reduce with `sum_over_ranks` (None: one process)."""
+        whitening) reduce with `sum_over_ranks` (None: one process). With "step_old_logprobs" in
+        `needs`, `batch` has "old_logprobs" for every row."""
         ...
 
     def prepare_update(

@@ -35,7 +35,8 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 MAX_LOG_RATIO = 20.0
-"""|log ρ| is clamped here before exponentiating, as verl does, so that ρ stays finite."""
+"""|log ρ| is clamped here before exponentiating so that ρ stays finite (e^20 ≈ 4.9e8); a token
+beyond it gets no gradient. verl (the paper's code, ritzz-ai/PACS at 432f9e) does not clamp."""
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -310,6 +311,37 @@ def clipped_surrogate(
     return losses, metrics
 
 
+def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards with each outcome reward on its response's last token.
+
+    Formula: r_it = R_i if t = max{t' : m_it' = 1} else 0; a row without response tokens gets no
+    reward.
+
+    Args:
+        rewards: (B,) outcome rewards R.
+        response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
+
+    Returns:
+        (B, T) token rewards, at least float32.
+
+    Raises:
+        ValueError: ``response_mask`` not 2-D or ``rewards`` not (B,).
+    """
+    if response_mask.dim() != 2 or rewards.shape != response_mask.shape[:1]:
+        raise ValueError(
+            f"expected rewards (B,) and response_mask (B, T), got {tuple(rewards.shape)} and "
+            f"{tuple(response_mask.shape)}"
+        )
+    is_response = response_mask.bool()
+    positions = torch.arange(response_mask.shape[1], device=response_mask.device).expand_as(is_response)
+    last = torch.where(is_response, positions, -1).max(dim=-1).values  # (B,): -1 for an empty row
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    token_rewards = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    token_rewards[rows, last[rows]] = rewards.detach()[rows].to(dtype)
+    return token_rewards
+
+
 def aggregation_weights(
     response_mask: torch.Tensor,
     mode: str,
@@ -429,23 +461,25 @@ def aggregate_loss(
     return weighted_token_sum(per_token_loss, response_mask, weights)
 
 
-def check_kl_penalty(kl_coef: float, kl_estimator: str) -> None:
+def check_kl_penalty(kl_coef: float, kl_estimator: str, *, in_reward: bool = False) -> None:
     """Raise ValueError unless ``kl_estimator`` can serve as a KL penalty with weight ``kl_coef``.
 
-    ``k1`` is refused as a loss (``kl_coef > 0``): its expected gradient is zero (see
-    ``kl_penalty``), so it adds noise and pulls π_θ nowhere.
+    ``k1`` is refused as a loss (``kl_coef > 0`` and not ``in_reward``): its expected gradient is
+    zero (see ``kl_penalty``), so it adds noise and pulls π_θ nowhere. Subtracted from the reward
+    (``in_reward``) an estimate is a constant, not differentiated, and k1 is the classic choice.
 
     Raises:
         ValueError: an unknown ``kl_estimator``, or ``"k1"`` with ``kl_coef > 0``, naming the valid
             choices.
     """
     check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
-    if kl_estimator == "k1" and kl_coef > 0:
+    if kl_estimator == "k1" and kl_coef > 0 and not in_reward:
         raise ValueError(
             f"kl_estimator 'k1' with kl_coef={kl_coef!r}: as a loss on tokens sampled from the policy, "
             "k1 = log π_θ − log π_ref has expected gradient zero (E[∇log π_θ] = 0), so it adds noise and "
             "does not regularise; valid with kl_coef > 0: 'k2' (follows the gradient of KL(π_θ ‖ π_ref)), "
-            "'k3' (follows the gradient of KL(π_ref ‖ π_θ); GRPO's default)"
+            "'k3' (follows the gradient of KL(π_ref ‖ π_θ); GRPO's default); or subtract k1 from the reward "
+            "instead (kl_in_reward=true, the classic PPO-RLHF penalty)"
         )
 
 
@@ -467,6 +501,10 @@ def kl_penalty(
         k2:  ∇k2 = (log π_θ(o) − log π_ref(o)) ∇log π_θ(o),   E = ∇KL(π_θ ‖ π_ref)  (forward)
         k3:  ∇k3 = (1 − π_ref(o)/π_θ(o)) ∇log π_θ(o),        E = ∇KL(π_ref ‖ π_θ)  (reverse; GRPO's)
     so k1 is refused as a penalty (``check_kl_penalty``); k2 and k3 both pull π_θ towards π_ref.
+    verl clamps k3 (its ``low_var_kl``) to [−10, 10]; pacs does not: the clamp binds where
+    π_ref(o)/π_θ(o) > e^2.6 ≈ 13, on the tokens π_θ has made much rarer than π_ref, and there sets
+    the gradient to 0, so the penalty would stop pulling exactly where it is most needed (and
+    k3's gradient would no longer be that of KL(π_ref ‖ π_θ)). The paper's baselines use no KL term.
 
     Args:
         logprobs: (B, T) log-probs under the current policy π_θ.

@@ -62,7 +62,7 @@ class GRPO(ClippedPolicyGradient):
 
     ``GRPO(group_size, *, horizon, norm_by_std=True, eps=1e-6, clip_low=0.2, clip_high=0.2,
     dual_clip=None, loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3",
-    entropy_coef=0.0)``; the options after ``eps`` are those of ``ClippedPolicyGradient``. With
+    entropy_coef=0.0, loss_scale=1.0, kl_in_reward=False)``; the options after ``eps`` are those of ``ClippedPolicyGradient``. With
     ``kl_coef = 0`` and ``entropy_coef = 0``, ``needs`` is empty: no reference model is loaded.
     """
 
@@ -74,6 +74,6 @@ class GRPO(ClippedPolicyGradient):
         self.norm_by_std, self.eps = norm_by_std, eps
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) ``grpo_advantages`` of the step's rewards}."""
-        advantages = grpo_advantages(batch["rewards"], self.group_size, norm_by_std=self.norm_by_std, eps=self.eps)
+        """{"advantages": (B,) ``grpo_advantages`` of the step's ``sequence_rewards``}."""
+        advantages = grpo_advantages(self.sequence_rewards(batch), self.group_size, norm_by_std=self.norm_by_std, eps=self.eps)
         return {"advantages": advantages}

@@ -17,6 +17,17 @@ estimator ``kl_estimator`` (``core.kl_penalty``): "k2" follows the gradient of K
 (the default, GRPO's) that of KL(π_ref ‖ π_θ); "k1", whose expected gradient is zero, is refused
 when kl_coef > 0. See ``core.clipped_surrogate``, ``core.aggregation_weights`` and
 ``core.kl_penalty`` for the pieces.
+
+Two options reproduce the paper's verl baselines (README, *Fidelity to the paper*):
+
+    loss_scale s:   L ← s · L. verl's seq-mean-token-sum-norm sums each micro-batch of M rows and
+                    divides by the padded width (the maximum response length), then by the number
+                    of micro-batches, so its gradient is M times this L's; s = M (8 in the paper)
+                    gives verl's gradient itself, and with it verl's clip point.
+    kl_in_reward:   the KL term leaves the loss: ``kl_coef · k_it`` of the rollout policy
+                    (k on ``old_logprobs`` against ``ref_logprobs``) is subtracted from the reward
+                    of token t before the advantages (``reward_kl_penalty``), the classic
+                    PPO-RLHF penalty (verl's ``use_kl_in_reward``).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from pacs.algos.core import (
     kl_penalty,
     masked_mean,
     mixed_group_fraction,
+    outcome_token_rewards,
     weighted_token_sum,
 )
 
@@ -53,8 +65,12 @@ class ClippedPolicyGradient:
         loss_agg: one of ``LOSS_AGG_MODES``; the default is the paper's GRPO baseline (Dr. GRPO).
         kl_coef: weight ≥ 0 of the per-token KL to the reference policy; > 0 needs "ref_logprobs".
         kl_estimator: ``"k2"`` (gradient of KL(π_θ ‖ π_ref)) or ``"k3"`` (gradient of KL(π_ref ‖ π_θ));
-            ``"k1"`` only with kl_coef = 0 (see ``core.kl_penalty``).
+            ``"k1"`` only with kl_coef = 0 or in the reward (see ``core.kl_penalty``).
         entropy_coef: weight ≥ 0 of the entropy bonus; > 0 needs "entropy".
+        loss_scale: s > 0 multiplying the whole loss (1: the mean-normalised loss; see above).
+        kl_in_reward: subtract the KL estimate of the rollout policy from the reward instead of adding
+            it to the loss; needs kl_coef > 0, "ref_logprobs" and "step_old_logprobs" (every row's
+            ``old_logprobs`` in ``prepare_step``). Any estimator, k1 included, is valid there.
     """
 
     min_group_size = 1
@@ -71,6 +87,8 @@ class ClippedPolicyGradient:
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         entropy_coef: float = 0.0,
+        loss_scale: float = 1.0,
+        kl_in_reward: bool = False,
     ):
         check_group_size(group_size, self.min_group_size, type(self).__name__)
         check_clip_range(clip_low, clip_high, dual_clip)
@@ -80,20 +98,58 @@ class ClippedPolicyGradient:
         for name, coef in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
             if not (math.isfinite(coef) and coef >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (0 switches the term off), got {coef!r}")
-        check_kl_penalty(kl_coef, kl_estimator)
+        if not (math.isfinite(loss_scale) and loss_scale > 0):
+            raise ValueError(f"loss_scale must be a finite number > 0 (1: no scaling), got {loss_scale!r}")
+        if kl_in_reward and not kl_coef > 0:
+            raise ValueError(f"kl_in_reward needs kl_coef > 0 (the weight of the reward's KL penalty), got {kl_coef!r}")
+        check_kl_penalty(kl_coef, kl_estimator, in_reward=kl_in_reward)
         self.group_size, self.horizon = group_size, horizon
+        self.loss_scale, self.kl_in_reward = loss_scale, kl_in_reward
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
         self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
         self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
         needs = set()
         if kl_coef > 0:
             needs.add("ref_logprobs")
+        if kl_in_reward:
+            needs.add("step_old_logprobs")
         if entropy_coef > 0:
             needs.add("entropy")
         self.needs = frozenset(needs)
 
+    def reward_kl_penalty(self, batch) -> torch.Tensor:
+        """(B, T) per-token KL penalty of the rollout policy, kl_coef · k_it, subtracted from the
+        reward with ``kl_in_reward`` (0 at padding; no gradient).
+
+        Formula: kl_coef · k(old_logprobs, ref_logprobs), k the estimator ``kl_estimator``
+        (``core.kl_penalty``); ``batch`` holds "old_logprobs", "ref_logprobs" and "response_mask".
+        """
+        kl = kl_penalty(batch["old_logprobs"].detach(), batch["ref_logprobs"], batch["response_mask"], self.kl_estimator)
+        return self.kl_coef * kl
+
+    def sequence_rewards(self, batch) -> torch.Tensor:
+        """(B,) the rewards that group baselines (GRPO, RLOO) compare.
+
+        Formula: R_i, or with ``kl_in_reward`` R_i − Σ_t kl_coef · k_it (``reward_kl_penalty``, the
+        sum over i's response tokens of the per-token rewards, as verl sums them).
+        """
+        rewards = batch["rewards"]
+        if not self.kl_in_reward:
+            return rewards
+        penalty = self.reward_kl_penalty(batch).sum(dim=-1)
+        dtype = torch.promote_types(rewards.dtype, torch.float32)
+        return rewards.to(dtype) - penalty.to(dtype)
+
+    def token_rewards(self, batch) -> torch.Tensor:
+        """(B, T) per-token rewards (PPO's GAE): each outcome reward R_i on its response's last token
+        (``outcome_token_rewards``), minus ``reward_kl_penalty`` at every token with ``kl_in_reward``."""
+        token_rewards = outcome_token_rewards(batch["rewards"], batch["response_mask"])
+        if not self.kl_in_reward:
+            return token_rewards
+        return token_rewards - self.reward_kl_penalty(batch).to(token_rewards.dtype)
+
     def _policy_loss(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
-        """(B, T) per-token surrogate + kl_coef · KL (no entropy), and its metrics."""
+        """(B, T) per-token surrogate + kl_coef · KL unless ``kl_in_reward`` (no entropy), and its metrics."""
         mask = rows["response_mask"]
         per_token, surrogate_metrics = clipped_surrogate(
             logprobs,
@@ -107,7 +163,8 @@ class ClippedPolicyGradient:
         metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
         if self.kl_coef > 0:
             kl = kl_penalty(logprobs, rows["ref_logprobs"], mask, self.kl_estimator)
-            per_token = per_token + self.kl_coef * kl
+            if not self.kl_in_reward:
+                per_token = per_token + self.kl_coef * kl
             metrics["actor/kl_ref"] = float(masked_mean(kl.detach().flatten(), mask.flatten()))
         return per_token, metrics
 
@@ -134,12 +191,13 @@ class ClippedPolicyGradient:
                 logprobs = current_logprobs() if self.kl_coef > 0 else torch.zeros_like(mask)
             rows = {**minibatch, "old_logprobs": logprobs}
         totals = totals or MiniBatchTotals.of(mask)
-        loss_weight = aggregation_weights(
+        loss_weight = self.loss_scale * aggregation_weights(
             mask, self.loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
         )
         with torch.no_grad():
             per_token, metrics = self._policy_loss(logprobs, rows)
-            loss = weighted_token_sum(per_token, mask, aggregation_weights(mask, self.loss_agg, horizon=self.horizon))
+            own_weights = self.loss_scale * aggregation_weights(mask, self.loss_agg, horizon=self.horizon)
+            loss = weighted_token_sum(per_token, mask, own_weights)
         advantages = minibatch["advantages"]
         if advantages.dim() == 1:
             mean_advantage = advantages.mean()

@@ -1,8 +1,9 @@
 """PPO with a learned critic and GAE (Schulman et al. 2017, arXiv 1707.06347; GAE: Schulman et
 al. 2016, arXiv 1506.02438), as verl runs it for RLVR.
 
-The outcome reward is the reward of the last response token (``outcome_token_rewards``); the
-critic's values V_t of the states before each response token give per-token advantages by GAE,
+The outcome reward is the reward of the last response token (``outcome_token_rewards``; with
+``kl_in_reward``, every token's reward is lowered by the rollout policy's KL penalty:
+``ClippedPolicyGradient.token_rewards``); the critic's values V_t of the states before each response token give per-token advantages by GAE,
 computed once per step over the response tokens of each row:
 
     δ_t = r_t + γ V_{t+1} − V_t          V after the last response token = 0
@@ -15,8 +16,15 @@ surrogate on A (``pacs.algos.pg``); the critic minimises the clipped value loss
 
     ℓ^V_t = ½ · max((V_t − G_t)², (clip(V_t, V^old_t − c, V^old_t + c) − G_t)²)
 
-aggregated like the actor's loss (``critic_micro_batch_loss``). Training the critic itself (its
-model, optimizer and warm-up) is the trainer's job.
+aggregated by ``critic_loss_agg`` and multiplied by ``critic_loss_scale``
+(``critic_micro_batch_loss``).
+verl's value loss has no ½ and is aggregated per micro-batch like its actor loss
+(``pg.ClippedPolicyGradient``, ``loss_scale``): with seq-mean-token-sum-norm its gradient is 2·M
+times this one's for micro-batches of M rows, so ``critic_loss_scale = 2·M`` (16 in the paper)
+gives verl's critic gradient. verl also trains the value of the state after the last response
+token (towards return 0) and bootstraps GAE from it; pacs does neither (no action follows that
+state), which at γ = λ = 1 leaves the advantages and returns of response tokens unchanged.
+Training the critic itself (its model, optimizer, gradient clip and warm-up) is the trainer's job.
 """
 
 from __future__ import annotations
@@ -52,37 +60,6 @@ def check_value_clip(clip: float | None) -> None:
     """Raise ValueError unless the value clip range c is None (no clipping) or > 0."""
     if clip is not None and not clip > 0:
         raise ValueError(f"value_clip must be None or > 0 (e.g. 0.5), got {clip!r}")
-
-
-def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Per-token rewards with each outcome reward on its response's last token.
-
-    Formula: r_it = R_i if t = max{t' : m_it' = 1} else 0; a row without response tokens gets no
-    reward.
-
-    Args:
-        rewards: (B,) outcome rewards R.
-        response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
-
-    Returns:
-        (B, T) token rewards, at least float32.
-
-    Raises:
-        ValueError: ``response_mask`` not 2-D or ``rewards`` not (B,).
-    """
-    if response_mask.dim() != 2 or rewards.shape != response_mask.shape[:1]:
-        raise ValueError(
-            f"expected rewards (B,) and response_mask (B, T), got {tuple(rewards.shape)} and "
-            f"{tuple(response_mask.shape)}"
-        )
-    is_response = response_mask.bool()
-    positions = torch.arange(response_mask.shape[1], device=response_mask.device).expand_as(is_response)
-    last = torch.where(is_response, positions, -1).max(dim=-1).values  # (B,): -1 for an empty row
-    dtype = torch.promote_types(rewards.dtype, torch.float32)
-    token_rewards = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
-    rows = torch.nonzero(last >= 0).squeeze(-1)
-    token_rewards[rows, last[rows]] = rewards.detach()[rows].to(dtype)
-    return token_rewards
 
 
 def whiten(
@@ -240,8 +217,9 @@ class PPO(ClippedPolicyGradient):
     """PPO's actor as a trainer plug-in, plus the loss of its critic.
 
     ``PPO(group_size, *, horizon, gamma=1.0, lam=1.0, value_clip=0.5, critic_loss_agg="token-mean",
-    clip_low=0.2, clip_high=0.2, dual_clip=None, loss_agg="seq-mean-token-sum-norm", kl_coef=0.0,
-    kl_estimator="k3", entropy_coef=0.0)``; the options after ``critic_loss_agg`` are those of
+    critic_loss_scale=1.0, clip_low=0.2, clip_high=0.2, dual_clip=None,
+    loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
+    loss_scale=1.0, kl_in_reward=False)``; the options after ``critic_loss_scale`` are those of
     ``ClippedPolicyGradient``. ``needs`` holds "values": the critic's values of the rollout.
 
     The critic's update follows the same contract as the actor's: per mini-batch
@@ -257,10 +235,14 @@ class PPO(ClippedPolicyGradient):
         lam: float = 1.0,
         value_clip: float | None = 0.5,
         critic_loss_agg: str = "token-mean",
+        critic_loss_scale: float = 1.0,
         **options,
     ):
         super().__init__(group_size, **options)
         check_choice("critic_loss_agg", critic_loss_agg, LOSS_AGG_MODES)
+        if not (math.isfinite(critic_loss_scale) and critic_loss_scale > 0):
+            raise ValueError(f"critic_loss_scale must be a finite number > 0 (1: no scaling), got {critic_loss_scale!r}")
+        self.critic_loss_scale = critic_loss_scale
         check_discounts(gamma, lam)
         check_value_clip(value_clip)
         self.gamma, self.lam, self.value_clip, self.critic_loss_agg = gamma, lam, value_clip, critic_loss_agg
@@ -269,18 +251,19 @@ class PPO(ClippedPolicyGradient):
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """{"advantages": (B, T) whitened GAE, "returns": (B, T)} from the step's rewards and values."""
         mask = batch["response_mask"]
-        token_rewards = outcome_token_rewards(batch["rewards"], mask)
+        token_rewards = self.token_rewards(batch)
         advantages, returns = gae_advantages(
             token_rewards, batch["values"], mask, gamma=self.gamma, lam=self.lam, sum_over_ranks=sum_over_ranks
         )
         return {"advantages": advantages, "returns": returns}
 
     def critic_row_terms(self, minibatch, totals: MiniBatchTotals | None = None) -> dict[str, torch.Tensor]:
-        """{"loss_weight": (B,) aggregation weights of the mini-batch's rows under critic_loss_agg},
-        normalised by the global mini-batch's `totals` (None: `minibatch` is all of it)."""
+        """{"loss_weight": (B,) aggregation weights of the mini-batch's rows under critic_loss_agg,
+        times critic_loss_scale}, normalised by the global mini-batch's `totals` (None: `minibatch`
+        is all of it)."""
         mask = minibatch["response_mask"]
         totals = totals or MiniBatchTotals.of(mask)
-        weights = aggregation_weights(
+        weights = self.critic_loss_scale * aggregation_weights(
             mask, self.critic_loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
         )
         return {"loss_weight": weights}

@@ -13,13 +13,24 @@ from pacs.algos.pacs import PACS
 from pacs.algos.ppo import PPO
 from pacs.algos.rloo import RLOO
 
-CLIPPED_PG_OPTIONS = ("horizon", "clip_low", "clip_high", "dual_clip", "loss_agg", "kl_coef", "kl_estimator", "entropy_coef")
+CLIPPED_PG_OPTIONS = (
+    "horizon",
+    "clip_low",
+    "clip_high",
+    "dual_clip",
+    "loss_agg",
+    "loss_scale",
+    "kl_coef",
+    "kl_estimator",
+    "kl_in_reward",
+    "entropy_coef",
+)
 
 ALGORITHMS: dict[str, tuple[Callable[..., Algorithm], tuple[str, ...]]] = {
     "pacs": (PACS, ("beta", "proxy", "estimator", "weighting", "kl_coef", "kl_estimator", "entropy_coef", "loss_agg", "horizon")),
     "grpo": (GRPO, (*CLIPPED_PG_OPTIONS, "norm_by_std")),
     "rloo": (RLOO, CLIPPED_PG_OPTIONS),
-    "ppo": (PPO, (*CLIPPED_PG_OPTIONS, "gamma", "lam", "value_clip")),
+    "ppo": (PPO, (*CLIPPED_PG_OPTIONS, "gamma", "lam", "value_clip", "critic_loss_agg", "critic_loss_scale")),
 }
 
 

@@ -43,12 +43,13 @@ class RLOO(ClippedPolicyGradient):
     """RLOO as a trainer plug-in: ``rloo_advantages`` per step, then the clipped policy gradient.
 
     ``RLOO(group_size, *, horizon, clip_low=0.2, clip_high=0.2, dual_clip=None,
-    loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0)``:
+    loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
+    loss_scale=1.0, kl_in_reward=False)``:
     the options of ``ClippedPolicyGradient``.
     """
 
     min_group_size = 2
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) ``rloo_advantages`` of the step's rewards}."""
-        return {"advantages": rloo_advantages(batch["rewards"], self.group_size)}
+        """{"advantages": (B,) ``rloo_advantages`` of the step's ``sequence_rewards``}."""
+        return {"advantages": rloo_advantages(self.sequence_rewards(batch), self.group_size)}

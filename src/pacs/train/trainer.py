@@ -15,7 +15,7 @@ import contextlib
 import functools
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -264,7 +264,8 @@ class Trainer:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
         batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), self.compute_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
-        first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if updates_policy else 0
+        takes_first_old_logprobs = updates_policy and "step_old_logprobs" not in self.algorithm.needs
+        first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if takes_first_old_logprobs else 0
         self.fill_step_terms(batch, first_update_rows)
         metrics = self.update(batch, updates_policy, first_update_rows)
         timings = {"time/step_s": time.perf_counter() - started, "time/generation_s": generated - started}
@@ -305,7 +306,11 @@ class Trainer:
                     )
             if self.critic is not None:
                 batch.row_terms["values"] = response_values_no_grad(self.critic[0], batch, micro_batch_size=micro)
-        step_inputs = {name: value for name, value in batch.tensors().items() if name != "old_logprobs"}
+        step_inputs = {
+            name: value
+            for name, value in batch.tensors().items()
+            if name != "old_logprobs" or "step_old_logprobs" in self.algorithm.needs
+        }
         batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=self.world.sum))
 
     def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int) -> dict[str, float]:
@@ -313,7 +318,8 @@ class Trainer:
         metrics: dict[str, float] = {}
         if self.critic is not None:
             critic, critic_optimizer = self.critic
-            metrics.update(update_critic(critic, critic_optimizer, self.world, batch, self.algorithm, self.settings))
+            critic_settings = replace(self.settings, grad_clip=self.config.critic.grad_clip or self.config.train.grad_clip)
+            metrics.update(update_critic(critic, critic_optimizer, self.world, batch, self.algorithm, critic_settings))
         if not updates_policy:
             return {**metrics, "loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0}
         policy = self.policy
