@@ -140,7 +140,7 @@ def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
     files = sorted(directory.glob("*.safetensors")) if world.is_writer and directory.is_dir() else []
     readers = {key: reader for reader in (safe_open(str(file), "pt") for file in files) for key in reader.keys()}
     layouts = world.decided_by_writer(
-        {key: (reader.get_slice(key).get_shape(), reader.get_slice(key).get_dtype()) for key, reader in readers.items()}
+        lambda: {key: (reader.get_slice(key).get_shape(), reader.get_slice(key).get_dtype()) for key, reader in readers.items()}
     )
     for name, parameter in _optimized_parameters(world, model, optimizer):
         state = {}
@@ -287,7 +287,7 @@ def restore_training_state(
 ) -> dict[str, Any]:
     """The optimizers' states and every rank's random states put back from `checkpoint`, which
     rank 0 alone reads; returns the trainer state (step, sampler) on every rank."""
-    state = world.decided_by_writer(load_trainer_state(checkpoint) if world.is_writer else None)
+    state = world.decided_by_writer(lambda: load_trainer_state(checkpoint))
     load_optimizer_state(world, *policy, checkpoint / OPTIMIZER_DIR)
     if critic is not None:
         load_optimizer_state(world, *critic, checkpoint / CRITIC_OPTIMIZER_DIR)

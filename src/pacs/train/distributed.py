@@ -202,14 +202,24 @@ class World:
         dist.broadcast(received, src=0)
         return received.to(tensor.device)
 
-    def decided_by_writer(self, value: Any) -> Any:
-        """Rank 0's `value` on every rank: for a decision that every rank must take alike (which
-        checkpoint to resume, whether to go on) from what rank 0 sees."""
+    def decided_by_writer(self, decide: Callable[[], Any]) -> Any:
+        """Rank 0's `decide()` on every rank, which none of the others runs: for a decision that
+        every rank must take alike (which checkpoint to resume, what a file holds) from what rank
+        0 sees. When it raises, every rank raises the same error (none is left waiting)."""
         if self.world_size == 1:
-            return value
-        message = [value]
+            return decide()
+        outcome = None
+        if self.is_writer:
+            try:
+                outcome = (True, decide())
+            except Exception as error:  # sent to every rank, raised below on each
+                outcome = (False, error)
+        message = [outcome]
         dist.broadcast_object_list(message, src=0)
-        return message[0]
+        succeeded, value = message[0]
+        if not succeeded:
+            raise value
+        return value
 
     def mean_over_ranks(self, metrics: dict[str, float], weights: dict[str, float] | None = None) -> dict[str, float]:
         """Metrics that are means over each rank's own rows or tokens, made global: the mean over
@@ -266,14 +276,16 @@ class World:
         if self.strategy != "fsdp":
             with self.node_leader_first():
                 return load(), None
-        aside = None
-        if self.is_writer:
+        aside = []
+
+        def skeleton_of_loaded() -> torch.nn.Module:
             model = load()
-            aside = WeightsAside(model.state_dict(), dict(model.named_buffers()))
-            model.to("meta")  # the tensors aside keep their data; the model is now a skeleton
-        skeleton = self.decided_by_writer(model if self.is_writer else None)
+            aside.append(WeightsAside(model.state_dict(), dict(model.named_buffers())))
+            return model.to("meta")  # the tensors aside keep their data; the model is now a skeleton
+
+        skeleton = self.decided_by_writer(skeleton_of_loaded)
         skeleton.tie_weights()  # moving to the meta device gave tied weights a parameter each
-        return skeleton, aside
+        return skeleton, aside[0] if aside else None
 
     def wrap(
         self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None, aside: WeightsAside | None = None

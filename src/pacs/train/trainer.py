@@ -178,9 +178,7 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
-        resume_from = world.decided_by_writer(resume_point(config))
-        if resume_from:
-            check_resumable(resume_from, config.model.lora_rank)
+        resume_from = world.decided_by_writer(lambda: resume_point(config))
         if world.is_writer:
             Path(config.output_dir).mkdir(parents=True, exist_ok=True)
             dump_config(config, Path(config.output_dir) / "config.yaml")
@@ -403,7 +401,8 @@ class Trainer:
 
 def resume_point(config: Config) -> Path | None:
     """The checkpoint to resume (`resume=auto`: the newest `step_N`), as this process sees the
-    disk; refuses `resume=never` into a run that has checkpoints."""
+    disk; refuses `resume=never` into a run that has checkpoints, and a checkpoint that the run's
+    LoRA setting cannot resume (`check_resumable`)."""
     checkpoints_dir = Path(config.output_dir) / "checkpoints"
     latest = latest_checkpoint(checkpoints_dir)
     if config.resume == "never" and latest is not None:
@@ -411,7 +410,10 @@ def resume_point(config: Config) -> Path | None:
             f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
             "or choose another output_dir"
         )
-    return latest if config.resume == "auto" else None
+    if config.resume != "auto" or latest is None:
+        return None
+    check_resumable(latest, config.model.lora_rank)
+    return latest
 
 
 def weights_dtype(config: Config) -> str:
