@@ -12,7 +12,9 @@ Rank 0 writes OUT.json with what it saw:
 - "loads_per_rank": how many times each rank read the model from disk (`World.load_once`: rank 0
   alone), and "loaded_max_difference": the largest difference of the sharded model's gathered
   weights and every rank's buffers (rotary frequencies) from the model on disk;
-  "parameters_of_skeleton_and_disk": parameter counts (tied weights once) of both.
+  "parameters_of_skeleton_and_disk": parameter counts (tied weights once) of both;
+- "errors_of_a_failed_decision": what each rank raised when the decision rank 0 alone takes
+  (`World.decided_by_writer`) failed.
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ def main() -> None:
             for parameter in reference.parameters()
             if parameter.numel() >= world.world_size
         )
+        try:
+            world.decided_by_writer(lambda: Path(model_dir, "no-such-file").read_text())
+            raised = None
+        except FileNotFoundError as error:
+            raised = type(error).__name__
+        seen["errors_of_a_failed_decision"] = world.gather_objects(raised)
         if world.is_writer:
             out.write_text(json.dumps(seen))
         world.barrier()

@@ -303,6 +303,10 @@ def test_fsdp_reads_the_model_on_rank_0_alone_and_fills_every_shard_exactly(fsdp
     assert fsdp_checks["loaded_max_difference"] == 0.0
 
 
+def test_a_decision_that_fails_on_rank_0_raises_on_every_rank(fsdp_checks):
+    assert fsdp_checks["errors_of_a_failed_decision"] == ["FileNotFoundError", "FileNotFoundError"]
+
+
 def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(fsdp_checks):
     seen = fsdp_checks
     assert seen["all_gathers_per_forward_after_generation"] == seen["all_gathers_per_forward_before"]
