@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,9 @@ def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def process_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent)}
+    """One thread per process; the tests' helpers importable, before any path already set."""
+    paths = [str(WORKER.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
 
 
 @pytest.fixture(scope="module")
@@ -328,3 +331,50 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path, warm_model_dir):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "verifier broke on rank 1" in result.stderr
+
+
+# ----- several nodes that share nothing but the network ------------------------------------------
+
+TWO_NODES = ["model.path=builtin:tiny", "output_dir=run", "train.strategy=fsdp", "rollout.n=4", "train.batch_size=8",
+             "train.mini_batch_size=4", "train.save_every=1", "data.val=null", "reward.num_workers=0",
+             "train.distributed_timeout_s=120"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def train_on_two_nodes(nodes: list[Path], *overrides: str) -> None:
+    """One torchrun agent per node (`--nnodes 2`, one process each), each in its own working
+    directory with its own empty model cache, started together; both must finish."""
+    port = free_port()
+    jobs = []
+    for node_rank, node in enumerate(nodes):
+        node.mkdir(exist_ok=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node_rank),
+                   "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                   "-m", "pacs.cli", "train", *TWO_NODES, *overrides]
+        env = {**process_env(), "PACS_CACHE_DIR": str(node / "cache")}
+        jobs.append(subprocess.Popen(command, cwd=node, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [job.communicate(timeout=360)[0] for job in jobs]
+    for job, output in zip(jobs, outputs):
+        assert job.returncode == 0, output[-4000:]
+
+
+def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_path):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    train_on_two_nodes(nodes, "train.steps=2")
+    assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoint is on node 0 alone
+    train_on_two_nodes(nodes, "train.steps=3", "resume=auto")
+
+    one_node = tmp_path / "one-node"
+    one_node.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "pacs.cli", "train", *TWO_NODES, "train.steps=3"]
+    env = {**process_env(), "PACS_CACHE_DIR": str(one_node / "cache")}
+    subprocess.run(command, cwd=one_node, env=env, check=True, capture_output=True, timeout=360)
+    resumed = final_tensors(nodes[0] / "run")
+    assert resumed.keys() == final_tensors(one_node / "run").keys()
+    assert max_difference(resumed, final_tensors(one_node / "run")) == 0.0

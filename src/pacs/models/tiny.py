@@ -22,6 +22,8 @@ import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from pacs.models.saving import save_from_this_process
+
 PAD_TOKEN = "<|pad|>"
 UNK_TOKEN = "<|unk|>"
 EOS_TOKEN = "<|end|>"
@@ -114,7 +116,7 @@ def save_builtin_tiny(directory: Path, *, seed: int = 0) -> Path:
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
-        model.save_pretrained(staging)
+        save_from_this_process(model, staging)
         tokenizer.save_pretrained(staging)
         os.replace(staging, directory)
     except OSError:

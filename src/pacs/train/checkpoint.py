@@ -40,6 +40,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pacs.models.lora import is_lora, save_lora
+from pacs.models.saving import save_from_this_process
 from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
 
@@ -74,7 +75,7 @@ def save_checkpoint(
     if is_lora(model):
         save_lora(model, staging, model_state)
     else:
-        model.save_pretrained(staging, state_dict=model_state, safe_serialization=True)
+        save_from_this_process(model, staging, state_dict=model_state, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     if critic is not None:
         critic.save_pretrained(staging / CRITIC_DIR, state_dict=critic_state, safe_serialization=True)

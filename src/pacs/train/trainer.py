@@ -429,7 +429,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     parameters."""
     lora = config.model.lora_rank > 0
     with world.node_leader_first():
-        tokenizer = load_tokenizer(str(resume_from) if resume_from else config.model.path)
+        tokenizer = load_tokenizer(config.model.path)  # on every node; a checkpoint may be on rank 0's disk alone
     if lora:  # peft wraps a whole model: every rank loads the base
         with world.node_leader_first():
             model, aside = load_causal_lm(config.model.path, dtype=config.model.dtype), None
