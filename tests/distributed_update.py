@@ -9,8 +9,10 @@ batch of PROMPTS prompts x GROUP_SIZE responses (fixed seed) and keeps its share
 
 writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) from rank 0.
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
-every linear projection; the reference is the policy with its adapters disabled); `--local-totals` normalises each rank's loss by its own rows and
-tokens instead of the global mini-batch's (the mistake the exactness tests must catch).
+every linear projection; the reference is the policy with its adapters disabled); "NAME/" before
+either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
+`--local-totals` normalises each rank's loss by its own rows and tokens instead of the global
+mini-batch's (the mistake the exactness tests must catch).
 """
 
 from __future__ import annotations
@@ -71,8 +73,10 @@ def local_batch(world: World, vocab_size: int) -> PolicyBatch:
 
 
 def run_case(world: World, model_dir: str, case: str) -> dict[str, torch.Tensor] | None:
-    """The step of `case` ("algorithm:loss_agg[:lora]", KL and entropy terms on); the full weights
-    after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere."""
+    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora]", KL and entropy terms on); the full
+    weights after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere."""
+    model_name, _, case = case.rpartition("/")
+    model_dir = str(Path(model_dir) / model_name)
     name, loss_agg, *variant = case.split(":")
     lora = variant == ["lora"]
     options = AlgorithmConfig(
@@ -144,8 +148,9 @@ def main() -> None:
         for case in args.cases:
             weights = run_case(world, args.model_dir, case)
             if weights is not None:
-                Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-                save_file({key: value.clone() for key, value in weights.items()}, str(Path(args.out_dir) / f"{case}.safetensors"))
+                path = Path(args.out_dir) / f"{case}.safetensors"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_file({key: value.clone() for key, value in weights.items()}, str(path))
         world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()

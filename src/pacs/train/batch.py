@@ -253,7 +253,7 @@ def _forward_terms(model: torch.nn.Module, head: _ChunkedResponseTerms, **inputs
     finally:
         inner.set_output_embeddings(output_embeddings)
     expected = None if head.result is None else head.logit_map(head.result)
-    if expected is None or not (outputs.logits is expected or torch.equal(outputs.logits, expected)):
+    if expected is None or not _same_values(outputs.logits, expected):
         raise ValueError(
             f"{type(inner).__name__}.forward does not return f(lm_head(hidden_states)) as logits with the logit map f "
             f"its config declares (f(z) = {head.logit_map.describe()}), so chunked log-probs would be wrong for it; "
@@ -261,6 +261,14 @@ def _forward_terms(model: torch.nn.Module, head: _ChunkedResponseTerms, **inputs
             "or softcapped (config.final_logit_softcapping) as the config says"
         )
     return head.result, getattr(outputs, "past_key_values", None)
+
+
+def _same_values(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether two tensors are the same tensor or have the same shape and values (NaN equal to
+    NaN: a model that produced NaN is not one whose forward maps its logits otherwise)."""
+    return first is second or (
+        first.shape == second.shape and torch.allclose(first, second, rtol=0, atol=0, equal_nan=True)
+    )
 
 
 def shared_prompt_runs(batch: PolicyBatch) -> torch.Tensor:
