@@ -5,7 +5,7 @@
   or scaled where the model does so), for every architecture;
 - every architecture trains 2 steps with PACS and with PPO in one process (`pacs train`'s loop);
 - four of them train with LoRA, and for three (one a mixture of experts) a step with 2 FSDP
-  processes equals the step with one.
+  processes gives the weights of the step with one (PACS and PPO).
 
 The training tests are marked slow.
 """
@@ -25,7 +25,7 @@ from pacs.train.batch import response_logprobs
 from pacs.train.distributed import World
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
-from test_distributed import EXACT, WORKER, max_difference, torchrun
+from test_distributed import WORKER, max_difference, torchrun
 from test_train_logprobs import CHUNK_TOKENS, full_logits_reference, gradients, make_group_batch
 from test_train_loop import max_weight_difference
 from tiny_architectures import ARCHITECTURES, LOGIT_MAP_VARIANTS, save_tiny_model, tiny_causal_lm
@@ -36,6 +36,11 @@ in transformers (their critic is built by pacs), one of them scaling its logits,
 experts. (The check runs in float64, where transformers' Gemma 2 turns left-padded rows into NaN.)"""
 LORA_ARCHITECTURES = ("gemma2", *FSDP_ARCHITECTURES)
 """Architectures also trained with LoRA: those, and Gemma 2, which softcaps its logits."""
+FLOAT32_NORMS = 1e-4
+"""Largest weight difference accepted between 2 FSDP processes and 1: these architectures
+normalise in float32 even in a float64 model, so the two agree to float32 precision through
+Adam (measured: at most 6.1e-6), not to 1e-9 (`test_distributed.EXACT`, whose float64 Qwen2
+normalises in float64). The step moves weights by about 4e-2."""
 FSDP_CASES = [f"{name}/{case}" for name in FSDP_ARCHITECTURES for case in ("pacs:token-mean", "ppo:seq-mean-token-sum-norm")]
 TRAIN_OPTIONS = [
     "data.train=builtin:arithmetic?size=16",
@@ -138,9 +143,9 @@ def fsdp_weights(model_root, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", FSDP_CASES)
-def test_two_fsdp_processes_update_each_architecture_exactly_like_one(case, model_root, fsdp_weights):
+def test_two_fsdp_processes_update_each_architecture_like_one(case, model_root, fsdp_weights):
     expected = run_case(World.single(), str(model_root), case)
-    assert max_difference(load_file(fsdp_weights / f"{case}.safetensors"), expected) <= EXACT
+    assert max_difference(load_file(fsdp_weights / f"{case}.safetensors"), expected) <= FLOAT32_NORMS
 
 
 @pytest.mark.slow

@@ -218,10 +218,17 @@ def load_causal_lm(path: str, *, dtype: str = "float32") -> PreTrainedModel:
 
     Note: ``from_pretrained`` returns the model in eval mode; the caller sets train/eval.
     """
+    load = partial(AutoModelForCausalLM.from_pretrained, **_dtype_options(dtype), adapter_kwargs=LOCAL_ADAPTER_LOOKUP)
+    return disable_dropout(_from_pretrained(load, path))
+
+
+def _dtype_options(dtype: str) -> dict[str, object]:
+    """``from_pretrained`` options for parameters in ``dtype`` (a key of ``DTYPES``): in float64 a
+    mixture of experts runs its experts one by one (``experts_implementation="eager"``), as
+    transformers' grouped-matmul kernels have no float64."""
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    load = partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype], adapter_kwargs=LOCAL_ADAPTER_LOOKUP)
-    return disable_dropout(_from_pretrained(load, path))
+    return {"dtype": DTYPES[dtype], **({"experts_implementation": "eager"} if dtype == "float64" else {})}
 
 
 def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
@@ -232,17 +239,16 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     unless the config says otherwise). A critic saved with ``save_pretrained`` loads back here
     with its value head.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    critic = _from_pretrained(partial(_value_model_from_pretrained, dtype=DTYPES[dtype]), path)
+    critic = _from_pretrained(partial(_value_model_from_pretrained, **_dtype_options(dtype)), path)
     critic.config.classifier_dropout = 0.0
     return disable_dropout(critic)
 
 
-def _value_model_from_pretrained(path: str, *, dtype: torch.dtype, **hub_options) -> PreTrainedModel:
-    config = AutoConfig.from_pretrained(path, num_labels=1, **hub_options)
-    model_class = token_classification_class(config)
-    return model_class.from_pretrained(path, config=config, dtype=dtype, adapter_kwargs=LOCAL_ADAPTER_LOOKUP, **hub_options)
+def _value_model_from_pretrained(path: str, *, local_files_only: bool = False, **options) -> PreTrainedModel:
+    config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=local_files_only)
+    return token_classification_class(config).from_pretrained(
+        path, config=config, local_files_only=local_files_only, adapter_kwargs=LOCAL_ADAPTER_LOOKUP, **options
+    )
 
 
 def token_classification_class(config: PretrainedConfig) -> type[PreTrainedModel]:
