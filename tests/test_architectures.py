@@ -99,15 +99,18 @@ def model_root(tmp_path_factory):
 
 
 def train_two_steps(output_dir, model_dir, *overrides):
-    return train(load_config("builtin:demo", [f"output_dir={output_dir}", f"model.path={model_dir}", *TRAIN_OPTIONS, *overrides]), show_progress=False)
+    config = load_config("builtin:demo", [f"output_dir={output_dir}", f"model.path={model_dir}", *TRAIN_OPTIONS, *overrides])
+    return train(config, show_progress=False)
 
 
 def assert_trained_two_steps(output_dir, model_dir, final_checkpoint):
     rows = read_metrics(output_dir)
     assert [row["step"] for row in rows] == [1, 2]
     assert all(row["updates/skipped"] == 0 for row in rows)
-    assert AutoModelForCausalLM.from_pretrained(final_checkpoint).config.model_type == AutoConfig.from_pretrained(model_dir).model_type
-    assert max_difference(load_file(final_checkpoint / "model.safetensors"), load_file(model_dir / "model.safetensors")) > 0
+    model_type = AutoConfig.from_pretrained(model_dir).model_type
+    assert AutoModelForCausalLM.from_pretrained(final_checkpoint).config.model_type == model_type
+    initial = load_file(model_dir / "model.safetensors")
+    assert max_difference(load_file(final_checkpoint / "model.safetensors"), initial) > 0
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
+from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
 
 from pacs.models.loading import load_value_model, token_classification_class
 from tiny_architectures import save_tiny_model
@@ -22,7 +23,7 @@ def olmo2_dir(tmp_path_factory):
 
 
 def test_without_a_token_classification_class_the_critic_is_the_backbone_and_a_value_head(olmo2_dir):
-    assert type(transformers.AutoConfig.from_pretrained(olmo2_dir)) not in transformers.models.auto.modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+    assert type(transformers.AutoConfig.from_pretrained(olmo2_dir)) not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
     critic = load_value_model(str(olmo2_dir))
     assert isinstance(critic.model, transformers.Olmo2Model)
     assert (critic.score.in_features, critic.score.out_features) == (64, 1)

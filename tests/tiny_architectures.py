@@ -71,7 +71,9 @@ def save_tiny_model(name: str, directory: Path, *, seed: int = 0) -> Path:
     Hugging Face model directory that `pacs train` can start from. Returns `directory`."""
     tokenizer = build_char_tokenizer()
     model = tiny_causal_lm(name, seed=seed)
-    model.generation_config = transformers.GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = transformers.GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
