@@ -10,8 +10,10 @@ batch of PROMPTS prompts x GROUP_SIZE responses (fixed seed) and keeps its share
 writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) and
 OUT_DIR/CASE.json (the metrics the updates report) from rank 0.
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
-every linear projection; the reference is the policy with its adapters disabled); `--local-totals` normalises each rank's loss by its own rows and
-tokens instead of the global mini-batch's (the mistake the exactness tests must catch).
+every linear projection; the reference is the policy with its adapters disabled); "NAME/" before
+either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
+`--local-totals` normalises each rank's loss by its own rows and tokens instead of the global
+mini-batch's (the mistake the exactness tests must catch).
 """
 
 from __future__ import annotations
@@ -73,9 +75,11 @@ def local_batch(world: World, vocab_size: int) -> PolicyBatch:
 
 
 def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The step of `case` ("algorithm:loss_agg[:lora]", KL and entropy terms on): the full weights
-    after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None elsewhere,
-    and the metrics of the critic's and the policy's updates."""
+    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora]", KL and entropy terms on): the full
+    weights after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None
+    elsewhere, and the metrics of the critic's and the policy's updates."""
+    model_name, _, case = case.rpartition("/")
+    model_dir = str(Path(model_dir) / model_name)
     name, loss_agg, *variant = case.split(":")
     lora = variant == ["lora"]
     options = AlgorithmConfig(
@@ -146,10 +150,10 @@ def main() -> None:
         for case in args.cases:
             weights, metrics = run_case(world, args.model_dir, case)
             if weights is not None:
-                out_dir = Path(args.out_dir)
-                out_dir.mkdir(parents=True, exist_ok=True)
-                save_file({key: value.clone() for key, value in weights.items()}, str(out_dir / f"{case}.safetensors"))
-                (out_dir / f"{case}.json").write_text(json.dumps(metrics))
+                path = Path(args.out_dir) / f"{case}.safetensors"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_file({key: value.clone() for key, value in weights.items()}, str(path))
+                path.with_suffix(".json").write_text(json.dumps(metrics))
         world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()

@@ -26,6 +26,7 @@ from pacs.train.batch import response_logprobs_no_grad
 from pacs.train.checkpoint import save_checkpoint
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import check_resumable, train
+from tiny_architectures import tiny_causal_lm
 
 TOKENS = torch.tensor([[7, 8, 9, 10, 11, 12]])
 
@@ -85,6 +86,17 @@ def test_merged_weights_equal_peft_merge_and_unload_without_changing_the_model(t
     assert merged.keys() == expected.keys()
     assert all(torch.equal(merged[name], expected[name]) for name in expected)
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
+def test_merged_weights_of_a_mixture_of_experts_equal_peft_merge_and_unload(architecture):
+    """peft adapts the stacked expert weights and the router as parameters, in nested wrappers."""
+    model = with_moved_adapters(add_lora(tiny_causal_lm(architecture), rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear"))
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    merged = merged_state_dict(model)
+    assert merged.keys() == expected.keys()
+    assert any(".experts." in name for name in merged)
+    assert all(torch.equal(merged[name], expected[name]) for name in expected)
 
 
 def test_a_lora_checkpoint_is_the_merged_model_with_the_adapter_beside_it(tmp_path, tiny_model_dir):

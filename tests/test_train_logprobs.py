@@ -57,12 +57,13 @@ def make_batch(vocab_size: int = 101) -> PolicyBatch:
 
 
 def full_logits_reference(model, batch: PolicyBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, R) log-probs and entropies from the full logits of the response positions; 0 at padding."""
+    """(B, R) log-probs and entropies from the logits that the model's own forward returns at the
+    response positions, normalised in float64; 0 at padding."""
     response_width = batch.response_ids.shape[1]
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
     attention_mask = torch.cat([batch.prompt_mask, batch.response_mask.long()], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.double()
     log_distribution = torch.log_softmax(logits[:, -response_width - 1 : -1] / temperature, dim=-1)
     logprobs = log_distribution.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_distribution.exp() * log_distribution).sum(dim=-1)
@@ -206,16 +207,28 @@ def test_a_model_wrapped_in_ddp_gives_the_same_values_and_gradients(tiny_model_d
         torch.testing.assert_close(chunked[name], expected[name], atol=1e-6, rtol=0, msg=name)
 
 
-def test_a_model_that_softcaps_its_logits_is_refused():
-    config = transformers.Gemma2Config(
-        vocab_size=101, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=8, final_logit_softcapping=30.0,
-    )
-    model = transformers.Gemma2ForCausalLM(config).eval()
+class DoublesItsLogits(transformers.Qwen2ForCausalLM):
+    """A model whose forward changes its logits in a way its config does not declare."""
+
+    def forward(self, **inputs):
+        outputs = super().forward(**inputs)
+        outputs.logits = outputs.logits * 2
+        return outputs
+
+
+def test_a_model_whose_forward_changes_its_logits_otherwise_than_its_config_says_is_refused(tiny_model_dir):
+    model = DoublesItsLogits.from_pretrained(tiny_model_dir).eval()
     output_embeddings = model.lm_head
-    with pytest.raises(ValueError, match="Gemma2ForCausalLM.forward does not return its output embedding's result"):
+    with pytest.raises(ValueError, match=r"DoublesItsLogits.forward does not return f\(lm_head\(hidden_states\)\) .* \(f\(z\) = z\)"):
         response_logprobs(model, make_batch())
     assert model.lm_head is output_embeddings
+
+
+def test_a_logit_map_that_the_config_declares_but_the_forward_skips_is_refused(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir))
+    model.config.logits_scaling = 4.0  # as MPT's config holds a logit_scale its transformers model never applies
+    with pytest.raises(ValueError, match=r"Qwen2ForCausalLM.forward does not return .* \(f\(z\) = z / 4\)"):
+        response_logprobs(model, make_batch())
 
 
 def make_group_batch(vocab_size: int = 101) -> PolicyBatch:

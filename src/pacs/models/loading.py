@@ -31,12 +31,15 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
-    AutoModelForTokenClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.modeling_layers import GenericForTokenClassification
+from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, MODEL_MAPPING
 
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
@@ -222,26 +225,62 @@ def load_causal_lm(path: str, *, dtype: str = "float32") -> PreTrainedModel:
 
     Note: ``from_pretrained`` returns the model in eval mode; the caller sets train/eval.
     """
+    load = partial(AutoModelForCausalLM.from_pretrained, **_dtype_options(dtype), adapter_kwargs=LOCAL_ADAPTER_LOOKUP)
+    return disable_dropout(_from_pretrained(load, path))
+
+
+def _dtype_options(dtype: str) -> dict[str, object]:
+    """``from_pretrained`` options for parameters in ``dtype`` (a key of ``DTYPES``): in float64 a
+    mixture of experts runs its experts one by one (``experts_implementation="eager"``), as
+    transformers' grouped-matmul kernels have no float64."""
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    load = partial(AutoModelForCausalLM.from_pretrained, dtype=DTYPES[dtype], adapter_kwargs=LOCAL_ADAPTER_LOOKUP)
-    return disable_dropout(_from_pretrained(load, path))
+    return {"dtype": DTYPES[dtype], **({"experts_implementation": "eager"} if dtype == "float64" else {})}
 
 
 def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     """A critic for PPO: the architecture and weights at ``path`` (a causal LM checkpoint is fine)
-    with a freshly initialised value head of one output per token, as a token-classification model,
-    with every dropout probability set to 0 (``disable_dropout``; transformers puts a
-    ``Dropout(0.1)`` before the value head of Qwen2 unless the config says otherwise).
+    with a freshly initialised value head of one output per token, as a token-classification model
+    (``token_classification_class``), with every dropout probability set to 0
+    (``disable_dropout``; transformers puts a ``Dropout(0.1)`` before the value head of Qwen2
+    unless the config says otherwise). A critic saved with ``save_pretrained`` loads back here
+    with its value head.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
-    load = partial(
-        AutoModelForTokenClassification.from_pretrained, num_labels=1, dtype=DTYPES[dtype], adapter_kwargs=LOCAL_ADAPTER_LOOKUP
-    )
-    critic = _from_pretrained(load, path)
+    critic = _from_pretrained(partial(_value_model_from_pretrained, **_dtype_options(dtype)), path)
     critic.config.classifier_dropout = 0.0
     return disable_dropout(critic)
+
+
+def _value_model_from_pretrained(path: str, *, local_files_only: bool = False, **options) -> PreTrainedModel:
+    config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=local_files_only)
+    return token_classification_class(config).from_pretrained(
+        path, config=config, local_files_only=local_files_only, adapter_kwargs=LOCAL_ADAPTER_LOOKUP, **options
+    )
+
+
+def token_classification_class(config: PretrainedConfig) -> type[PreTrainedModel]:
+    """The token-classification model class of ``config``'s architecture: transformers' own where it
+    registers one (Llama, Qwen3, Gemma 2, ...), otherwise one built here as transformers builds
+    its own: the backbone (``AutoModel``, e.g. ``Olmo2Model``) under the architecture's
+    base-model attribute, then a linear head ``score`` (hidden size -> ``config.num_labels``), as
+    ``GenericForTokenClassification`` does (dropout, forward and output included). Its weights
+    have the layout of transformers' token-classification models, so a causal LM checkpoint
+    loads into its backbone, and its own checkpoints load back whole.
+    """
+    if type(config) in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING:
+        return MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(config)]
+    if type(config) not in MODEL_MAPPING:
+        raise ValueError(
+            f"Cannot build a critic for model_type {config.model_type!r}: transformers has neither a "
+            "token-classification model nor a backbone (AutoModel) for it"
+        )
+    backbone_class = MODEL_MAPPING[type(config)]
+    pretrained_base = next(base for base in backbone_class.__mro__[1:] if issubclass(base, PreTrainedModel))
+    return type(
+        backbone_class.__name__.removesuffix("Model") + "ForTokenClassification",
+        (GenericForTokenClassification, pretrained_base),
+        {"base_model_prefix": pretrained_base.base_model_prefix, "__module__": __name__},
+    )
 
 
 def enable_activation_checkpointing(model: PreTrainedModel) -> None:

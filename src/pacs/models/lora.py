@@ -114,15 +114,17 @@ def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | N
     model's full state dict, e.g. gathered from FSDP shards; None: `model.state_dict()`) without
     changing `model`.
 
-    For every LoRA layer: weight = W + scaling * (B @ A), with W (out, in), A (r, in), B (out, r),
-    summed in float32 (or float64) and stored in W's dtype; every other tensor is copied, and the
-    keys lose peft's `base_model.model.` prefix and `.base_layer` infix. The result lives on the
-    CPU: on a GPU only one layer's update B @ A exists at a time, never a merged copy of the model.
+    Every adapted weight W becomes W + scaling * delta (`_lora_delta`), summed in float32 (or
+    float64) and stored in W's dtype; every other tensor is copied, and the keys lose peft's
+    `base_model.model.` prefix and `base_layer` segments. Adapted weights are those of LoRA
+    layers (linear layers) and of LoRA parameter wrappers (a mixture of experts' stacked expert
+    weights, its router), which peft nests one per parameter of a module. The result lives on the
+    CPU: on a GPU only one layer's update exists at a time, never a merged copy of the model.
     """
     state = model.state_dict() if state is None else state
     prefix = "base_model.model."
-    layers = {
-        name: module
+    adapted = {
+        _adapted_weight_key(name, module): (name, module)
         for name, module in model.named_modules()
         if isinstance(module, require_peft().tuners.lora.LoraLayer)
     }
@@ -130,17 +132,41 @@ def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | N
     for key, value in state.items():
         if ".lora_" in key:
             continue
-        layer_name, _, parameter = key.rpartition(".base_layer.")
-        if layer_name in layers and parameter == "weight":
-            layer = layers[layer_name]
-            lora_a, lora_b = (state[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"] for part in "AB")
+        if key in adapted:
+            layer_name, layer = adapted[key]
             wide = torch.promote_types(value.dtype, torch.float32)
-            delta = (lora_b.to(wide) @ lora_a.to(wide)) * layer.scaling[ADAPTER_NAME]
-            if layer.fan_in_fan_out:
-                delta = delta.T
-            value = (value.to(wide) + delta).to(value.dtype)
-        merged[key.replace(".base_layer.", ".").removeprefix(prefix)] = value.to("cpu")
+            lora_a, lora_b = (state[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"].to(wide) for part in "AB")
+            value = (value.to(wide) + _lora_delta(layer, lora_a, lora_b)).to(value.dtype)
+        merged[".".join(part for part in key.split(".") if part != "base_layer").removeprefix(prefix)] = value.to("cpu")
     return merged
+
+
+def _adapted_weight_key(name: str, layer: torch.nn.Module) -> str:
+    """The state-dict key of the weight that the LoRA layer `name` adapts: `weight` (or, for a
+    parameter wrapper, its `parameter_name`) of the module under its chain of `base_layer`s."""
+    base_name, base = name, layer
+    while isinstance(base, require_peft().tuners.lora.LoraLayer):
+        base_name, base = f"{base_name}.base_layer", base.base_layer
+    return f"{base_name}.{getattr(layer, 'parameter_name', 'weight')}"
+
+
+def _lora_delta(layer: torch.nn.Module, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+    """scaling * B A in the adapted weight's shape, as peft merges it.
+
+    A linear layer: A (r, in), B (out, r) -> B A (out, in), transposed for fan_in_fan_out.
+    E stacked experts (peft's ParamWrapper): A (E r, in), B (out, r E) -> per expert e,
+    B_e A_e with A_e = A.view(E, r, in)[e] and B_e = B.view(out, r, E)[..., e]: (E, out, in),
+    or (E, in, out) where the experts' module stores its weights transposed (`is_transposed`).
+    """
+    scaling = layer.scaling[ADAPTER_NAME]
+    experts = getattr(layer, "num_experts", 1)
+    if experts == 1:
+        delta = lora_b @ lora_a
+        return (delta.T if layer.fan_in_fan_out else delta) * scaling
+    per_expert_a = lora_a.reshape(experts, -1, lora_a.shape[-1])
+    per_expert_b = lora_b.reshape(lora_b.shape[0], -1, experts)
+    layout = "eio" if getattr(layer.get_base_layer(), "is_transposed", False) else "eoi"
+    return torch.einsum(f"ore,eri->{layout}", per_expert_b, per_expert_a) * scaling
 
 
 def save_lora(model: torch.nn.Module, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from pacs.models.loading import eval_mode
+from pacs.models.logits import LogitMap
 from pacs.rollout.base import Rollouts
 
 
@@ -177,12 +178,14 @@ class _ChunkedResponseTerms(torch.nn.Module):
     The hidden states that predict real targets are gathered into (n, H) and projected
     `tokens_per_chunk(vocab_size)` tokens at a time; with gradient enabled each chunk is
     checkpointed, so backward recomputes its logits instead of keeping them. `output_embeddings`
-    is the model's own module (same parameters: tied embeddings stay tied).
+    is the model's own module (same parameters: tied embeddings stay tied); `logit_map` is what
+    the model's forward applies to its result (softcapping, scaling: `LogitMap`).
     """
 
     def __init__(
         self,
         output_embeddings: torch.nn.Module,
+        logit_map: LogitMap,
         select: Callable[[torch.Tensor], torch.Tensor],
         targets: torch.Tensor,
         target_mask: torch.Tensor,
@@ -193,6 +196,7 @@ class _ChunkedResponseTerms(torch.nn.Module):
     ):
         super().__init__()
         self.output_embeddings = output_embeddings
+        self.logit_map = logit_map
         self.select = select
         self.targets = targets
         self.at_target = target_mask > 0
@@ -219,12 +223,13 @@ class _ChunkedResponseTerms(torch.nn.Module):
     def chunk_terms(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """hidden (n, H), targets (n,) -> (n, 1) log-probs, or (n, 2) log-probs and entropies.
 
-        z = logits / T in float32 (float64 for a float64 model):
+        z = f(lm_head(hidden)) / T in float32 (float64 for a float64 model), f the model's
+        logit map:
             log pi(target) = z_target - logsumexp(z)
             entropy        = logsumexp(z) - sum_v softmax(z)_v z_v
         """
         logits = self.output_embeddings(hidden)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / self.temperature
+        logits = self.logit_map(logits.to(torch.promote_types(logits.dtype, torch.float32))) / self.temperature
         normaliser = torch.logsumexp(logits, dim=-1)
         logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
         if not self.with_entropy:
@@ -235,7 +240,11 @@ class _ChunkedResponseTerms(torch.nn.Module):
 
 def _forward_terms(model: torch.nn.Module, head: _ChunkedResponseTerms, **inputs) -> tuple[torch.Tensor, object]:
     """Run `model(**inputs)` with `head` standing in for its output embedding (restored
-    afterwards, also on error): the head's terms, and the model's key/value cache if asked for."""
+    afterwards, also on error): the head's terms, and the model's key/value cache if asked for.
+
+    The forward must return f(head's result) as logits, f the logit map of its config (the
+    result itself where there is none); anything else (a map the config does not declare,
+    slicing) would make the chunked terms wrong, and raises ValueError."""
     inner = unwrap_model(model)
     output_embeddings = inner.get_output_embeddings()
     inner.set_output_embeddings(head)
@@ -243,13 +252,23 @@ def _forward_terms(model: torch.nn.Module, head: _ChunkedResponseTerms, **inputs
         outputs = model(**inputs)
     finally:
         inner.set_output_embeddings(output_embeddings)
-    if head.result is None or outputs.logits is not head.result:
+    expected = None if head.result is None else head.logit_map(head.result)
+    if expected is None or not _same_values(outputs.logits, expected):
         raise ValueError(
-            f"{type(inner).__name__}.forward does not return its output embedding's result unchanged as "
-            "logits (it softcaps, scales or slices them), so chunked log-probs would be wrong for it; "
-            "supported: models whose logits are lm_head(hidden_states), such as Qwen2 and Llama"
+            f"{type(inner).__name__}.forward does not return f(lm_head(hidden_states)) as logits with the logit map f "
+            f"its config declares (f(z) = {head.logit_map.describe()}), so chunked log-probs would be wrong for it; "
+            "supported: logits that are lm_head's output, scaled (config.logit_scale, config.logits_scaling) "
+            "or softcapped (config.final_logit_softcapping) as the config says"
         )
-    return outputs.logits, getattr(outputs, "past_key_values", None)
+    return head.result, getattr(outputs, "past_key_values", None)
+
+
+def _same_values(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether two tensors are the same tensor or have the same shape and values (NaN equal to
+    NaN: a model that produced NaN is not one whose forward maps its logits otherwise)."""
+    return first is second or (
+        first.shape == second.shape and torch.allclose(first, second, rtol=0, atol=0, equal_nan=True)
+    )
 
 
 def shared_prompt_runs(batch: PolicyBatch) -> torch.Tensor:
@@ -289,10 +308,12 @@ def response_logprobs(
     caches) is on. Either way the number of forwards depends only on B and the checkpointing
     setting, as the ranks of DDP and FSDP need (each forward is a collective there).
 
+    The model's logits are f(lm_head(h)), f the elementwise map its config declares (`LogitMap`:
+    Gemma 2's softcapping, Granite's and Cohere's scaling; the identity for most models), and
+    pi = softmax(f(lm_head(h)) / T).
+
     `model` may be wrapped (DDP's `.module`). Raises ValueError for a model without an output
-    embedding or one whose forward changes the projection's result before returning it as
-    logits (logit softcapping or scaling, as Gemma 2 and Cohere do): log-probs here support
-    Qwen2- and Llama-style models.
+    embedding or one whose forward returns anything other than f(lm_head(h)) as logits.
     """
     inner = unwrap_model(model)
     if inner.get_output_embeddings() is None:
@@ -308,6 +329,7 @@ def _head(model, select, targets, target_mask, temperature, with_entropy) -> _Ch
     inner = unwrap_model(model)
     return _ChunkedResponseTerms(
         inner.get_output_embeddings(),
+        LogitMap.of(inner.config),
         select,
         targets,
         target_mask,
