@@ -75,23 +75,41 @@ def register_builtin_model(name: str, build_fn: Callable[[], Path]) -> None:
     BUILTIN_MODELS[name] = build_fn
 
 
-def resolve_model_path(path: str) -> str:
-    """Turn a model path (built-in name, local directory or hub id) into a ``from_pretrained`` argument."""
+def check_model_path(path: str) -> None:
+    """Raise ValueError unless `path` names a model that `resolve_model_path` can resolve, without
+    building a built-in model or asking the hub: a registered built-in name, a local directory
+    with config.json, or a hub id ('org/name'). An 'org/name' whose 'org' is a local folder is
+    taken for a mistyped local path ("no such directory"), not for a hub id."""
     if path.startswith(BUILTIN_PREFIX):
         if path not in BUILTIN_MODELS:
             raise ValueError(f"Unknown built-in model {path!r}; valid: {sorted(BUILTIN_MODELS)}")
-        return str(BUILTIN_MODELS[path]())
+        return
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ValueError(f"{local} is not a Hugging Face model directory (no config.json)")
-        return str(local)
+        return
     if HUB_ID_PATTERN.match(path) and not local.exists():
-        return path
+        if local.parent.is_dir():
+            raise ValueError(
+                f"Model path {path!r}: no such directory (the local folder {local.parent} has no {local.name!r}); "
+                f"to load the Hugging Face Hub model {path!r} instead, run from a folder without {local.parent}"
+            )
+        return
     raise ValueError(
         f"Model path {path!r} is neither a local model directory, a Hugging Face Hub id "
         f"('org/name') nor a built-in model (valid: {sorted(BUILTIN_MODELS)})"
     )
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn a model path (built-in name, local directory or hub id) into a ``from_pretrained``
+    argument (`check_model_path` says which paths are valid)."""
+    check_model_path(path)
+    if path.startswith(BUILTIN_PREFIX):
+        return str(BUILTIN_MODELS[path]())
+    local = Path(path).expanduser()
+    return str(local) if local.is_dir() else path
 
 
 def _hub_unreachable_reason(repo_id: str) -> str | None:

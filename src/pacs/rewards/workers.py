@@ -61,13 +61,27 @@ def inside_time_limited_worker() -> bool:
     return _inside_worker
 
 
+def _import_module(module_name: str):
+    """Import `module_name` from `sys.path`, else from the working directory, as `python -m` finds
+    it (the working directory is then appended to `sys.path`, so worker servers started later
+    find it too)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        working_dir = os.getcwd()
+        if error.name != module_name.split(".")[0] or working_dir in sys.path:
+            raise
+        sys.path.append(working_dir)
+        return importlib.import_module(module_name)
+
+
 def import_function(spec: str) -> Callable:
     """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise."""
     if not FUNCTION_SPEC_PATTERN.match(spec):
         raise ValueError(f"Function {spec!r} must be written 'package.module:function'")
     module_name, function_name = spec.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ImportError as error:
         raise ValueError(f"Cannot import module {module_name!r} of function {spec!r}: {error}") from error
     if not hasattr(module, function_name):

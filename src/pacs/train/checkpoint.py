@@ -35,6 +35,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pacs.models.lora import is_lora, save_lora
+from pacs.outputs import MARKER, is_pacs_output
 from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
 
@@ -58,7 +59,11 @@ def save_checkpoint(
     """Write model, tokenizer, `trainer_state` (and PPO's critic, in `critic/`) to `directory`,
     replacing it atomically. `model_state` / `critic_state`: the full state dicts to write when
     the modules themselves hold only a shard (FSDP); None: the modules' own. A LoRA `model` is
-    written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`)."""
+    written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`). An existing
+    `directory` is replaced only if it is a checkpoint or empty (a `pacs.outputs.MARKER` in it
+    is kept); anything else raises FileExistsError before a file is written."""
+    if directory.is_dir():
+        _check_replaceable(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -71,6 +76,8 @@ def save_checkpoint(
         critic.save_pretrained(staging / CRITIC_DIR, state_dict=critic_state, safe_serialization=True)
     torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
     if directory.exists():
+        if is_pacs_output(directory):
+            shutil.copy2(directory / MARKER, staging / MARKER)
         retired = directory.parent / f".old-{directory.name}-{os.getpid()}"
         os.replace(directory, retired)
         os.replace(staging, directory)
@@ -78,6 +85,17 @@ def save_checkpoint(
     else:
         os.replace(staging, directory)
     return directory
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Refuse to replace `directory` unless it is a checkpoint (it holds `TRAINER_STATE`) or holds
+    nothing but pacs's output marker: a checkpoint swaps only its own directory."""
+    others = sorted(entry.name for entry in directory.iterdir() if entry.name != MARKER)
+    if others and not (directory / TRAINER_STATE).is_file():
+        raise FileExistsError(
+            f"{directory} holds files that are not a pacs checkpoint ({', '.join(others[:5])}); a checkpoint "
+            "replaces only a previous checkpoint or an empty folder. Choose another output folder"
+        )
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:

@@ -30,6 +30,7 @@ from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, add_lora, language_model, require_peft
+from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import SamplingParams
@@ -39,6 +40,7 @@ from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logpro
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, load_trainer_state, restore_rng_states, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
+from pacs.train.preflight import check_run_inputs
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
@@ -138,6 +140,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
             require_peft()
         except ImportError as error:
             raise ConfigError(str(error)) from None
+    check_run_inputs(config)
     output_dir = Path(config.output_dir)
     checkpoints_dir = output_dir / "checkpoints"
     resume_from = latest_checkpoint(checkpoints_dir) if config.resume == "auto" else None
@@ -147,7 +150,7 @@ def _train(config: Config, world: World, *, show_progress: bool) -> TrainResult:
             "or choose another output_dir"
         )
     if world.is_writer:
-        output_dir.mkdir(parents=True, exist_ok=True)
+        claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto")
         dump_config(config, output_dir / "config.yaml")
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     seed_everything(config.seed)
