@@ -105,3 +105,18 @@ def test_k1_as_a_kl_loss_is_refused_with_the_valid_estimators():
     with pytest.raises(ConfigError, match=r"algorithm.kl_estimator 'k1' with kl_coef=0.1: .*'k2'.*'k3'"):
         load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"])
     assert load_config(None, ["algorithm.kl_coef=0", "algorithm.kl_estimator=k1"]).algorithm.kl_estimator == "k1"
+
+
+def test_impossible_combinations_are_reported_with_the_field_errors():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["train.steps=abc", "train.batch_size=30", "train.mini_batch_size=7", "rollout.n=1"])
+    message = str(error.value)
+    assert "train.steps" in message
+    assert "train.mini_batch_size=7 must divide train.batch_size=30" in message
+    assert "rollout.n=1" in message
+
+
+def test_a_combination_involving_a_rejected_field_is_not_reported_with_its_default():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["train.batch_size=abc", "train.mini_batch_size=7"])
+    assert "must divide" not in str(error.value)

@@ -123,7 +123,7 @@ def _prepare(args: argparse.Namespace) -> None:
     if not args.input or not args.out:
         raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
     prepared = prepare_dataset(args.input, source=args.source, repeat=args.repeat)
-    if aside := claim_output_file(Path(args.out), "pacs prepare", replace=args.overwrite):
+    if aside := claim_output_file(Path(args.out), replace=args.overwrite):
         print(f"the previous {args.out} is now {aside}")
     write_parquet(prepared.rows, args.out)
     print(prepared.report.summary())

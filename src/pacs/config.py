@@ -10,6 +10,7 @@ model is loaded. `builtin:NAME` reads the recipe `configs/NAME.yaml` shipped wit
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.resources
 from pathlib import Path
@@ -175,15 +176,17 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
+        """Raise one ValueError listing every impossible combination, one per line."""
+        problems = []
         train = self.train
         if train.batch_size % train.mini_batch_size:
-            raise ValueError(
+            problems.append(
                 f"train.mini_batch_size={train.mini_batch_size} must divide "
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
         algorithm = self.algorithm
         if self.rollout.n < 2 and (algorithm.name in ("grpo", "rloo") or (algorithm.name == "pacs" and algorithm.estimator != "naive")):
-            raise ValueError(
+            problems.append(
                 f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "
                 f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "
                 "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
@@ -191,19 +194,21 @@ class Config(_Section):
         try:
             check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator)
         except ValueError as error:
-            raise ValueError(f"algorithm.{error}") from None
+            problems.append(f"algorithm.{error}")
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
-            raise ValueError(
+            problems.append(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
             )
         if self.rollout.top_p < 1:
-            raise ValueError(
+            problems.append(
                 f"rollout.top_p={self.rollout.top_p}: training samples must come from the full tempered "
                 "softmax, because every algorithm's log-probs (old and current) describe that distribution; a "
                 "nucleus would make the sampled policy differ from the one trained (and its tokens outside the "
                 "current policy's nucleus would have probability 0). Set rollout.top_p=1.0 (the paper's "
                 "setting); eval.top_p applies to validation"
             )
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
 
@@ -274,12 +279,40 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _combination_problems(data: dict[str, Any], error: ValidationError) -> list[str]:
+    """The combination checks (`Config._check_combinations`) that fail on `data` with every field
+    `error` rejects left at its default, except those that name a rejected field (its default
+    would stand in for a value the user did not give)."""
+    rejected = [item["loc"] for item in error.errors() if item["loc"]]
+    valid_part = copy.deepcopy(data)
+    for location in rejected:
+        node = valid_part
+        for part in location[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(location[-1], None)
+    try:
+        Config.model_validate(valid_part)
+    except ValidationError as combination_error:
+        names = [".".join(str(part) for part in location) for location in rejected]
+        return [
+            f"  {item['msg'].removeprefix('Value error, ')}"
+            for item in combination_error.errors()
+            if not item["loc"] and not any(name in item["msg"] for name in names)
+        ]
+    return []
+
+
 def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem."""
+    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem: the
+    fields' and, at the same time, the impossible combinations among the valid fields."""
     try:
         return Config.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(_format_validation_error(error, source)) from None
+        problems = _format_validation_error(error, source)
+        if any(item["loc"] for item in error.errors()):
+            problems = "\n".join([problems, *_combination_problems(data, error)])
+        raise ConfigError(problems) from None
 
 
 def load_config(source: str | None, overrides: list[str] = ()) -> Config:

@@ -62,38 +62,38 @@ def move_aside(directory: Path) -> Path:
     return aside
 
 
-def check_output_dir(directory: Path, command: str, *, reuse: bool = False, replace: bool = False) -> None:
-    """Raise `OutputRefused` unless `claim_output_dir` with these arguments would write to
-    `directory`; touches nothing. `command` names the command in messages (e.g. "pacs train")."""
+def _check_output_dir(directory: Path, *, reuse: bool, replace: bool) -> None:
+    """Raise `OutputRefused` unless `claim_output_dir` with these arguments may write to
+    `directory`; touches nothing."""
     directory = Path(directory)
     if not directory.exists():
         if directory.is_symlink():
-            raise OutputRefused(f"{command}: {directory} is a dangling symbolic link; choose another output folder")
+            raise OutputRefused(f"{directory} is a dangling symbolic link; choose another output folder")
         return
     if not directory.is_dir():
-        raise OutputRefused(f"{command}: {directory} is a file, not a folder; choose another output folder")
+        raise OutputRefused(f"{directory} is a file, not a folder; choose another output folder")
     entries = _entries(directory)
     if not entries or reuse and is_pacs_output(directory):
         return
     if not is_pacs_output(directory):
         raise OutputRefused(
-            f"{command}: {directory} holds files that pacs did not write ({_listing(entries)}); pacs writes only "
+            f"{directory} holds files that pacs did not write ({_listing(entries)}); pacs writes only "
             f"into a new or empty folder or one it made (marked by {MARKER}). Choose another output folder"
         )
     if not replace:
         raise OutputRefused(
-            f"{command}: {directory} holds a previous output ({_listing(entries)}); pass --overwrite to move it "
+            f"{directory} holds a previous output ({_listing(entries)}); pass --overwrite to move it "
             f"aside to {superseded_path(directory)}, or choose another output folder"
         )
 
 
 def claim_output_dir(directory: Path, command: str, *, reuse: bool = False, replace: bool = False) -> Path | None:
-    """Make `directory` an output folder of `command`, or raise `OutputRefused` (see the module's
-    rule) having changed nothing. `reuse`: keep a previous pacs output there and write into it;
-    `replace`: move a previous pacs output aside first. Returns where a previous output was
-    moved, else None."""
+    """Make `directory` an output folder of `command` (e.g. "pacs train", written into the
+    marker), or raise `OutputRefused` (see the module's rule) having changed nothing. `reuse`:
+    keep a previous pacs output there and write into it; `replace`: move a previous pacs output
+    aside first. Returns where a previous output was moved, else None."""
     directory = Path(directory)
-    check_output_dir(directory, command, reuse=reuse, replace=replace)
+    _check_output_dir(directory, reuse=reuse, replace=replace)
     aside = None
     if directory.is_dir() and _entries(directory) and not reuse:
         aside = move_aside(directory)
@@ -103,16 +103,16 @@ def claim_output_dir(directory: Path, command: str, *, reuse: bool = False, repl
     return aside
 
 
-def claim_output_file(path: Path, command: str, *, replace: bool = False) -> Path | None:
-    """Make way for `command` to write the single file `path`: refuse (`OutputRefused`) a folder
+def claim_output_file(path: Path, *, replace: bool = False) -> Path | None:
+    """Make way for a command to write the single file `path`: refuse (`OutputRefused`) a folder
     there, or an existing file unless `replace`, which moves it aside (`superseded_path`); create
     the parent folders. Returns where a previous file was moved, else None."""
     path = Path(path)
     if path.is_dir():
-        raise OutputRefused(f"{command}: {path} is a folder; give the path of a file to write")
+        raise OutputRefused(f"{path} is a folder; give the path of a file to write")
     if path.exists() and not replace:
         raise OutputRefused(
-            f"{command}: {path} already exists; pass --overwrite to move it aside to {superseded_path(path)}, "
+            f"{path} already exists; pass --overwrite to move it aside to {superseded_path(path)}, "
             "or choose another output file"
         )
     aside = move_aside(path) if path.exists() else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -37,6 +38,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as transformers_logging
 
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
@@ -49,6 +51,8 @@ LOCAL_ADAPTER_LOOKUP = {"local_files_only": True}
 on the hub even under local_files_only (with retries: ~20 s when the hub is unreachable); pacs
 loads base models only (LoRA adapters come from checkpoints' adapter/), so it looks locally."""
 HUB_CHECK_TIMEOUT_S = 5.0
+VALUE_HEAD_PREFIX = "score."
+"""Parameter names of the value head that transformers' token-classification models add."""
 """How long the one reachability check of a hub id may take before the hub counts as unreachable."""
 
 
@@ -255,11 +259,34 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; valid: {sorted(DTYPES)}")
     load = partial(
-        AutoModelForTokenClassification.from_pretrained, num_labels=1, dtype=DTYPES[dtype], adapter_kwargs=LOCAL_ADAPTER_LOOKUP
+        AutoModelForTokenClassification.from_pretrained,
+        num_labels=1,
+        dtype=DTYPES[dtype],
+        adapter_kwargs=LOCAL_ADAPTER_LOOKUP,
+        output_loading_info=True,
     )
-    critic = _from_pretrained(load, path)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report would list the new head as MISSING
+    try:
+        critic, loading_info = _from_pretrained(load, path)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    print(_value_head_note(path, sorted(loading_info["missing_keys"])), file=sys.stderr)
     critic.config.classifier_dropout = 0.0
     return disable_dropout(critic)
+
+
+def _value_head_note(path: str, missing_keys: list[str]) -> str:
+    """One line on what `load_value_model` initialised afresh: the value head (expected when
+    starting from a causal LM) and any other weight `path` lacked (unexpected)."""
+    new_head = [key for key in missing_keys if key.startswith(VALUE_HEAD_PREFIX)]
+    others = [key for key in missing_keys if not key.startswith(VALUE_HEAD_PREFIX)]
+    note = f"critic: loaded from {path}"
+    if new_head:
+        note += f"; its value head ({', '.join(new_head)}) is new, randomly initialised, as expected"
+    if others:
+        note += f"; WARNING: {len(others)} other weights were not in {path} and are random too: {', '.join(others[:5])}"
+    return note
 
 
 def enable_activation_checkpointing(model: PreTrainedModel) -> None:
