@@ -13,10 +13,10 @@ class weighting; columns pass@k; cells mean ± std over seeds.
 What is already on disk is reused only when it was made with the settings asked for now, so an
 interrupted comparison continues and a changed one never mixes old and new results: a run is
 kept when its `config.yaml` equals this run's config (`output_dir` and `resume` aside), else it is
-moved aside to `seed_S.superseded` (`.superseded.2`, ... when taken; never deleted)
-and trained again; an evaluation is kept when the settings stored in
-its `eval_metrics.json` equal this one's (`pacs.eval.evaluate.EvalSettings`), else it is redone.
-Each replacement is announced with the settings that differ.
+moved aside to `seed_S.superseded` (`.superseded.2`, ... when taken) and trained again; an
+evaluation is kept when the settings stored in its `eval_metrics.json` equal this one's
+(`pacs.eval.evaluate.EvalSettings`), else it is moved aside the same way and redone. Nothing is
+deleted (`pacs.outputs`), and each replacement is announced with the settings that differ.
 
 `comparison.json` holds, per data source and method, pass@k mean ± std over seeds (null when a
 seed generated no problem of that source) and each seed's counts from `eval_metrics.json`:
