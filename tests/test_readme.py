@@ -50,7 +50,8 @@ def commands(body: str, appended: str) -> list[str]:
     """The block's commands, continuation lines joined, `appended` added to those taking overrides."""
     joined = body.replace("\\\n", " ")
     lines = [line.split(" # ")[0].strip() for line in joined.splitlines()]
-    return [f"{line} {appended}".strip() if TAKES_OVERRIDES.search(line) else line for line in lines if line and not line.startswith("#")]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    return [f"{line} {appended}".strip() if TAKES_OVERRIDES.search(line) else line for line in lines]
 
 
 def file_blocks() -> dict[str, str]:

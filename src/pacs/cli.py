@@ -37,6 +37,7 @@ AT_LEAST_ONE = _checked(int, "an integer >= 1", lambda value: value >= 1)
 AT_LEAST_ZERO = _checked(int, "an integer >= 0", lambda value: value >= 0)
 POSITIVE = _checked(float, "a finite number > 0", lambda value: math.isfinite(value) and value > 0)
 NUCLEUS = _checked(float, "a number in (0, 1]", lambda value: 0 < value <= 1)
+OVERWRITE_HELP = "move a previous output at --out aside (to NAME.superseded) instead of refusing"
 
 
 def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list]:
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
     train.add_argument(
-        "--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded) instead of refusing"
+        "--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)"
     )
     train.set_defaults(run=_train)
 
@@ -190,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reward-function", default=None, help="package.module:function (default: by data_source)")
     evaluate.add_argument("--reward-timeout", type=POSITIVE, default=1.0, help="seconds per scored answer (over: 0)")
     evaluate.add_argument("--reward-workers", type=AT_LEAST_ZERO, default=2, help="scoring processes (0: in-process)")
-    evaluate.add_argument("--overwrite", action="store_true", help="move a previous output at --out aside (to NAME.superseded) instead of refusing")
+    evaluate.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     evaluate.set_defaults(run=_eval)
 
     sft = commands.add_parser("sft", help="supervised warm-start on a task's reference answers")
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--batch-size", type=AT_LEAST_ONE, default=64, help="rows per step")
     sft.add_argument("--lr", type=POSITIVE, default=3e-3, help="AdamW learning rate")
     sft.add_argument("--seed", type=int, default=0, help="seeds torch and the order of rows")
-    sft.add_argument("--overwrite", action="store_true", help="move a previous output at --out aside (to NAME.superseded) instead of refusing")
+    sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     sft.set_defaults(run=_sft)
 
     prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
@@ -216,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="train PACS and baselines identically and tabulate pass@k")
     compare.add_argument("--config", required=True, help="YAML file or builtin:NAME, e.g. builtin:compare-demo")
     compare.add_argument("--algorithms", default="pacs,grpo,ppo,rloo", help="comma-separated: pacs, grpo, ppo, rloo")
-    compare.add_argument("--seeds", type=_comma_list(int, "comma-separated integer seeds"), default="0,1,2", help="comma-separated seeds")
+    compare.add_argument("--seeds", type=_comma_list(int, "comma-separated integer seeds"), default="0,1,2")
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
     compare.add_argument("--eval-n", type=AT_LEAST_ONE, default=16, help="samples per held-out problem (pass@k up to k = N)")
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="PNG curves of runs' metrics, several runs on the same axes")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("--out", help="directory for the PNGs (default: RUN_DIR/plots of the first run)")
-    plot.add_argument("--overwrite", action="store_true", help="move a previous output at --out aside (to NAME.superseded) instead of refusing")
+    plot.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     plot.set_defaults(run=_plot)
 
     demo = commands.add_parser("demo", help="warm-start, evaluate, train with PACS, evaluate again (CPU, minutes)")
