@@ -63,16 +63,20 @@ def inside_time_limited_worker() -> bool:
 
 def _import_module(module_name: str):
     """Import `module_name` from `sys.path`, else from the working directory, as `python -m` finds
-    it (the working directory is then appended to `sys.path`, so worker servers started later
-    find it too)."""
+    it (the working directory is then appended to `sys.path`, so worker servers, which start with
+    this process's `sys.path`, find it too)."""
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         working_dir = os.getcwd()
-        if error.name != module_name.split(".")[0] or working_dir in sys.path:
+        if error.name != module_name.split(".")[0] or {working_dir, ""} & set(sys.path):
             raise
         sys.path.append(working_dir)
-        return importlib.import_module(module_name)
+        try:
+            return importlib.import_module(module_name)
+        except ImportError:
+            sys.path.remove(working_dir)
+            raise
 
 
 def import_function(spec: str) -> Callable:
