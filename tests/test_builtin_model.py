@@ -184,3 +184,10 @@ def test_load_causal_lm_uses_requested_dtype(tiny_dir: Path) -> None:
 def test_load_causal_lm_rejects_unknown_dtype(tiny_dir: Path) -> None:
     with pytest.raises(ValueError, match="float32"):
         load_causal_lm(str(tiny_dir), dtype="float16")
+
+
+def test_a_mistyped_local_path_says_no_such_directory_rather_than_asking_the_hub(tmp_path, monkeypatch) -> None:
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="'runs/nomodel': no such directory"):
+        resolve_model_path("runs/nomodel")

@@ -103,3 +103,17 @@ def test_unknown_algorithm_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--config", "builtin:compare-demo", "--algorithms", "pacs,dpo", "--out", str(tmp_path)])
     assert "unknown algorithms ['dpo']" in capsys.readouterr().err
+
+
+def test_tables_are_printed_unwrapped_in_a_log(comparison, monkeypatch, capsys):
+    out, _ = comparison
+    monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    run_comparison("builtin:compare-demo", ["pacs", "grpo", "ppo"], [0], out, eval_n=4, overrides=TINY, show_progress=False)
+    header = "| method | problems | samples per problem | prompts too long | timeouts | crashes | max new tokens |"
+    assert header in capsys.readouterr().out.splitlines()
+
+
+def test_seeds_that_are_not_integers_are_refused_naming_the_option(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", "builtin:compare-demo", "--seeds", "0,x", "--out", str(tmp_path)])
+    assert "argument --seeds: expected comma-separated integer seeds, got '0,x'" in capsys.readouterr().err

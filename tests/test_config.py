@@ -194,3 +194,18 @@ def test_kl_in_reward_needs_a_reward_driven_baseline_and_a_coefficient(overrides
 def test_loss_scales_and_the_critic_clip_must_be_positive(key):
     with pytest.raises(ConfigError, match=rf"{key}: Input should be greater than 0"):
         load_config(None, [f"{key}=0"])
+
+
+def test_impossible_combinations_are_reported_with_the_field_errors():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["train.steps=abc", "train.batch_size=30", "train.mini_batch_size=7", "rollout.n=1"])
+    message = str(error.value)
+    assert "train.steps" in message
+    assert "train.mini_batch_size=7 must divide train.batch_size=30" in message
+    assert "rollout.n=1" in message
+
+
+def test_a_combination_involving_a_rejected_field_is_not_reported_with_its_default():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["train.batch_size=abc", "train.mini_batch_size=7"])
+    assert "must divide" not in str(error.value)

@@ -55,3 +55,17 @@ def test_a_config_without_a_backbone_is_refused_naming_its_model_type():
 
     with pytest.raises(ValueError, match="model_type 'unknown-decoder'.*neither a token-classification model nor a backbone"):
         token_classification_class(UnknownConfig())
+
+
+def test_a_critic_built_for_an_architecture_unpickles_in_a_fresh_process(olmo2_dir, tmp_path):
+    """Under FSDP rank 0 sends every rank the critic as a pickled skeleton; a rank that has not
+    built the class itself must still find it."""
+    import pickle
+    import subprocess
+    import sys
+
+    critic = load_value_model(str(olmo2_dir))
+    (tmp_path / "critic.pickle").write_bytes(pickle.dumps(critic.to("meta")))
+    script = f"import pickle; print(type(pickle.loads(open({str(tmp_path / 'critic.pickle')!r}, 'rb').read())).__name__)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "Olmo2ForTokenClassification", result.stderr[-2000:]

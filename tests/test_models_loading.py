@@ -134,3 +134,10 @@ def test_hub_check_that_hangs_counts_as_unreachable(monkeypatch: pytest.MonkeyPa
     reason = loading._hub_unreachable_reason("org/model")
     assert time.monotonic() - start < 2
     assert reason is not None and "no answer from" in reason
+
+
+def test_a_critic_from_a_causal_lm_says_once_in_plain_words_that_its_value_head_is_new(tiny_model_dir, capfd) -> None:
+    loading.load_value_model(str(tiny_model_dir))
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "\x1b[" not in err
+    assert err.count("value head (score.bias, score.weight) is new, randomly initialised, as expected") == 1

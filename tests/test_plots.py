@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs
+from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs, run_labels
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -63,7 +63,7 @@ def test_plot_runs_writes_one_valid_png_per_metric(tmp_path):
         "val_aime2024_pass_at_1.png",
         "val_math500_pass_at_1.png",
     ]
-    assert sorted(path.name for path in (tmp_path / "plots").iterdir()) == sorted(path.name for path in written)
+    assert sorted(path.name for path in (tmp_path / "plots").glob("*.png")) == sorted(path.name for path in written)
     for path in written:
         assert_valid_png(path)
 
@@ -143,3 +143,9 @@ def test_pass_at_k_is_drawn_for_one_or_several_seeds(tmp_path, num_seeds):
 def test_pass_at_k_rejects_a_k_below_one(tmp_path):
     with pytest.raises(ValueError, match="table\\['PACS'\\] must map integers k >= 1"):
         plot_pass_at_k({"PACS": {0: (0.1, 0.0)}}, tmp_path / "passk.png")
+
+
+def test_runs_of_the_same_name_get_distinct_labels(tmp_path):
+    runs = [tmp_path / "compare" / "pacs" / "seed_0", tmp_path / "compare" / "grpo" / "seed_0"]
+    assert run_labels(runs) == ["pacs/seed_0", "grpo/seed_0"]
+    assert run_labels([tmp_path / "a"]) == ["a"]

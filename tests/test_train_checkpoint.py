@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.outputs import MARKER, claim_output_dir
 from pacs.train.checkpoint import (
     TRAINER_STATE,
     TRAINER_STATE_FORMAT,
@@ -135,3 +136,23 @@ def test_optimizer_state_round_trips_through_files_of_bounded_size(tmp_path, tin
     for parameter, state in optimizer.state.items():
         assert state.keys() == restored.state[parameter].keys()
         assert all(torch.equal(value, restored.state[parameter][key]) for key, value in state.items())
+
+
+def test_a_checkpoint_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    (tmp_path / "out" / "sub").mkdir(parents=True)
+    (tmp_path / "out" / "my_notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a pacs checkpoint"):
+        save_checkpoint(tmp_path / "out", model, tokenizer, {"step": 1})
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["my_notes.txt", "sub"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_checkpoint_replaces_a_previous_one_and_keeps_the_output_marker(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    claim_output_dir(tmp_path / "model", "pacs sft")
+    save_checkpoint(tmp_path / "model", model, tokenizer, {"step": 1})
+    save_checkpoint(tmp_path / "model", model, tokenizer, {"step": 2})
+    assert (tmp_path / "model" / MARKER).read_text() == "pacs sft\n"
+    assert load_trainer_state(tmp_path / "model")["step"] == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]

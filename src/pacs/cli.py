@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformers.utils import logging as transformers_logging
 
+import pacs
 from pacs.config import ConfigError
+from pacs.outputs import claim_output_dir, claim_output_file
 
 
 def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
@@ -33,13 +37,35 @@ AT_LEAST_ONE = _checked(int, "an integer >= 1", lambda value: value >= 1)
 AT_LEAST_ZERO = _checked(int, "an integer >= 0", lambda value: value >= 0)
 POSITIVE = _checked(float, "a finite number > 0", lambda value: math.isfinite(value) and value > 0)
 NUCLEUS = _checked(float, "a number in (0, 1]", lambda value: 0 < value <= 1)
+OVERWRITE_HELP = "move a previous output at --out aside (to NAME.superseded) instead of refusing"
+
+
+def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of at least one item, each read by `parse`."""
+
+    def parse_list(text: str) -> list:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        try:
+            values = [parse(item) for item in items]
+        except ValueError:
+            values = []
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected {valid}, got {text!r}")
+        return values
+
+    return parse_list
 
 
 def _train(args: argparse.Namespace) -> None:
     from pacs.config import load_config
+    from pacs.train.preflight import check_run_inputs
     from pacs.train.trainer import train
 
     config = load_config(args.config, args.overrides)
+    if args.overwrite:
+        check_run_inputs(config)
+        if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):
+            print(f"the previous run in {config.output_dir} is now {aside}")
     result = train(config)
     if not result.is_writer:
         return
@@ -56,7 +82,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     result = evaluate_model(
         args.model,
-        [spec for spec in args.data.split(",") if spec],
+        args.data,
         n=args.n,
         out_dir=Path(args.out),
         temperature=args.temperature,
@@ -66,6 +92,7 @@ def _eval(args: argparse.Namespace) -> None:
         reward_function=args.reward_function,
         reward_timeout_s=args.reward_timeout,
         reward_workers=args.reward_workers,
+        overwrite=args.overwrite,
     )
     print(json.dumps({source: report.summary() for source, report in result.sources.items()}, indent=2))
     print(f"wrote {Path(args.out) / 'eval_rollout.jsonl'} and {Path(args.out) / 'eval_metrics.json'}")
@@ -73,9 +100,14 @@ def _eval(args: argparse.Namespace) -> None:
 
 def _sft(args: argparse.Namespace) -> None:
     from pacs.data.arithmetic import answer_text
-    from pacs.data.loading import load_rows
+    from pacs.data.loading import check_data_spec, load_rows
+    from pacs.models.loading import check_model_path
     from pacs.train.sft import supervised_warm_start
 
+    check_model_path(args.model)
+    check_data_spec(args.data, default_split="train")
+    if aside := claim_output_dir(Path(args.out), "pacs sft", replace=args.overwrite):
+        print(f"the previous model in {args.out} is now {aside}")
     rows = load_rows(args.data, default_split="train")
     out = supervised_warm_start(
         args.model, rows, answer_text, Path(args.out), steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed
@@ -92,6 +124,8 @@ def _prepare(args: argparse.Namespace) -> None:
     if not args.input or not args.out:
         raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
     prepared = prepare_dataset(args.input, source=args.source, repeat=args.repeat)
+    if aside := claim_output_file(Path(args.out), replace=args.overwrite):
+        print(f"the previous {args.out} is now {aside}")
     write_parquet(prepared.rows, args.out)
     print(prepared.report.summary())
     print(f"wrote {args.out}")
@@ -103,7 +137,7 @@ def _compare(args: argparse.Namespace) -> None:
     run_comparison(
         args.config,
         [name for name in args.algorithms.split(",") if name],
-        [int(seed) for seed in args.seeds.split(",") if seed],
+        args.seeds,
         args.out,
         eval_n=args.eval_n,
         overrides=[*(PAPER_BASELINES if args.paper_baselines else []), *args.overrides],
@@ -114,7 +148,7 @@ def _plot(args: argparse.Namespace) -> None:
     from pacs.plots import plot_runs
 
     out = Path(args.out) if args.out else Path(args.runs[0]) / "plots"
-    for path in plot_runs([Path(run) for run in args.runs], out):
+    for path in plot_runs([Path(run) for run in args.runs], out, overwrite=args.overwrite):
         print(f"wrote {path}")
 
 
@@ -126,16 +160,26 @@ def _demo(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pacs", description="PACS and its baselines for RL from verifiable rewards.")
+    parser.add_argument("--version", action="version", version=f"pacs {pacs.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser = functools.partial(commands.add_parser, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
     train = commands.add_parser("train", help="run the RLVR loop from a YAML config")
     train.add_argument("--config", help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
+    train.add_argument(
+        "--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)"
+    )
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("eval", help="sample N responses per problem and report pass@k")
     evaluate.add_argument("--model", required=True, help="Hugging Face model directory (or builtin:NAME)")
-    evaluate.add_argument("--data", required=True, help="comma-separated dataset specs, e.g. builtin:arithmetic")
+    evaluate.add_argument(
+        "--data",
+        type=_comma_list(str, "comma-separated dataset specs"),
+        required=True,
+        help="comma-separated dataset specs, e.g. builtin:arithmetic",
+    )
     evaluate.add_argument("--n", type=AT_LEAST_ONE, required=True, help="samples per problem (pass@k for k up to N)")
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
     evaluate.add_argument("--temperature", type=POSITIVE, default=0.6)
@@ -147,16 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reward-function", default=None, help="package.module:function (default: by data_source)")
     evaluate.add_argument("--reward-timeout", type=POSITIVE, default=1.0, help="seconds per scored answer (over: 0)")
     evaluate.add_argument("--reward-workers", type=AT_LEAST_ZERO, default=2, help="scoring processes (0: in-process)")
+    evaluate.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     evaluate.set_defaults(run=_eval)
 
     sft = commands.add_parser("sft", help="supervised warm-start on a task's reference answers")
-    sft.add_argument("--model", default="builtin:tiny")
-    sft.add_argument("--data", default="builtin:arithmetic?size=4000")
-    sft.add_argument("--out", required=True)
-    sft.add_argument("--steps", type=int, default=300)
-    sft.add_argument("--batch-size", type=int, default=64)
-    sft.add_argument("--lr", type=float, default=3e-3)
-    sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument("--model", default="builtin:tiny", help="model to fine-tune (local directory, hub id or builtin:NAME)")
+    sft.add_argument("--data", default="builtin:arithmetic?size=4000", help="dataset spec of the training rows")
+    sft.add_argument("--out", required=True, help="new or empty directory for the fine-tuned model")
+    sft.add_argument("--steps", type=AT_LEAST_ONE, default=300, help="optimizer steps")
+    sft.add_argument("--batch-size", type=AT_LEAST_ONE, default=64, help="rows per step")
+    sft.add_argument("--lr", type=POSITIVE, default=3e-3, help="AdamW learning rate")
+    sft.add_argument("--seed", type=int, default=0, help="seeds torch and the order of rows")
+    sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     sft.set_defaults(run=_sft)
 
     prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
@@ -164,13 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k or deepscaler (default: from the file name)")
     prepare.add_argument("--out", help="output .parquet file")
     prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
+    prepare.add_argument("--overwrite", action="store_true", help="move an existing --out file aside (to NAME.superseded)")
     prepare.add_argument("--check", metavar="FILE", help="only validate a prepared file against the schema")
     prepare.set_defaults(run=_prepare)
 
     compare = commands.add_parser("compare", help="train PACS and baselines identically and tabulate pass@k")
     compare.add_argument("--config", required=True, help="YAML file or builtin:NAME, e.g. builtin:compare-demo")
     compare.add_argument("--algorithms", default="pacs,grpo,ppo,rloo", help="comma-separated: pacs, grpo, ppo, rloo")
-    compare.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    compare.add_argument("--seeds", type=_comma_list(int, "comma-separated integer seeds"), default="0,1,2")
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
     compare.add_argument("--eval-n", type=AT_LEAST_ONE, default=16, help="samples per held-out problem (pass@k up to k = N)")
     compare.add_argument(
@@ -185,11 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="PNG curves of runs' metrics, several runs on the same axes")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("--out", help="directory for the PNGs (default: RUN_DIR/plots of the first run)")
+    plot.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     plot.set_defaults(run=_plot)
 
     demo = commands.add_parser("demo", help="warm-start, evaluate, train with PACS, evaluate again (CPU, minutes)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--seed", type=int, default=0, help="seeds the warm-start, training and evaluation")
+    demo.add_argument("--out", default="runs/demo", help="directory of the run; a previous demo there is moved aside")
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/demo.yaml")
     demo.set_defaults(run=_demo)
     return parser

@@ -13,9 +13,10 @@ class weighting; columns pass@k; cells mean ± std over seeds.
 What is already on disk is reused only when it was made with the settings asked for now, so an
 interrupted comparison continues and a changed one never mixes old and new results: a run is
 kept when its `config.yaml` equals this run's config (`output_dir` and `resume` aside), else it is
-moved to `seed_S.superseded` and trained again; an evaluation is kept when the settings stored in
-its `eval_metrics.json` equal this one's (`pacs.eval.evaluate.EvalSettings`), else it is redone.
-Each replacement is announced with the settings that differ.
+moved aside to `seed_S.superseded` (`.superseded.2`, ... when taken) and trained again; an
+evaluation is kept when the settings stored in its `eval_metrics.json` equal this one's
+(`pacs.eval.evaluate.EvalSettings`), else it is moved aside the same way and redone. Nothing is
+deleted (`pacs.outputs`), and each replacement is announced with the settings that differ.
 
 `comparison.json` holds, per data source and method, pass@k mean ± std over seeds (null when a
 seed generated no problem of that source) and each seed's counts from `eval_metrics.json`:
@@ -26,7 +27,6 @@ the generation cap. `comparison.md` shows both, one table each.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import time
 from dataclasses import asdict
@@ -36,9 +36,11 @@ from rich.console import Console
 
 from pacs.config import Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
+from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.metrics import read_metrics
+from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
 
 METHODS: dict[str, list[str]] = {
@@ -180,12 +182,17 @@ def run_comparison(
     """Train every method of `algorithms` (plus PACS without weighting when PACS is among them)
     for every seed, evaluate, and write the comparison; return what `comparison.json` holds."""
     methods = _methods(algorithms)
+    if not seeds:
+        raise ValueError("pacs compare needs at least one seed")
     config = load_config(config_source, list(overrides))
     if not config.data.val:
         raise ConfigError(f"{config_source}: pacs compare evaluates on data.val, which is not set")
+    for method_overrides in methods.values():
+        check_run_inputs(load_config(config_source, [*overrides, *method_overrides]))
     val_specs = [config.data.val] if isinstance(config.data.val, str) else list(config.data.val)
     out = Path(out_dir)
-    console = Console()
+    claim_output_dir(out, "pacs compare", reuse=True)
+    console = Console(soft_wrap=True)
     start = time.perf_counter()
     total = len(seeds) * len(methods)
 
@@ -212,7 +219,7 @@ def run_comparison(
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:
                 return stored["data_sources"]
-        evaluate_model(**asdict(settings), out_dir=directory, show_progress=show_progress)
+        evaluate_model(**asdict(settings), out_dir=directory, overwrite=True, show_progress=show_progress)
         return json.loads(metrics_file.read_text())["data_sources"]
 
     evaluations: dict[str, list[dict]] = {"base model": [], **{method: [] for method in methods}}
@@ -231,9 +238,7 @@ def run_comparison(
                 [*overrides, *method_overrides, f"seed={seed}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
             )
             if changes := _training_changes(run_dir, run_config):
-                superseded = run_dir.with_name(run_dir.name + ".superseded")
-                shutil.rmtree(superseded, ignore_errors=True)
-                run_dir.rename(superseded)
+                superseded = move_aside(run_dir)
                 console.print(
                     f"{run_dir} was trained with other settings ({'; '.join(changes)}): training again; "
                     f"the old run is now {superseded}"

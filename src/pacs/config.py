@@ -13,6 +13,7 @@ model is loaded. A YAML key given twice in one mapping, a boolean where a number
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.resources
 import types
@@ -220,15 +221,17 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
+        """Raise one ValueError listing every impossible combination, one per line."""
+        problems = []
         train = self.train
         if train.batch_size % train.mini_batch_size:
-            raise ValueError(
+            problems.append(
                 f"train.mini_batch_size={train.mini_batch_size} must divide "
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
         algorithm = self.algorithm
         if self.rollout.n < 2 and (algorithm.name in ("grpo", "rloo") or (algorithm.name == "pacs" and algorithm.estimator != "naive")):
-            raise ValueError(
+            problems.append(
                 f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "
                 f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "
                 "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
@@ -236,25 +239,27 @@ class Config(_Section):
         try:
             check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator, in_reward=algorithm.kl_in_reward)
         except ValueError as error:
-            raise ValueError(f"algorithm.{error}") from None
+            problems.append(f"algorithm.{error}")
         if algorithm.kl_in_reward and (algorithm.name == "pacs" or algorithm.kl_coef <= 0):
-            raise ValueError(
+            problems.append(
                 f"algorithm.kl_in_reward=true with algorithm.name='{algorithm.name}', algorithm.kl_coef="
                 f"{algorithm.kl_coef}: the reward's KL penalty needs a reward-driven baseline (grpo, rloo or "
                 "ppo; PACS's 0/1 reward is a label) and kl_coef > 0 (its weight)"
             )
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
-            raise ValueError(
+            problems.append(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
             )
         if self.rollout.top_p < 1:
-            raise ValueError(
+            problems.append(
                 f"rollout.top_p={self.rollout.top_p}: training samples must come from the full tempered "
                 "softmax, because every algorithm's log-probs (old and current) describe that distribution; a "
                 "nucleus would make the sampled policy differ from the one trained (and its tokens outside the "
                 "current policy's nucleus would have probability 0). Set rollout.top_p=1.0 (the paper's "
                 "setting); eval.top_p applies to validation"
             )
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
 
@@ -351,15 +356,43 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _combination_problems(data: dict[str, Any], error: ValidationError) -> list[str]:
+    """The combination checks (`Config._check_combinations`) that fail on `data` with every field
+    `error` rejects left at its default, except those that name a rejected field (its default
+    would stand in for a value the user did not give)."""
+    rejected = [item["loc"] for item in error.errors() if item["loc"]]
+    valid_part = copy.deepcopy(data)
+    for location in rejected:
+        node = valid_part
+        for part in location[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(location[-1], None)
+    try:
+        Config.model_validate(valid_part)
+    except ValidationError as combination_error:
+        names = [".".join(str(part) for part in location) for location in rejected]
+        return [
+            f"  {item['msg'].removeprefix('Value error, ')}"
+            for item in combination_error.errors()
+            if not item["loc"] and not any(name in item["msg"] for name in names)
+        ]
+    return []
+
+
 def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
-    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem.
-    An empty section (None) keeps its defaults."""
+    """Validate a nested mapping into a `Config`; raise `ConfigError` listing every problem: the
+    fields' and, at the same time, the impossible combinations among the valid fields. An empty
+    section (None) keeps its defaults."""
     sections = {name for name, field in Config.model_fields.items() if isinstance(field.default, BaseModel)}
     data = {key: {} if key in sections and value is None else value for key, value in data.items()}
     try:
         return Config.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(_format_validation_error(error, source)) from None
+        problems = _format_validation_error(error, source)
+        if any(item["loc"] for item in error.errors()):
+            problems = "\n".join([problems, *_combination_problems(data, error)])
+        raise ConfigError(problems) from None
 
 
 def load_config(source: str | None, overrides: list[str] = ()) -> Config:

@@ -4,16 +4,17 @@ model -> a before/after table and `report.json`. Runs on a laptop CPU in a few m
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from pacs.config import load_config
+from pacs.config import Config, load_config
 from pacs.eval.evaluate import evaluate_model
+from pacs.outputs import claim_output_dir
 from pacs.train.builtin_models import warm_started_tiny
+from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
 
 DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 16, "temperature": 0.6, "top_p": 0.95, "max_tokens": 16}
@@ -24,10 +25,22 @@ def run_demo(
 ) -> dict:
     """Run the whole demo; return (and write to `out_dir/report.json`) both metric sets.
 
-    `overrides` (`key=value`) adjust the training recipe `configs/demo.yaml`."""
-    console = Console()
+    `overrides` (`key=value`) adjust the training recipe `configs/demo.yaml`. They are checked
+    before anything is written; then a previous demo in `out_dir` is moved aside to
+    `out_dir.superseded` (`pacs.outputs.claim_output_dir`), never deleted."""
+    console = Console(soft_wrap=True)
     start = time.perf_counter()
     out = Path(out_dir)
+
+    def recipe(model_path: str) -> Config:
+        return load_config(
+            "builtin:demo",
+            [*overrides, f"seed={seed}", f"output_dir={out / 'train'}", f"model.path={model_path}", "resume=never"],
+        )
+
+    check_run_inputs(recipe("builtin:tiny-arithmetic"))
+    if aside := claim_output_dir(out, "pacs demo", replace=True):
+        console.print(f"the previous demo run in {out} is now {aside}")
     console.rule(f"pacs demo (seed {seed})")
     console.print("1/4 warm-start of the tiny model on builtin:arithmetic (cached after the first run)")
     base_model = warm_started_tiny(seed, show_progress=show_progress)
@@ -49,14 +62,7 @@ def run_demo(
     console.print(f"2/4 evaluating the base model ({DEMO_EVAL['n']} samples per held-out problem)")
     base_metrics = evaluate(base_model, "eval_base")
     console.print("3/4 PACS training")
-    if (out / "train").exists():
-        console.print(f"replacing the previous demo run in {out / 'train'}")
-        shutil.rmtree(out / "train")
-    config = load_config(
-        "builtin:demo",
-        [*overrides, f"seed={seed}", f"output_dir={out / 'train'}", f"model.path={base_model}", "resume=never"],
-    )
-    result = train(config, show_progress=show_progress)
+    result = train(recipe(str(base_model)), show_progress=show_progress)
     console.print("4/4 evaluating the trained model")
     final_metrics = evaluate(result.final_checkpoint, "eval_final")
 

@@ -21,6 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from pacs.outputs import claim_output_dir
 from pacs.train.metrics import read_metrics
 
 TRAINING_METRICS = {
@@ -75,11 +76,26 @@ def _series(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
     return [step for step, _ in points], [value for _, value in points]
 
 
-def plot_runs(run_dirs: list[Path], out_dir: Path, *, labels: list[str] | None = None) -> list[Path]:
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Distinct legend labels: each run directory's last path parts, as few as tell the runs
+    apart (`seed_0` alone, or `pacs/seed_0` and `grpo/seed_0`)."""
+    parts = [Path(run_dir).resolve().parts for run_dir in run_dirs]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(run_dir) for run_dir in run_dirs]
+
+
+def plot_runs(
+    run_dirs: list[Path], out_dir: Path, *, labels: list[str] | None = None, overwrite: bool = False
+) -> list[Path]:
     """Draw every run's training metrics and validation pass@1 against step, one PNG per metric.
 
     run_dirs: training output directories, each with a `metrics.jsonl`.
-    labels: legend entry per run (default: each directory's name).
+    labels: legend entry per run (default: `run_labels`).
+    out_dir: claimed after every run is read (`pacs.outputs.claim_output_dir`; `overwrite` moves
+    previous plots there aside).
     Metrics: `TRAINING_METRICS`, then `val/<source>/pass@1` for every source any run validated on
     (in percent). A metric that no run logged is skipped. Returns the written paths, in that order.
     """
@@ -88,11 +104,11 @@ def plot_runs(run_dirs: list[Path], out_dir: Path, *, labels: list[str] | None =
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels has {len(labels)} entries for {len(run_dirs)} run directories; give one per run")
     runs: list[tuple[str, list[dict]]] = []
-    for index, run_dir in enumerate(run_dirs):
-        run_dir = Path(run_dir)
+    for label, run_dir in zip(labels if labels is not None else run_labels(run_dirs), map(Path, run_dirs)):
         if not (run_dir / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{run_dir} has no metrics.jsonl; pass directories that `pacs train` wrote")
-        runs.append((labels[index] if labels is not None else run_dir.name, read_metrics(run_dir)))
+        runs.append((label, read_metrics(run_dir)))
+    claim_output_dir(Path(out_dir), "pacs plot", replace=overwrite)
 
     logged = {key for _, rows in runs for row in rows for key in row}
     validation_sources = sorted(match["source"] for key in logged if (match := VALIDATION_PASS_AT_1.match(key)))

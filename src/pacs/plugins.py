@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable
 
 FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -16,11 +18,29 @@ def check_function_spec(spec: object) -> str:
     return spec
 
 
+def _import_module(module_name: str):
+    """Import `module_name` from `sys.path`, else from the working directory, as `python -m` finds
+    it (the working directory is then appended to `sys.path`, so worker servers, which start with
+    this process's `sys.path`, find it too)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        working_dir = os.getcwd()
+        if error.name != module_name.split(".")[0] or {working_dir, ""} & set(sys.path):
+            raise
+        sys.path.append(working_dir)
+        try:
+            return importlib.import_module(module_name)
+        except ImportError:
+            sys.path.remove(working_dir)
+            raise
+
+
 def import_function(spec: str) -> Callable:
     """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise."""
     module_name, function_name = check_function_spec(spec).split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ImportError as error:
         raise ValueError(f"Cannot import module {module_name!r} of function {spec!r}: {error}") from error
     if not hasattr(module, function_name):

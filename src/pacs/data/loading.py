@@ -97,6 +97,16 @@ def load_rows(spec: str, *, default_split: str) -> list[dict]:
     )
 
 
+def check_data_spec(spec: str, *, default_split: str) -> None:
+    """Raise ValueError unless `load_rows(spec)` could start: a built-in spec whose parameters
+    parse (its rows are generated and dropped), or an existing file of a supported kind (its rows
+    are checked when loaded)."""
+    if spec.startswith("builtin:") or Path(spec).suffix.lower() not in RECORD_SUFFIXES:
+        load_rows(spec, default_split=default_split)  # generated, or refused as unsupported
+    elif not Path(spec).expanduser().is_file():
+        raise FileNotFoundError(f"Data file {spec} does not exist")
+
+
 def render_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:
     """Render ``row["prompt"]`` with the tokenizer's chat template, ending in the assistant turn.
 

@@ -39,12 +39,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from pacs.data.loading import load_rows
+from pacs.data.loading import check_data_spec, load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
+from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
-from pacs.rewards import ScoringPool
+from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 
@@ -344,6 +345,7 @@ def evaluate_model(
     reward_function: str | None = None,
     reward_timeout_s: float = 1.0,
     reward_workers: int = 2,
+    overwrite: bool = False,
     show_progress: bool = True,
 ) -> EvalResult:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
@@ -353,7 +355,17 @@ def evaluate_model(
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
     or with samples whose scoring timed out or crashed, are reported on stderr.
+
+    Every input is checked and `out_dir` claimed (`pacs.outputs.claim_output_dir`; `overwrite`
+    moves a previous evaluation there aside) before the model loads.
     """
+    if not specs:
+        raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
+    check_model_path(model_path)
+    for spec in specs:
+        check_data_spec(spec, default_split="val")
+    load_reward_function(reward_function)
+    claim_output_dir(out_dir, "pacs eval", replace=overwrite)
     settings = EvalSettings(
         model_path=model_path,
         specs=list(specs),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -40,6 +41,7 @@ from transformers import (
 )
 from transformers.modeling_layers import GenericForTokenClassification
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, MODEL_MAPPING
+from transformers.utils import logging as transformers_logging
 
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
@@ -52,6 +54,8 @@ LOCAL_ADAPTER_LOOKUP = {"local_files_only": True}
 on the hub even under local_files_only (with retries: ~20 s when the hub is unreachable); pacs
 loads base models only (LoRA adapters come from checkpoints' adapter/), so it looks locally."""
 HUB_CHECK_TIMEOUT_S = 5.0
+VALUE_HEAD_PREFIX = "score."
+"""Parameter names of the value head that transformers' token-classification models add."""
 """How long the one reachability check of a hub id may take before the hub counts as unreachable."""
 
 
@@ -78,23 +82,41 @@ def register_builtin_model(name: str, build_fn: Callable[[], Path]) -> None:
     BUILTIN_MODELS[name] = build_fn
 
 
-def resolve_model_path(path: str) -> str:
-    """Turn a model path (built-in name, local directory or hub id) into a ``from_pretrained`` argument."""
+def check_model_path(path: str) -> None:
+    """Raise ValueError unless `path` names a model that `resolve_model_path` can resolve, without
+    building a built-in model or asking the hub: a registered built-in name, a local directory
+    with config.json, or a hub id ('org/name'). An 'org/name' whose 'org' is a local folder is
+    taken for a mistyped local path ("no such directory"), not for a hub id."""
     if path.startswith(BUILTIN_PREFIX):
         if path not in BUILTIN_MODELS:
             raise ValueError(f"Unknown built-in model {path!r}; valid: {sorted(BUILTIN_MODELS)}")
-        return str(BUILTIN_MODELS[path]())
+        return
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ValueError(f"{local} is not a Hugging Face model directory (no config.json)")
-        return str(local)
+        return
     if HUB_ID_PATTERN.match(path) and not local.exists():
-        return path
+        if local.parent.is_dir():
+            raise ValueError(
+                f"Model path {path!r}: no such directory (the local folder {local.parent} has no {local.name!r}); "
+                f"to load the Hugging Face Hub model {path!r} instead, run from a folder without {local.parent}"
+            )
+        return
     raise ValueError(
         f"Model path {path!r} is neither a local model directory, a Hugging Face Hub id "
         f"('org/name') nor a built-in model (valid: {sorted(BUILTIN_MODELS)})"
     )
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn a model path (built-in name, local directory or hub id) into a ``from_pretrained``
+    argument (`check_model_path` says which paths are valid)."""
+    check_model_path(path)
+    if path.startswith(BUILTIN_PREFIX):
+        return str(BUILTIN_MODELS[path]())
+    local = Path(path).expanduser()
+    return str(local) if local.is_dir() else path
 
 
 def _hub_unreachable_reason(repo_id: str) -> str | None:
@@ -246,7 +268,14 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     unless the config says otherwise). A critic saved with ``save_pretrained`` loads back here
     with its value head.
     """
-    critic = _from_pretrained(partial(_value_model_from_pretrained, **_dtype_options(dtype)), path)
+    load = partial(_value_model_from_pretrained, **_dtype_options(dtype), output_loading_info=True)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its load report would list the new head as MISSING
+    try:
+        critic, loading_info = _from_pretrained(load, path)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    print(_value_head_note(path, sorted(loading_info["missing_keys"])), file=sys.stderr)
     critic.config.classifier_dropout = 0.0
     return disable_dropout(critic)
 
@@ -274,13 +303,48 @@ def token_classification_class(config: PretrainedConfig) -> type[PreTrainedModel
             f"Cannot build a critic for model_type {config.model_type!r}: transformers has neither a "
             "token-classification model nor a backbone (AutoModel) for it"
         )
-    backbone_class = MODEL_MAPPING[type(config)]
-    pretrained_base = next(base for base in backbone_class.__mro__[1:] if issubclass(base, PreTrainedModel))
-    return type(
-        backbone_class.__name__.removesuffix("Model") + "ForTokenClassification",
-        (GenericForTokenClassification, pretrained_base),
-        {"base_model_prefix": pretrained_base.base_model_prefix, "__module__": __name__},
-    )
+    return _critic_class_over(MODEL_MAPPING[type(config)])
+
+
+_BUILT_CRITIC_CLASSES: dict[str, type[PreTrainedModel]] = {}
+"""The classes `token_classification_class` built, by name: one class per architecture."""
+
+
+def _critic_class_over(backbone_class: type[PreTrainedModel]) -> type[PreTrainedModel]:
+    name = backbone_class.__name__.removesuffix("Model") + "ForTokenClassification"
+    if name not in _BUILT_CRITIC_CLASSES:
+        pretrained_base = next(base for base in backbone_class.__mro__[1:] if issubclass(base, PreTrainedModel))
+        _BUILT_CRITIC_CLASSES[name] = type(
+            name,
+            (GenericForTokenClassification, pretrained_base),
+            {"base_model_prefix": pretrained_base.base_model_prefix, "__module__": __name__},
+        )
+    return _BUILT_CRITIC_CLASSES[name]
+
+
+def __getattr__(name: str) -> type[PreTrainedModel]:
+    """A critic class `token_classification_class` builds, by its name, in any process: what lets
+    a critic pickled in one process (an FSDP skeleton, `pacs.train.distributed.World.load_once`)
+    be unpickled in another."""
+    backbone_name = name.removesuffix("ForTokenClassification") + "Model"
+    if name.endswith("ForTokenClassification"):
+        for backbone_class in MODEL_MAPPING.values():
+            if backbone_class.__name__ == backbone_name:
+                return _critic_class_over(backbone_class)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _value_head_note(path: str, missing_keys: list[str]) -> str:
+    """One line on what `load_value_model` initialised afresh: the value head (expected when
+    starting from a causal LM) and any other weight `path` lacked (unexpected)."""
+    new_head = [key for key in missing_keys if key.startswith(VALUE_HEAD_PREFIX)]
+    others = [key for key in missing_keys if not key.startswith(VALUE_HEAD_PREFIX)]
+    note = f"critic: loaded from {path}"
+    if new_head:
+        note += f"; its value head ({', '.join(new_head)}) is new, randomly initialised, as expected"
+    if others:
+        note += f"; WARNING: {len(others)} other weights were not in {path} and are random too: {', '.join(others[:5])}"
+    return note
 
 
 def enable_activation_checkpointing(model: PreTrainedModel) -> None:

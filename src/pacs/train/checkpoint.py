@@ -41,6 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pacs.models.lora import is_lora, save_lora
 from pacs.models.saving import save_from_this_process
+from pacs.outputs import MARKER, is_pacs_output
 from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
 
@@ -70,7 +71,9 @@ def save_checkpoint(
     replacing it atomically. `model_state` / `critic_state`: the full state dicts to write when
     the modules themselves hold only a shard (FSDP); None: the modules' own. A LoRA `model` is
     written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`). `staging`: a
-    directory from `staging_directory` that already holds other files of the checkpoint."""
+    directory from `staging_directory` that already holds other files of the checkpoint. An
+    existing `directory` is replaced only if it is a checkpoint or empty (a `pacs.outputs.MARKER`
+    in it is kept); anything else raises FileExistsError before a file is written."""
     staging = staging or staging_directory(directory)
     if is_lora(model):
         save_lora(model, staging, model_state)
@@ -81,6 +84,8 @@ def save_checkpoint(
         critic.save_pretrained(staging / CRITIC_DIR, state_dict=critic_state, safe_serialization=True)
     torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
     if directory.exists():
+        if is_pacs_output(directory):
+            shutil.copy2(directory / MARKER, staging / MARKER)
         retired = directory.parent / f".old-{directory.name}-{os.getpid()}"
         os.replace(directory, retired)
         os.replace(staging, directory)
@@ -91,7 +96,10 @@ def save_checkpoint(
 
 
 def staging_directory(directory: Path) -> Path:
-    """A fresh hidden directory beside `directory` to assemble its checkpoint in."""
+    """A fresh hidden directory beside `directory` to assemble its checkpoint in; refuses a
+    `directory` that is neither a checkpoint nor empty (`_check_replaceable`)."""
+    if directory.is_dir():
+        _check_replaceable(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -158,6 +166,17 @@ def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 """torch dtypes of safetensors' dtype names, for the floating-point optimizer states."""
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Refuse to replace `directory` unless it is a checkpoint (it holds `TRAINER_STATE`) or holds
+    nothing but pacs's output marker: a checkpoint swaps only its own directory."""
+    others = sorted(entry.name for entry in directory.iterdir() if entry.name != MARKER)
+    if others and not (directory / TRAINER_STATE).is_file():
+        raise FileExistsError(
+            f"{directory} holds files that are not a pacs checkpoint ({', '.join(others[:5])}); a checkpoint "
+            "replaces only a previous checkpoint or an empty folder. Choose another output folder"
+        )
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:

@@ -3,6 +3,7 @@ response tokens only), so that RL starts from a model that solves some problems 
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Callable
@@ -31,7 +32,15 @@ def supervised_warm_start(
     show_progress: bool = True,
 ) -> Path:
     """Fine-tune `model_path` on (prompt, reference_answer(row) + end-of-sequence) pairs with
-    AdamW for `steps` steps of `batch_size` rows; write a Hugging Face directory to `out_dir`."""
+    AdamW for `steps` steps of `batch_size` rows; write a Hugging Face directory to `out_dir`.
+
+    Raises ValueError, before anything loads, unless steps >= 1, batch_size >= 1 and lr is a
+    finite number > 0."""
+    for name, value, valid in (("steps", steps, steps >= 1), ("batch_size", batch_size, batch_size >= 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or not valid:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_path)
     model = load_causal_lm(model_path, dtype="float32")

@@ -33,6 +33,7 @@ from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, add_lora, language_model, require_peft
+from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
@@ -43,6 +44,7 @@ from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logpro
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
+from pacs.train.preflight import check_run_inputs
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
@@ -178,10 +180,7 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
-        resume_from = world.decided_by_writer(lambda: resume_point(config))
-        if world.is_writer:
-            Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-            dump_config(config, Path(config.output_dir) / "config.yaml")
+        resume_from = world.decided_by_writer(lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
         algorithm = build_algorithm(
@@ -397,6 +396,18 @@ class Trainer:
 
 
 # ----- what `Trainer.setup` builds ---------------------------------------------------------------
+
+
+def open_run(config: Config) -> Path | None:
+    """Rank 0's start of a run, before anything is loaded: every input checked
+    (`check_run_inputs`), the checkpoint to resume found (`resume_point`), `output_dir` claimed
+    (`pacs.outputs.claim_output_dir`: a new, empty or own folder) and `config.yaml` written."""
+    check_run_inputs(config)
+    resume_from = resume_point(config)
+    output_dir = Path(config.output_dir)
+    claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto")
+    dump_config(config, output_dir / "config.yaml")
+    return resume_from
 
 
 def resume_point(config: Config) -> Path | None:
