@@ -258,6 +258,7 @@ def test_a_server_killed_between_runs_is_restarted() -> None:
     with TimeLimitedWorkers("os:getppid", num_workers=1) as workers:
         [server] = workers.run([()], timeout_s=5).results
         os.kill(server, signal.SIGKILL)
+        assert gone(server)  # SIGKILL is asynchronous: a call sent before the server ended still reaches its worker
         [new_server] = workers.run([()], timeout_s=5).results
     assert new_server != server
 

@@ -40,7 +40,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 from transformers.modeling_layers import GenericForTokenClassification
-from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, MODEL_MAPPING
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, MODEL_MAPPING, MODEL_MAPPING_NAMES
 from transformers.utils import logging as transformers_logging
 
 from pacs.models.tiny import save_builtin_tiny
@@ -328,9 +329,9 @@ def __getattr__(name: str) -> type[PreTrainedModel]:
     be unpickled in another."""
     backbone_name = name.removesuffix("ForTokenClassification") + "Model"
     if name.endswith("ForTokenClassification"):
-        for backbone_class in MODEL_MAPPING.values():
-            if backbone_class.__name__ == backbone_name:
-                return _critic_class_over(backbone_class)
+        for model_type, class_names in MODEL_MAPPING_NAMES.items():
+            if backbone_name in ((class_names,) if isinstance(class_names, str) else class_names):
+                return _critic_class_over(MODEL_MAPPING[CONFIG_MAPPING[model_type]])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
