@@ -226,8 +226,9 @@ def simulate_micro_batch(
             if not parameter.requires_grad:
                 tracker._param_to_grad_hook_handles[parameter] = (RemovableHandle(no_hooks), RemovableHandle(no_hooks))
         tracker.track_external(model, optimizer)
-    # the trackers refuse a second forward of the root per session; pacs runs one per length bucket
-    handle = register_module_forward_pre_hook(lambda module, args: tracker.reset_mod_stats() if module is model else None)
+    # the trackers refuse a second forward of the root per session (pacs runs one per length
+    # bucket): forget the root's statistics (not the peak) before each
+    handle = register_module_forward_pre_hook(lambda module, args: _forget(tracker, model) if module is model else None)
     model.train()
     rss_before = _current_rss_bytes()
     try:
@@ -245,6 +246,11 @@ def simulate_micro_batch(
     gathered = sum(size for kind, size in kinds.items() if kind in GATHERED)
     measured = {"rss_above_state": _peak_rss_bytes() - rss_before} if fake is None else {}
     return {**persistent, "gathered": gathered, "activations": transient - gathered, **measured}
+
+
+def _forget(tracker: MemTracker, module: torch.nn.Module) -> None:
+    if module in tracker.memory_tracking:
+        del tracker.memory_tracking[module]
 
 
 def _current_rss_bytes() -> int:
