@@ -1,0 +1,476 @@
+"""Per-rank memory of a training step, by simulation: the paper's models at the paper's world size.
+
+Nothing here is arithmetic. For each config the script
+  1. builds the config's model on the meta device from its published hyperparameters (no download),
+     with activation checkpointing and LoRA as the config sets them;
+  2. shards it the way training does, `pacs.train.distributed.World.wrap` (FSDP2: `fully_shard` on
+     each of `decoder_layers`, then the root; bf16 compute with fp32 master weights), inside torch's
+     fake process group at the config's world size (one CPU process stands for rank 0 of N);
+  3. materialises rank 0's shards as fake tensors (shapes and dtypes, no storage), gives every
+     trained parameter its gradient and AdamW its state, as they stand from the second update on;
+  4. runs one micro-batch of the config's `train.micro_batch_size` sequences of
+     `data.max_prompt_length` + `data.max_response_length` tokens (every response at full length,
+     the peak) through pacs's own `response_logprobs` (chunked log-prob head, length buckets,
+     bf16 autocast) and backward, under torch's `FSDPMemTracker` (`MemTracker` without FSDP),
+     which records every tensor's bytes as the step allocates and frees them.
+
+Rows (GiB per rank): parameters, gradients and optimizer state are the bytes of rank 0's tensors;
+the reference model is a bf16 copy sharded like the policy (the target design), counted only when
+the config loads one (`algorithm.kl_coef > 0` without LoRA); "gathered weights" and "activations"
+split the peak of the micro-batch above the persistent state by the tracker's categories (gathered:
+all-gathered layer weights and unsharded gradients); PPO's critic runs its own micro-batch (the
+value loss) and its persistent state adds to the policy's; the step's peak is the persistent state
+plus the larger transient. "KV cache" is the bytes of transformers' own cache after a fake forward
+of one generation call (`rollout.generation_batch_size` sequences, at most this rank's share of a
+step) at full length: generation runs apart from the update, so it is a separate peak.
+
+Fake tensors need shapes only, so data-dependent Python in the step (length buckets, boolean masks,
+`int(...)`) runs on the real micro-batch: `RealWhereSmall` keeps tensors of at most
+`MAX_REAL_NUMEL` elements real and makes larger ones fake. Gradients are reduce-scattered on every
+micro-batch (the target design; `World.gradient_sync` today keeps unsharded gradients between the
+micro-batches of an update, which this plan does not show).
+
+Run: `.venv/bin/python benchmarks/memory_plan.py [CONFIG ...] [--world-size N] [--markdown]`
+(default: configs/paper-*.yaml at 64 ranks and configs/lora-qwen2.5-7b.yaml on 1);
+`--check` compares the simulation with a real run of a small model on this CPU (peak RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.tensor import DTensor
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.hooks import RemovableHandle
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, Qwen2Config
+
+from pacs.config import Config, load_config
+from pacs.models.loading import enable_activation_checkpointing
+from pacs.models.lora import add_lora
+from pacs.train.batch import PolicyBatch, response_logprobs, response_values
+from pacs.train.distributed import World
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 2**30
+PAPER_WORLD_SIZE = 64  # the paper's 8 nodes x 8 GPUs
+MAX_REAL_NUMEL = 2**20
+
+# Published hyperparameters (config.json of the Hugging Face repositories), e.g.
+# https://huggingface.co/unsloth/Qwen2.5-7B/blob/main/config.json (a copy of Qwen/Qwen2.5-7B's) and
+# https://huggingface.co/unsloth/Qwen2.5-3B/blob/main/config.json (a copy of Qwen/Qwen2.5-3B's).
+QWEN25 = {
+    "Qwen/Qwen2.5-7B": dict(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=131072,
+    ),
+    "Qwen/Qwen2.5-3B": dict(
+        hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+    ),
+}
+ROWS = (
+    "parameters",
+    "gradients",
+    "optimizer state",
+    "reference model",
+    "critic: parameters, gradients, optimizer state",
+    "gathered weights (peak of a micro-batch)",
+    "activations (peak of a micro-batch)",
+    "total: peak of the update",
+    "KV cache of one generation call",
+)
+GATHERED = {"Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"}
+
+
+@dataclass
+class Plan:
+    """Bytes per rank of one config at one world size (`ROWS`), and how long simulating took."""
+
+    config: str
+    world_size: int
+    bytes: dict[str, int]
+    notes: list[str]
+    seconds: float
+
+
+class RealWhereSmall(TorchDispatchMode):
+    """Inside a FakeTensorMode: ops on real tensors only, and factories of at most
+    `MAX_REAL_NUMEL` elements, run for real; everything else stays fake. Boolean-mask indexing of
+    a fake tensor by a real mask becomes indexing by the mask's real `nonzero()` (same result),
+    since a fake nonzero has no size."""
+
+    INDEXING = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.INDEXING and isinstance(args[0], FakeTensor):
+            with unset_fake_temporarily():
+                indices = [index.nonzero().unbind(1) if _is_real_mask(index) else (index,) for index in args[1]]
+            return func(args[0], [index for group in indices for index in group], *args[2:], **kwargs)
+        tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        if any(isinstance(tensor, FakeTensor) for tensor in tensors):
+            return func(*args, **kwargs)
+        if not tensors:  # a factory: fake when large
+            result = func(*args, **kwargs)
+            if not isinstance(result, torch.Tensor) or result.numel() > MAX_REAL_NUMEL:
+                return result
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+
+
+def _is_real_mask(index: torch.Tensor | None) -> bool:
+    return index is not None and not isinstance(index, FakeTensor) and index.dtype == torch.bool
+
+
+def local_bytes(tensors) -> int:
+    """Bytes of this rank's part of `tensors` (the local shard of a DTensor)."""
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def model_config(config: Config) -> Qwen2Config:
+    if config.model.path not in QWEN25:
+        raise SystemExit(f"{config.model.path}: no published hyperparameters here; known: {', '.join(QWEN25)}")
+    return Qwen2Config(**QWEN25[config.model.path], rms_norm_eps=1e-6, rope_theta=1e6)
+
+
+def build_on_meta(config: Config, hf_config: Qwen2Config, *, critic: bool = False, reference: bool = False) -> torch.nn.Module:
+    """The model pacs's trainer builds for `config` (policy, PPO critic or KL reference), on the meta
+    device: dtypes, activation checkpointing and LoRA adapters as `pacs.train.trainer` sets them."""
+    lora = config.model.lora_rank > 0 and not critic
+    dtype = torch.bfloat16 if (lora or reference) and config.model.dtype == "bfloat16" else torch.float32
+    with torch.device("meta"):
+        if critic:
+            model = AutoModelForTokenClassification.from_config(hf_config, num_labels=1, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        if reference:
+            return model.requires_grad_(False)
+        if config.train.gradient_checkpointing:
+            enable_activation_checkpointing(model)
+        if lora:
+            model = add_lora(
+                model,
+                rank=config.model.lora_rank,
+                alpha=config.model.lora_alpha,
+                dropout=config.model.lora_dropout,
+                target_modules=config.model.lora_target_modules,
+            )
+    return model
+
+
+def full_micro_batch(config: Config) -> PolicyBatch:
+    """`train.micro_batch_size` rows, every prompt and response at its maximum length (real tensors)."""
+    rows, prompt, response = config.train.micro_batch_size, config.data.max_prompt_length, config.data.max_response_length
+    mask = torch.ones(rows, response)
+    return PolicyBatch(
+        prompt_ids=torch.ones(rows, prompt, dtype=torch.long),
+        prompt_mask=torch.ones(rows, prompt, dtype=torch.long),
+        response_ids=torch.ones(rows, response, dtype=torch.long),
+        response_mask=mask,
+        rewards=torch.zeros(rows),
+        old_logprobs=torch.zeros_like(mask),
+        entropy=torch.zeros_like(mask),
+    )
+
+
+def simulate_micro_batch(
+    model: torch.nn.Module, loss_of: Callable[[torch.nn.Module], torch.Tensor], autocast: bool, fake: FakeTensorMode | None
+) -> dict[str, int]:
+    """Bytes of `model`'s parameters, gradients and AdamW state on this rank, and the peak of one
+    micro-batch (`loss_of(model).backward()`) above them, split into gathered weights and the rest.
+
+    With `fake` the model's tensors are materialised as fake tensors in that mode; without, the
+    model is real (the `--check` run). Gradients and optimizer state exist before the micro-batch,
+    as on every micro-batch from the second update on."""
+    with fake if fake is not None else contextlib.nullcontext():
+        if fake is not None:
+            model.to_empty(device="cpu")
+        trained = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=1e-6)
+        for parameter in trained:
+            parameter.grad = torch.zeros_like(parameter)
+        optimizer.step()
+    persistent = {
+        "parameters": local_bytes(model.parameters()) + local_bytes(model.buffers()),
+        "gradients": local_bytes(parameter.grad for parameter in trained),
+        "optimizer state": local_bytes(tensor for state in optimizer.state.values() for tensor in state.values() if tensor.dim()),
+    }
+    is_fsdp = any(isinstance(parameter, DTensor) for parameter in trained)
+    tracker = FSDPMemTracker(model, optimizer) if is_fsdp else MemTracker()
+    if not is_fsdp:
+        # MemTracker hooks every parameter's gradient, which fails on frozen ones (LoRA's base):
+        # mark those as hooked already, with handles that remove nothing
+        no_hooks = OrderedDict()
+        for parameter in model.parameters():
+            if not parameter.requires_grad:
+                tracker._param_to_grad_hook_handles[parameter] = (RemovableHandle(no_hooks), RemovableHandle(no_hooks))
+        tracker.track_external(model, optimizer)
+    # the trackers refuse a second forward of the root per session (pacs runs one per length
+    # bucket): forget the root's statistics (not the peak) before each
+    handle = register_module_forward_pre_hook(lambda module, args: _forget(tracker, model) if module is model else None)
+    model.train()
+    rss_before = _current_rss_bytes()
+    try:
+        with fake if fake is not None else contextlib.nullcontext(), tracker, RealWhereSmall() if fake else contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = loss_of(model)
+            loss.backward()
+    finally:
+        handle.remove()
+    kinds: dict[str, int] = {}
+    for peak_by_kind in tracker.get_tracker_snapshot("peak").values():  # one device: the CPU
+        for kind, size in peak_by_kind.items():
+            kinds[getattr(kind, "value", kind)] = kinds.get(getattr(kind, "value", kind), 0) + size
+    transient = kinds.pop("Total") - sum(persistent.values())
+    gathered = sum(size for kind, size in kinds.items() if kind in GATHERED)
+    measured = {"rss_above_state": _peak_rss_bytes() - rss_before} if fake is None else {}
+    return {**persistent, "gathered": gathered, "activations": transient - gathered, **measured}
+
+
+def _forget(tracker: MemTracker, module: torch.nn.Module) -> None:
+    if module in tracker.memory_tracking:
+        del tracker.memory_tracking[module]
+
+
+def _current_rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def generation_sequences(config: Config, world_size: int) -> int:
+    """Sequences per `generate` call on a rank (`pacs.rollout.hf.TransformersEngine`): whole
+    prompt groups of `rollout.generation_batch_size`, at most the rank's prompts of a step."""
+    prompts_per_call = max(1, config.rollout.generation_batch_size // config.rollout.n)
+    return min(prompts_per_call, config.train.batch_size // world_size) * config.rollout.n
+
+
+def kv_cache_bytes(model: torch.nn.Module, sequences: int, tokens: int, fake: FakeTensorMode) -> int:
+    """Bytes of the key/value cache that transformers builds for `sequences` x `tokens` (fake forward)."""
+    ids = torch.ones(sequences, tokens, dtype=torch.long)
+    model.eval()
+    with fake, RealWhereSmall(), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1).past_key_values
+    return local_bytes(tensor for layer in cache.layers for tensor in (layer.keys, layer.values))
+
+
+def policy_loss(batch: PolicyBatch) -> Callable[[torch.nn.Module], torch.Tensor]:
+    """A policy micro-batch: log-probs and entropy through pacs's chunked head (what the first
+    update of a step computes), summed (the algorithms' losses are elementwise over (B, R))."""
+
+    def loss_of(model: torch.nn.Module) -> torch.Tensor:
+        logprobs, entropy = response_logprobs(model, batch, with_entropy=True)
+        return -(logprobs * batch.response_mask).sum() - entropy.sum()
+
+    return loss_of
+
+
+def critic_loss(batch: PolicyBatch) -> Callable[[torch.nn.Module], torch.Tensor]:
+    """A critic micro-batch: pacs's `response_values`, summed."""
+    return lambda model: (response_values(model, batch) * batch.response_mask).sum()
+
+
+def world_of(config: Config, world_size: int) -> World:
+    """rank 0 of `world_size` with the config's strategy (`auto`: DDP with several processes, as
+    `World.from_environment` decides), on the meta device."""
+    if world_size == 1:
+        return World.single("meta")
+    strategy = "ddp" if config.train.strategy == "auto" else config.train.strategy
+    return World(rank=0, world_size=world_size, device=torch.device("meta"), strategy=strategy)
+
+
+def plan(config_path: str, world_size: int) -> Plan:
+    """Simulate `config_path`'s training step on rank 0 of `world_size` (see the module docstring)."""
+    start = time.perf_counter()
+    config = load_config(config_path)
+    hf_config = model_config(config)
+    world = world_of(config, world_size)
+    if world.strategy == "ddp":
+        raise SystemExit(f"{config_path}: train.strategy={config.train.strategy} at {world_size} ranks is DDP; plan fsdp or 1 rank")
+    bf16 = torch.bfloat16 if config.model.dtype == "bfloat16" else None
+    autocast = bf16 is not None
+    batch = full_micro_batch(config)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    policy = world.wrap(build_on_meta(config, hf_config), compute_dtype=bf16)
+    update = simulate_micro_batch(policy, policy_loss(batch), autocast, fake)
+    notes = []
+    reference = local_bytes(world.wrap(build_on_meta(config, hf_config, reference=True), compute_dtype=bf16).parameters())
+    if config.algorithm.kl_coef == 0 or config.model.lora_rank > 0:
+        reason = "kl_coef = 0" if config.algorithm.kl_coef == 0 else "LoRA: the base with adapters off"
+        notes.append(f"no reference model ({reason}); a bf16 one sharded like the policy: {reference / GIB:.2f} GiB")
+        reference = 0
+    critic_state, transient = 0, update["gathered"] + update["activations"]
+    if config.algorithm.name == "ppo":
+        critic = world.wrap(build_on_meta(config, hf_config, critic=True), compute_dtype=bf16)
+        critic_update = simulate_micro_batch(critic, critic_loss(batch), autocast, fake)
+        critic_state = sum(critic_update[key] for key in ("parameters", "gradients", "optimizer state"))
+        critic_transient = critic_update["gathered"] + critic_update["activations"]
+        notes.append(f"critic's own micro-batch peaks at {critic_transient / GIB:.2f} GiB above the state")
+        transient = max(transient, critic_transient)
+    sequences = generation_sequences(config, world_size)
+    cache = kv_cache_bytes(policy, sequences, config.data.max_prompt_length + config.data.max_response_length, fake)
+    notes.append(f"KV cache for {sequences} sequences of {config.data.max_prompt_length} + {config.data.max_response_length} tokens")
+    state = update["parameters"] + update["gradients"] + update["optimizer state"] + reference + critic_state
+    rows = dict(zip(ROWS, (
+        update["parameters"], update["gradients"], update["optimizer state"], reference, critic_state,
+        update["gathered"], update["activations"], state + transient, cache,
+    )))
+    return Plan(config_path, world_size, rows, notes, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int):
+    """torch's fake process group of `world_size` ranks in this process: collectives that move no data."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def table(plan: Plan) -> str:
+    width = max(map(len, ROWS))
+    lines = [f"{plan.config}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s)"]
+    lines += [f"  {row:<{width}}  {size / GIB:7.2f} GiB" for row, size in plan.bytes.items()]
+    lines += [f"  ({note})" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def markdown(plans: list[Plan]) -> str:
+    """One column per config (configs with the same figures share a column)."""
+    columns: dict[tuple, list[Plan]] = {}
+    for plan in plans:
+        columns.setdefault((plan.world_size, tuple(plan.bytes.values())), []).append(plan)
+    header = [
+        " / ".join(Path(plan.config).stem for plan in group) + f", {group[0].world_size} rank" + ("s" if group[0].world_size > 1 else "")
+        for group in columns.values()
+    ]
+    lines = ["| GiB per rank | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+    for index, row in enumerate(ROWS):
+        cells = [f"{group[0].bytes[row] / GIB:.2f}" for group in columns.values()]
+        lines.append(f"| {row} | " + " | ".join(f"**{c}**" if row.startswith("total") else c for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def default_runs() -> list[tuple[str, int]]:
+    paper = sorted(str(path.relative_to(REPO)) for path in (REPO / "configs").glob("paper-*.yaml"))
+    return [(path, PAPER_WORLD_SIZE) for path in paper] + [("configs/lora-qwen2.5-7b.yaml", 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("configs", nargs="*", help="config files (default: the paper's at 64 ranks, the LoRA 7B on 1)")
+    parser.add_argument("--world-size", type=int, help="ranks for every config given")
+    parser.add_argument("--markdown", action="store_true", help="also print the README's table")
+    parser.add_argument("--check", action="store_true", help="compare with a real run of a small model (peak RSS)")
+    parser.add_argument("--check-run", nargs=2, metavar=("fake|real", "none|fsdp"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.check_run:
+        print(json.dumps(check_run(args.check_run[0] == "fake", args.check_run[1])))
+        return
+    if args.check:
+        check()
+        return
+    runs = [(path, args.world_size or PAPER_WORLD_SIZE) for path in args.configs] or default_runs()
+    start = time.perf_counter()
+    plans, done = [], {}
+    for path, world_size in runs:
+        key = (simulation_key(load_config(path)), world_size)  # configs that differ only in the algorithm's coefficients
+        if key not in done:
+            with fake_process_group(world_size):
+                done[key] = plan(path, world_size)
+        plans.append(Plan(path, world_size, done[key].bytes, done[key].notes, done[key].seconds))
+        print(table(plans[-1]) + "\n", flush=True)
+    print(f"{len(plans)} configs, {len(done)} simulations, {time.perf_counter() - start:.1f} s")
+    if args.markdown:
+        print("\n" + markdown(plans))
+
+
+def simulation_key(config: Config) -> tuple:
+    """What the simulated memory depends on."""
+    return (
+        config.model.model_dump_json(),
+        config.data.max_prompt_length,
+        config.data.max_response_length,
+        config.algorithm.name == "ppo",
+        config.algorithm.kl_coef > 0,
+        config.rollout.n,
+        config.rollout.generation_batch_size,
+        config.train.batch_size,
+        config.train.micro_batch_size,
+        config.train.strategy,
+        config.train.gradient_checkpointing,
+    )
+
+
+CHECK_MODEL = dict(
+    hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+    num_key_value_heads=2, vocab_size=32000, tie_word_embeddings=False,
+)
+CHECK_SETTINGS = [
+    "model.path=check", "data.max_prompt_length=64", "data.max_response_length=2048",
+    "train.micro_batch_size=4", "train.gradient_checkpointing=true", "model.dtype=bfloat16",
+]
+
+
+def check_run(fake: bool, strategy: str) -> dict[str, int]:
+    """One micro-batch of the small `CHECK_MODEL` on rank 0 of 1 (`strategy` "none" or "fsdp"),
+    fake (simulated) or real (tracked, and its resident set measured)."""
+    config = load_config("configs/demo.yaml", CHECK_SETTINGS)
+    with fake_process_group(1):
+        world = World(rank=0, world_size=1, device=torch.device("meta" if fake else "cpu"), strategy=strategy)
+        with torch.device("meta") if fake else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_config(Qwen2Config(**CHECK_MODEL), dtype=torch.float32)
+        enable_activation_checkpointing(model)
+        model = world.wrap(model, compute_dtype=torch.bfloat16)
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+        return simulate_micro_batch(model, policy_loss(full_micro_batch(config)), True, fake_mode)
+
+
+def check() -> None:
+    """Simulated against real: each run in a fresh process (a clean resident set)."""
+    for strategy in ("none", "fsdp"):
+        results = {}
+        for mode in ("fake", "real"):
+            child = subprocess.run(
+                [sys.executable, __file__, "--check-run", mode, strategy], capture_output=True, text=True, check=True, cwd=REPO
+            )
+            results[mode] = json.loads(child.stdout.splitlines()[-1])
+        fake, real = results["fake"], results["real"]
+        simulated = fake["gathered"] + fake["activations"]
+        tracked = real["gathered"] + real["activations"]
+        print(
+            f"strategy {strategy}: peak of a micro-batch above the state (MiB): simulated {simulated / 2**20:.0f}, "
+            f"tracked on real tensors {tracked / 2**20:.0f}, measured resident set {real['rss_above_state'] / 2**20:.0f}; "
+            f"state simulated {sum(fake[k] for k in ('parameters', 'gradients', 'optimizer state')) / 2**20:.0f}, "
+            f"real {sum(real[k] for k in ('parameters', 'gradients', 'optimizer state')) / 2**20:.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
