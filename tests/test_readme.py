@@ -8,8 +8,8 @@ the line before it, what it is, and each runnable one is run here exactly as wri
     <!-- readme-test: file NAME -->                    a file the blocks after it use, saved as NAME
     <!-- readme-test: skip: REASON -->                 not runnable here (placeholders, a GPU, a layout)
 
-Commands run in one temporary folder per test, holding the repository's `data/benchmarks` and
-every `file` block, with `.venv/bin` (this interpreter's) first on PATH.
+Commands run in one temporary folder per test, holding the repository's `data/benchmarks`,
+`configs` and every `file` block, with `.venv/bin` (this interpreter's) first on PATH.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def runnable(slow: bool) -> list:
 
 def run_in_fresh_folder(folder: Path, block_commands: list[str]) -> None:
     shutil.copytree(REPOSITORY / "data" / "benchmarks", folder / "data" / "benchmarks")
+    shutil.copytree(REPOSITORY / "configs", folder / "configs")  # the README's commands run in the repository
     for name, body in file_blocks().items():
         (folder / name).write_text(body)
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

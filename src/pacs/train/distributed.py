@@ -68,7 +68,8 @@ class DistributedConfigError(ValueError):
 @dataclass(frozen=True)
 class WeightsAside:
     """Rank 0's loaded tensors, kept while its model is sent as a skeleton (`World.load_once`):
-    the state dict, and every buffer (non-persistent ones, like rotary frequencies, included)."""
+    the state dict, and every buffer (non-persistent ones, like rotary frequencies, included).
+    Empty on the other ranks, whose skeletons rank 0's tensors fill."""
 
     state: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
@@ -276,16 +277,17 @@ class World:
         if self.strategy != "fsdp":
             with self.node_leader_first():
                 return load(), None
-        aside = []
+        aside = WeightsAside({}, {})  # rank 0 fills it; elsewhere it says "a skeleton to fill"
 
         def skeleton_of_loaded() -> torch.nn.Module:
             model = load()
-            aside.append(WeightsAside(model.state_dict(), dict(model.named_buffers())))
+            aside.state.update(model.state_dict())
+            aside.buffers.update(model.named_buffers())
             return model.to("meta")  # the tensors aside keep their data; the model is now a skeleton
 
         skeleton = self.decided_by_writer(skeleton_of_loaded)
         skeleton.tie_weights()  # moving to the meta device gave tied weights a parameter each
-        return skeleton, aside[0] if aside else None
+        return skeleton, aside
 
     def wrap(
         self, model: torch.nn.Module, *, compute_dtype: torch.dtype | None = None, aside: WeightsAside | None = None
@@ -323,18 +325,17 @@ class World:
         device, given storage for its shards only, and filled: each tensor is broadcast from rank
         0, every rank keeping its shard."""
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else MixedPrecisionPolicy()
-        skeleton = any(parameter.is_meta for parameter in model.parameters())
-        if not skeleton:
+        if aside is None:
             model = model.to(self.device)
         for layer in decoder_layers(model):
             fully_shard(layer, mp_policy=policy)
         fully_shard(language_model(model), mp_policy=policy, reshard_after_forward=reshard_root)
-        if skeleton:
+        if aside is not None:
             model.to_empty(device=self.device)
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-            set_model_state_dict(model, aside.state if aside is not None else {}, options=options)
+            set_model_state_dict(model, aside.state, options=options)
             for name, buffer in model.named_buffers():
-                buffer.copy_(self._from_writer(aside.buffers[name] if aside is not None else buffer))
+                buffer.copy_(self._from_writer(aside.buffers[name] if self.is_writer else buffer))
         return model
 
     @staticmethod
