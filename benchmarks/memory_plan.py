@@ -63,9 +63,9 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, 
 
 from pacs.config import Config, load_config
 from pacs.models.loading import enable_activation_checkpointing
-from pacs.models.lora import add_lora
 from pacs.train.batch import PolicyBatch, response_logprobs, response_values
 from pacs.train.distributed import World
+from pacs.train.trainer import with_training_options
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -166,17 +166,7 @@ def build_on_meta(config: Config, hf_config: Qwen2Config, *, critic: bool = Fals
             model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
         if reference:
             return model.requires_grad_(False)
-        if config.train.gradient_checkpointing:
-            enable_activation_checkpointing(model)
-        if lora:
-            model = add_lora(
-                model,
-                rank=config.model.lora_rank,
-                alpha=config.model.lora_alpha,
-                dropout=config.model.lora_dropout,
-                target_modules=config.model.lora_target_modules,
-            )
-    return model
+        return with_training_options(model, config, lora=lora)
 
 
 def full_micro_batch(config: Config) -> PolicyBatch:

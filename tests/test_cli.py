@@ -6,15 +6,7 @@ from __future__ import annotations
 import pytest
 
 import pacs
-from pacs.cli import main
-
-
-def run(arguments: list[str]) -> int:
-    try:
-        main(arguments)
-    except SystemExit as exit_info:
-        return exit_info.code
-    return 0
+from running import run
 
 
 def test_version_is_printed(capsys):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pacs.cli import main
 from pacs.outputs import MARKER, OutputRefused, claim_output_dir, claim_output_file
 from pacs.train.checkpoint import TRAINER_STATE
+from running import run
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 
@@ -45,14 +45,6 @@ def previous_output(path: Path, command: str) -> Path:
     (path / "report.json").write_text("{}\n")
     return path
 
-
-def run(arguments: list[str]) -> int:
-    """`pacs ARGUMENTS` in this process; its exit status."""
-    try:
-        main(arguments)
-    except SystemExit as exit_info:
-        return exit_info.code
-    return 0
 
 
 def plot_run(path: Path) -> Path:

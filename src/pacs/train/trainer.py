@@ -448,17 +448,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
         model, aside = world.load_once(
             functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
         )
-    if config.train.gradient_checkpointing:
-        enable_activation_checkpointing(model)
-    if lora:
-        model = add_lora(
-            model,
-            rank=config.model.lora_rank,
-            alpha=config.model.lora_alpha,
-            dropout=config.model.lora_dropout,
-            target_modules=config.model.lora_target_modules,
-            adapter=resume_from / ADAPTER_DIR if resume_from else None,
-        )
+    model = with_training_options(model, config, lora=lora, adapter=resume_from / ADAPTER_DIR if resume_from else None)
     sizes = parameter_counts(model)
     console.print(
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
@@ -471,13 +461,31 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     return Policy(model, optimizer, tokenizer, sizes)
 
 
+def with_training_options(
+    model: torch.nn.Module, config: Config, *, lora: bool, adapter: Path | None = None
+) -> torch.nn.Module:
+    """`model` as the run trains it: activation checkpointing with `train.gradient_checkpointing`,
+    and with `lora` the `model.lora_*` adapters (new, or those saved in `adapter`)."""
+    if config.train.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    if not lora:
+        return model
+    return add_lora(
+        model,
+        rank=config.model.lora_rank,
+        alpha=config.model.lora_alpha,
+        dropout=config.model.lora_dropout,
+        target_modules=config.model.lora_target_modules,
+        adapter=adapter,
+    )
+
+
 def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
     the policy, and its optimizer."""
     source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
     critic, aside = world.load_once(functools.partial(load_value_model, source, dtype=weights_dtype(config)))
-    if config.train.gradient_checkpointing:
-        enable_activation_checkpointing(critic)
+    critic = with_training_options(critic, config, lora=False)
     critic = world.wrap(critic, compute_dtype=bf16_compute(config), aside=aside)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
     return critic, optimizer
