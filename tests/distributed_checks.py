@@ -64,13 +64,14 @@ def main() -> None:
         on_disk = load_causal_lm(model_dir, dtype="float32")
         buffers = {name: buffer for name, buffer in on_disk.named_buffers()}
         buffer_difference = max(float((buffer - buffers[name]).abs().max()) for name, buffer in model.named_buffers())
-        gathered = world.full_model_state(model)
+        gathered = dict(world.whole_on_writer(world.named_state(model)))
         seen: dict = {
             "loads_per_rank": world.gather_objects(loads),
             "parameters_of_skeleton_and_disk": [sum(p.numel() for p in m.parameters()) for m in (skeleton, on_disk)],
         }
         if world.is_writer:
-            weight_difference = max(float((gathered[name] - value).abs().max()) for name, value in on_disk.state_dict().items())
+            on_disk_state = on_disk.state_dict()
+            weight_difference = max(float((value - on_disk_state[name]).abs().max()) for name, value in gathered.items())
             seen["loaded_max_difference"] = max(weight_difference, world.max(buffer_difference))
         else:
             world.max(buffer_difference)

@@ -123,9 +123,9 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
 
 
 def full_weights(world: World, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    if world.strategy == "none":
-        return {key: value.detach().clone() for key, value in model.state_dict().items()}
-    return world.full_model_state(model)
+    """The whole model's state on rank 0, gathered as checkpoints gather it (None elsewhere)."""
+    gathered = dict(world.whole_on_writer(world.named_state(model)))
+    return gathered if world.is_writer else None
 
 
 def use_local_totals() -> None:

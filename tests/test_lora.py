@@ -20,7 +20,7 @@ from killing import kill_once_checkpointed
 from pacs.cli import main
 from pacs.config import ConfigError, load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
-from pacs.models.lora import ADAPTER_DIR, add_lora, merged_state_dict, require_peft
+from pacs.models.lora import ADAPTER_DIR, add_lora, is_adapter_weight, merged_tensors, require_peft
 from pacs.train import trainer as trainer_module
 from pacs.train.batch import response_logprobs_no_grad
 from pacs.train.checkpoint import save_checkpoint
@@ -43,6 +43,13 @@ def with_moved_adapters(model: torch.nn.Module) -> torch.nn.Module:
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
     return model
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The merged model's state dict, computed tensor by tensor as checkpoints compute it."""
+    state = model.state_dict()
+    adapters = {key: value for key, value in state.items() if is_adapter_weight(key)}
+    return dict(merged_tensors(model, ((key, value) for key, value in state.items() if key not in adapters), adapters))
 
 
 # ----- the models layer ---------------------------------------------------------------------------

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.models.saving import WEIGHTS_INDEX_FILE, write_safetensors_files
 from pacs.outputs import MARKER, claim_output_dir
 from pacs.train.checkpoint import (
+    CRITIC_DIR,
     TRAINER_STATE,
     TRAINER_STATE_FORMAT,
     CheckpointError,
@@ -34,6 +38,48 @@ def test_checkpoint_is_a_plain_hugging_face_directory(tmp_path, tiny_model_dir):
     assert (directory / "model.safetensors").is_file() and (directory / TRAINER_STATE).is_file()
     AutoModelForCausalLM.from_pretrained(directory)
     assert AutoTokenizer.from_pretrained(directory).chat_template
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def test_model_weights_are_written_in_files_of_bounded_size_that_from_pretrained_reads(tmp_path, tiny_model_dir, monkeypatch):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    model.save_pretrained(tmp_path / "reference")
+    bound = 100_000
+    monkeypatch.setattr(checkpoint_module, "MODEL_FILE_BYTES", bound)
+    directory = save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1})
+
+    files = sorted(directory.glob("model-*.safetensors"))
+    assert len(files) > 2 and files[0].name == f"model-00001-of-{len(files):05d}.safetensors"
+    for file in files:
+        tensors = load_file(str(file)).values()
+        assert tensor_bytes(tensors) <= bound or len(tensors) == 1
+    written = {key: value for file in files for key, value in load_file(str(file)).items()}
+    assert written.keys() == load_file(str(tmp_path / "reference" / "model.safetensors")).keys()  # the tied lm_head left out
+    assert json.loads((directory / WEIGHTS_INDEX_FILE).read_text())["weight_map"].keys() == written.keys()
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((directory / name).read_text()) == json.loads((tmp_path / "reference" / name).read_text())
+    reloaded = AutoModelForCausalLM.from_pretrained(directory)
+    assert all(torch.equal(value, reloaded.state_dict()[key]) for key, value in model.state_dict().items())
+
+
+def test_a_stream_of_tensors_is_written_holding_no_more_than_one_file_of_them(tmp_path):
+    bound = 10_000
+    sizes = [300, 1_000, 2_500, 40, 1_800, 500, 1_200, 2_000, 700, 2_400]  # float32 elements: 4 bytes each
+
+    def stream():
+        drawn = 0
+        for number, size in enumerate(sizes):
+            written = tensor_bytes(t for file in tmp_path.glob("*.safetensors") for t in load_file(str(file)).values())
+            assert drawn - written <= bound  # what was handed over and not yet written is held by the writer
+            drawn += size * 4
+            yield f"t{number}", torch.full((size,), float(number))
+
+    files = write_safetensors_files(stream(), tmp_path, "part", bound)
+    assert len(files) == 7 and [key for _, keys in files for key in keys] == [f"t{number}" for number in range(len(sizes))]
+    assert all(tensor_bytes(load_file(str(tmp_path / name)).values()) <= bound for name, _ in files)
 
 
 def test_crash_mid_write_leaves_nothing_for_resume(tmp_path, tiny_model_dir, monkeypatch):

@@ -21,6 +21,7 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Iterable, Iterator
 
 import torch
 from transformers import PreTrainedModel
@@ -67,7 +68,7 @@ def add_lora(
     layer but the output head), as a peft model whose adapter parameters alone require grad.
 
     New adapters start with B = 0 (the model is unchanged); `adapter`: a directory that
-    `save_lora` wrote, whose adapter weights are loaded instead (resume). Adapters on a
+    `save_adapter` wrote, whose adapter weights are loaded instead (resume). Adapters on a
     bfloat16/float16 base are held in float32; on a float32/float64 base, in its dtype.
 
     Raises:
@@ -104,41 +105,44 @@ def _load_adapter_weights(peft: ModuleType, model: torch.nn.Module, adapter: Pat
         result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER_NAME)
     except RuntimeError as error:  # a tensor of another shape
         raise ValueError(f"{misfit}: {str(error).strip().splitlines()[-1]}") from None
-    missing = [key for key in result.missing_keys if ".lora_" in key]
+    missing = [key for key in result.missing_keys if is_adapter_weight(key)]
     if result.unexpected_keys or missing:
         raise ValueError(f"{misfit}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
 
 
-def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The plain Hugging Face state dict of the merged model, computed from `state` (the peft
-    model's full state dict, e.g. gathered from FSDP shards; None: `model.state_dict()`) without
-    changing `model`.
+def is_adapter_weight(key: str) -> bool:
+    """Whether `key` of a peft model's state dict names an adapter tensor (LoRA's A or B)."""
+    return ".lora_" in key
+
+
+def merged_tensors(
+    model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], adapters: dict[str, torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The merged model's state-dict entries, as plain Hugging Face keys and CPU tensors, one for
+    each of `named_tensors` (the peft model's state-dict entries that are not adapter weights,
+    e.g. gathered one at a time from FSDP shards) as it comes, with `adapters` (the peft model's
+    adapter tensors, by key) merged in, without changing `model`.
 
     Every adapted weight W becomes W + scaling * delta (`_lora_delta`), summed in float32 (or
-    float64) and stored in W's dtype; every other tensor is copied, and the keys lose peft's
+    float64) and stored in W's dtype; every other tensor is passed on, and the keys lose peft's
     `base_model.model.` prefix and `base_layer` segments. Adapted weights are those of LoRA
     layers (linear layers) and of LoRA parameter wrappers (a mixture of experts' stacked expert
-    weights, its router), which peft nests one per parameter of a module. The result lives on the
-    CPU: on a GPU only one layer's update exists at a time, never a merged copy of the model.
+    weights, its router), which peft nests one per parameter of a module. Only one layer's
+    update exists at a time, never a merged copy of the model.
     """
-    state = model.state_dict() if state is None else state
     prefix = "base_model.model."
     adapted = {
         _adapted_weight_key(name, module): (name, module)
         for name, module in model.named_modules()
         if isinstance(module, require_peft().tuners.lora.LoraLayer)
     }
-    merged = {}
-    for key, value in state.items():
-        if ".lora_" in key:
-            continue
+    for key, value in named_tensors:
         if key in adapted:
             layer_name, layer = adapted[key]
             wide = torch.promote_types(value.dtype, torch.float32)
-            lora_a, lora_b = (state[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"].to(wide) for part in "AB")
+            lora_a, lora_b = (adapters[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"].to(wide) for part in "AB")
             value = (value.to(wide) + _lora_delta(layer, lora_a, lora_b)).to(value.dtype)
-        merged[".".join(part for part in key.split(".") if part != "base_layer").removeprefix(prefix)] = value.to("cpu")
-    return merged
+        yield ".".join(part for part in key.split(".") if part != "base_layer").removeprefix(prefix), value.to("cpu")
 
 
 def _adapted_weight_key(name: str, layer: torch.nn.Module) -> str:
@@ -169,10 +173,8 @@ def _lora_delta(layer: torch.nn.Module, lora_a: torch.Tensor, lora_b: torch.Tens
     return torch.einsum(f"ore,eri->{layout}", per_expert_b, per_expert_a) * scaling
 
 
-def save_lora(model: torch.nn.Module, directory: Path, state: dict[str, torch.Tensor] | None = None) -> None:
-    """Write the merged model to `directory` (config.json, model.safetensors: a plain Hugging Face
-    model) and the adapter to `directory / ADAPTER_DIR`. `state`: the peft model's full state dict
-    when `model` holds only a shard (FSDP); None: the model's own."""
-    state = model.state_dict() if state is None else state
-    language_model(model).save_pretrained(directory, state_dict=merged_state_dict(model, state), safe_serialization=True)
-    model.save_pretrained(directory / ADAPTER_DIR, state_dict=state, safe_serialization=True, save_embedding_layers=False)
+def save_adapter(model: torch.nn.Module, directory: Path, adapters: dict[str, torch.Tensor]) -> None:
+    """Write the adapter of the peft `model` (adapter_config.json, adapter_model.safetensors) to
+    `directory`, with the weights `adapters` (its adapter tensors by state-dict key, e.g. gathered
+    from FSDP shards)."""
+    model.save_pretrained(directory, state_dict=adapters, safe_serialization=True, save_embedding_layers=False)

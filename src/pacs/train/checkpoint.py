@@ -1,6 +1,7 @@
 """Checkpoints in Hugging Face format, written atomically, plus what resuming needs.
 
-    checkpoints/step_N/   config.json, model.safetensors, tokenizer files  (any HF tool reads it)
+    checkpoints/step_N/   config.json, model.safetensors (or model-0000i-of-0000N.safetensors and
+                          model.safetensors.index.json), tokenizer files (any HF tool reads it)
                           trainer_state.pt: step, RNG states, data position (tensors and plain
                           Python values only: read with torch.load(weights_only=True))
                           optimizer/: the AdamW state, "<parameter name>:<key>" -> the whole
@@ -12,6 +13,10 @@
                           merged model (base + adapter), and resuming loads the base from
                           `model.path` and the adapter from here
     checkpoints/final/    the same after the last step
+
+Every tensor is written as it is gathered: a sharded (FSDP) model or optimizer state reaches rank
+0 one tensor at a time and is written in files of at most `MODEL_FILE_BYTES` /
+`OPTIMIZER_FILE_BYTES`, so rank 0 never holds a whole model or optimizer state in memory.
 
 A checkpoint is assembled in a hidden temporary directory and renamed into place, so a crash
 mid-write leaves no `step_N` directory for `resume=auto` to pick up.
@@ -31,16 +36,15 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from pacs.models.lora import is_lora, save_lora
-from pacs.models.saving import save_from_this_process
+from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
+from pacs.models.saving import save_streamed, write_safetensors_files
 from pacs.outputs import MARKER, is_pacs_output
 from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
@@ -53,35 +57,37 @@ OPTIMIZER_DIR = "optimizer"
 CRITIC_OPTIMIZER_DIR = "critic_optimizer"
 OPTIMIZER_FILE_BYTES = 1 << 30
 """Largest optimizer-state file rank 0 holds in memory while writing a checkpoint."""
+MODEL_FILE_BYTES = 1 << 30
+"""Largest model-weights file rank 0 holds in memory while writing a checkpoint."""
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def save_checkpoint(
     directory: Path,
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     trainer_state: dict[str, Any],
     *,
-    model_state: dict[str, torch.Tensor] | None = None,
-    critic: PreTrainedModel | None = None,
-    critic_state: dict[str, torch.Tensor] | None = None,
+    world: World | None = None,
+    critic: torch.nn.Module | None = None,
     staging: Path | None = None,
 ) -> Path:
     """Write model, tokenizer, `trainer_state` (and PPO's critic, in `critic/`) to `directory`,
-    replacing it atomically. `model_state` / `critic_state`: the full state dicts to write when
-    the modules themselves hold only a shard (FSDP); None: the modules' own. A LoRA `model` is
-    written as its merged model plus `adapter/` (`pacs.models.lora.save_lora`). `staging`: a
-    directory from `staging_directory` that already holds other files of the checkpoint. An
-    existing `directory` is replaced only if it is a checkpoint or empty (a `pacs.outputs.MARKER`
-    in it is kept); anything else raises FileExistsError before a file is written."""
-    staging = staging or staging_directory(directory)
-    if is_lora(model):
-        save_lora(model, staging, model_state)
-    else:
-        save_from_this_process(model, staging, state_dict=model_state, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
+    replacing it atomically; every rank of `world` (None: this process alone) must call it, and
+    rank 0 writes. The models are written one tensor at a time (`save_model`), whatever wraps
+    them. `staging`: a directory from `staging_directory` that already holds other files of the
+    checkpoint (rank 0). An existing `directory` is replaced only if it is a checkpoint or empty
+    (a `pacs.outputs.MARKER` in it is kept); anything else raises FileExistsError before a file
+    is written."""
+    world = world or World.single()
+    if world.is_writer:
+        staging = staging or staging_directory(directory)
+    save_model(world, model, staging)
     if critic is not None:
-        critic.save_pretrained(staging / CRITIC_DIR, state_dict=critic_state, safe_serialization=True)
+        save_model(world, critic, staging and staging / CRITIC_DIR)
+    if not world.is_writer:
+        return directory
+    tokenizer.save_pretrained(staging)
     torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
     if directory.exists():
         if is_pacs_output(directory):
@@ -93,6 +99,37 @@ def save_checkpoint(
     else:
         os.replace(staging, directory)
     return directory
+
+
+def save_model(world: World, model: torch.nn.Module, directory: Path | None) -> None:
+    """`model` (inside any wrapper) as a Hugging Face directory in `directory` (rank 0; None
+    elsewhere), its state gathered one tensor at a time and written in files of at most
+    `MODEL_FILE_BYTES`, in the dtype the model holds it in: rank 0 holds at most
+    one file's worth of tensors, never the whole model (`pacs.models.saving.save_streamed`). A
+    LoRA model is written as its merged model (`merged_tensors`) plus `ADAPTER_DIR`; its adapter
+    tensors (small) are gathered first. Every rank must call it."""
+    named_state = world.named_state(model)
+    inner = world.unwrap(model)
+    adapters: dict[str, torch.Tensor] = {}
+    if is_lora(inner):
+        adapters = dict(world.whole_on_writer((key, value) for key, value in named_state if is_adapter_weight(key)))
+        base = world.whole_on_writer((key, value) for key, value in named_state if not is_adapter_weight(key))
+        tensors = merged_tensors(inner, base, adapters)
+    else:
+        tensors = world.whole_on_writer(named_state)
+    _written_on_writer(world, tensors, lambda stream: save_streamed(language_model(inner), directory, stream, MODEL_FILE_BYTES))
+    if is_lora(inner) and world.is_writer:
+        save_adapter(inner, directory / ADAPTER_DIR, adapters)
+
+
+def _written_on_writer(world: World, tensors: Iterator[tuple[str, torch.Tensor]], write: Callable[[Iterator], object]) -> None:
+    """`write(tensors)` on rank 0. The other ranks run through `tensors` without writing: each
+    of them takes part in the gather of every tensor that rank 0 receives."""
+    if world.is_writer:
+        write(tensors)
+        return
+    for _ in tensors:
+        pass
 
 
 def staging_directory(directory: Path) -> Path:
@@ -123,22 +160,9 @@ def save_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
         for name, parameter in _optimized_parameters(world, model, optimizer)
         for key, value in optimizer.state.get(parameter, {}).items()
     )
-    pending: dict[str, torch.Tensor] = {}
-    files = 0
-
-    def flush() -> None:
-        nonlocal files
-        files += 1
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(pending, str(directory / f"{files:05d}.safetensors"))
-        pending.clear()
-
-    for name, whole in world.whole_on_writer(named_states):
-        pending[name] = whole
-        if sum(tensor.numel() * tensor.element_size() for tensor in pending.values()) >= OPTIMIZER_FILE_BYTES:
-            flush()
-    if pending:
-        flush()
+    _written_on_writer(
+        world, world.whole_on_writer(named_states), lambda stream: write_safetensors_files(stream, directory, "optimizer", OPTIMIZER_FILE_BYTES)
+    )
 
 
 def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
@@ -271,30 +295,18 @@ def write_checkpoint(
     policy: tuple[torch.nn.Module, torch.optim.Optimizer],
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> Path:
-    """The training checkpoint of every rank: the optimizers' states gathered one tensor at a
-    time into rank 0's files, then the models' full states and random states, which rank 0
-    writes (`save_checkpoint`); all wait until it is in place."""
+    """The training checkpoint of every rank: the optimizers' states, then the models (with the
+    random states, `save_checkpoint`), each gathered one tensor at a time into rank 0's files;
+    all wait until it is in place."""
     staging = staging_directory(directory) if world.is_writer else None
     model, optimizer = policy
     save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
-    critic_model = critic_state = None
+    critic_model = None
     if critic is not None:
         critic_model, critic_optimizer = critic
         save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
-        critic_state = world.full_model_state(critic_model)
     state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world)}
-    model_state = world.full_model_state(model)
-    if world.is_writer:
-        save_checkpoint(
-            directory,
-            world.unwrap(model),
-            tokenizer,
-            state,
-            model_state=model_state,
-            critic=world.unwrap(critic_model) if critic_model is not None else None,
-            critic_state=critic_state,
-            staging=staging,
-        )
+    save_checkpoint(directory, model, tokenizer, state, world=world, critic=critic_model, staging=staging)
     world.barrier()
     return directory
 

@@ -26,10 +26,10 @@ gradients and optimizer state are sharded, and gradients stay sharded between mi
 ever holds a whole unsharded gradient). The frozen KL reference is sharded the same way
 (`shard_frozen`). Generation unshards every layer once and keeps them unsharded until it ends
 (`generation`), so it never all-gathers per token (and ranks may generate different numbers of
-tokens without a collective to hang on). Checkpoints gather a full state dict to rank 0
-(`full_model_state`), written as one plain Hugging Face directory; the optimizer state is
-gathered to rank 0 one tensor at a time (`whole_on_writer`) and, on resume, read by rank 0 alone
-and sent to each rank as its shard (`from_writer_like`).
+tokens without a collective to hang on). Checkpoints gather the model's state (`named_state`) and
+the optimizer's to rank 0 one tensor at a time (`whole_on_writer`), which writes each into
+files of bounded size as it comes; on resume, the optimizer state is read by rank 0 alone and
+sent to each rank as its shard (`from_writer_like`).
 
 Collectives. Every collective pacs calls is a method of `World`, and each one hands the backend
 its tensors on the device that backend serves (`communication_device`): NCCL serves CUDA tensors
@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -370,15 +370,19 @@ class World:
                 module.reshard()
                 module.set_reshard_after_forward(True, recurse=False)
 
-    def full_model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """The whole model's state dict on the CPU of rank 0 (None on other ranks, and with one
-        process, where the model itself holds it); every rank must call it."""
-        if self.strategy == "none":
-            return None
+    def named_state(self, model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """(key, tensor) of the state dict of the model inside any wrapper, each tensor once: a
+        tied weight (shared by two modules) under its first key only, the one `save_pretrained`
+        keeps. Under FSDP2 the tensors are the shards (DTensors; the root is resharded first, see
+        `_reshard`), for `whole_on_writer` to gather one at a time."""
         _reshard(model)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(model, options=options)
-        return state if self.is_writer else None
+        seen: set[int] = set()
+        named = []
+        for key, tensor in self.unwrap(model).state_dict(keep_vars=True).items():
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                named.append((key, tensor))
+        return named
 
     def named_parameters(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
         """(name, parameter) of the model inside any wrapper, as its optimizer holds them: under
@@ -391,7 +395,7 @@ class World:
         FSDP) is gathered when its turn comes, so no rank ever holds more than one of them whole.
         Yields nothing on other ranks, which must still iterate to take part."""
         for name, tensor in named_tensors:
-            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            whole = tensor.detach().full_tensor() if isinstance(tensor, DTensor) else tensor
             if self.is_writer:
                 yield name, whole.detach().to("cpu", copy=True)
 
