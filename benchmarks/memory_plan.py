@@ -18,34 +18,41 @@ Rows (GiB per rank): parameters, gradients and optimizer state are the bytes of 
 the reference model is a bf16 copy sharded like the policy (the target design), counted only when
 the config loads one (`algorithm.kl_coef > 0` without LoRA); "gathered weights" and "activations"
 split the peak of the micro-batch above the persistent state by the tracker's categories (gathered:
-all-gathered layer weights and unsharded gradients); PPO's critic runs its own micro-batch (the
-value loss) and its persistent state adds to the policy's; the step's peak is the persistent state
-plus the larger transient. "KV cache" is the bytes of transformers' own cache after a fake forward
+all-gathered layer weights and unsharded gradients). Gradients exist from an update's first
+backward to its optimizer step (`zero_grad(set_to_none=True)` frees them), and PPO updates its
+critic (pacs's own value model, fp32 master weights, its own micro-batch of the value loss) before
+the policy: the update's peak is the larger of the critic's update (the policy's weights and AdamW
+state held, the critic's whole state and micro-batch) and the policy's (the critic's weights and
+AdamW state held). "KV cache" is the bytes of transformers' own cache after a fake forward
 of one generation call (`rollout.generation_batch_size` sequences, at most this rank's share of a
 step) at full length: generation runs apart from the update, so it is a separate peak.
 
 Fake tensors need shapes only, so data-dependent Python in the step (length buckets, boolean masks,
 `int(...)`) runs on the real micro-batch: `RealWhereSmall` keeps tensors of at most
 `MAX_REAL_NUMEL` elements real and makes larger ones fake. Gradients are reduce-scattered on every
-micro-batch (the target design; `World.gradient_sync` today keeps unsharded gradients between the
-micro-batches of an update, which this plan does not show).
+micro-batch, as `World.gradient_sync` has them under FSDP.
 
-Run: `.venv/bin/python benchmarks/memory_plan.py [CONFIG ...] [--world-size N] [--markdown]`
-(default: configs/paper-*.yaml at 64 ranks and configs/lora-qwen2.5-7b.yaml on 1);
-`--check` compares the simulation with a real run of a small model on this CPU (peak RSS).
+Run: `.venv/bin/python benchmarks/memory_plan.py [CONFIG ...] [--world-size N] [--markdown] [--jobs N]`
+(default: configs/paper-*.yaml at 64 ranks and configs/lora-qwen2.5-7b.yaml on 1; one process per
+simulation, as many at once as CPU cores); `--check` compares the simulation with a real run of a
+small model on this CPU (peak RSS).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
 from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
@@ -59,10 +66,10 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, Qwen2Config
+from transformers import AutoModelForCausalLM, Qwen2Config
 
 from pacs.config import Config, load_config
-from pacs.models.loading import enable_activation_checkpointing
+from pacs.models.loading import disable_dropout, enable_activation_checkpointing, token_classification_class
 from pacs.train.batch import PolicyBatch, response_logprobs, response_values
 from pacs.train.distributed import World
 from pacs.train.trainer import with_training_options
@@ -177,12 +184,16 @@ def model_config(config: Config) -> Qwen2Config:
 
 def build_on_meta(config: Config, hf_config: Qwen2Config, *, critic: bool = False, reference: bool = False) -> torch.nn.Module:
     """The model pacs's trainer builds for `config` (policy, PPO critic or KL reference), on the meta
-    device: dtypes, activation checkpointing and LoRA adapters as `pacs.train.trainer` sets them."""
+    device: dtypes, activation checkpointing and LoRA adapters as `pacs.train.trainer` sets them;
+    the critic is the token-classification model with one label and no dropout that
+    `pacs.models.loading.load_value_model` builds."""
     lora = config.model.lora_rank > 0 and not critic
     dtype = torch.bfloat16 if (lora or reference) and config.model.dtype == "bfloat16" else torch.float32
     with torch.device("meta"):
         if critic:
-            model = AutoModelForTokenClassification.from_config(hf_config, num_labels=1, dtype=dtype)
+            critic_config = copy.deepcopy(hf_config)
+            critic_config.num_labels, critic_config.classifier_dropout = 1, 0.0
+            model = disable_dropout(token_classification_class(critic_config)._from_config(critic_config, dtype=dtype))
         else:
             model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
         if reference:
@@ -333,23 +344,35 @@ def plan(config_path: str, world_size: int) -> Plan:
         reason = "kl_coef = 0" if config.algorithm.kl_coef == 0 else "LoRA: the base with adapters off"
         notes.append(f"no reference model ({reason}); a bf16 one sharded like the policy: {reference / GIB:.2f} GiB")
         reference = 0
-    critic_state, transient = 0, update["gathered"] + update["activations"]
+    # gradients exist from an update's first backward to its optimizer step (then set to None)
+    kept = update["parameters"] + update["optimizer state"] + reference
+    peak = kept + update["gradients"] + update["gathered"] + update["activations"]
+    critic_state = 0
     if config.algorithm.name == "ppo":
         critic = world.wrap(build_on_meta(config, hf_config, critic=True), compute_dtype=bf16)
         critic_update = simulate_micro_batch(critic, critic_loss(batch), autocast, fake)
-        critic_state = sum(critic_update[key] for key in ("parameters", "gradients", "optimizer state"))
-        critic_transient = critic_update["gathered"] + critic_update["activations"]
-        notes.append(f"critic's own micro-batch peaks at {critic_transient / GIB:.2f} GiB above the state")
-        transient = max(transient, critic_transient)
+        critic_kept = critic_update["parameters"] + critic_update["optimizer state"]
+        critic_state = critic_kept + critic_update["gradients"]
+        critic_peak = kept + critic_state + critic_update["gathered"] + critic_update["activations"]
+        notes.append(
+            f"PPO: the critic's update (before the policy's) peaks at {critic_peak / GIB:.2f} GiB, "
+            f"the policy's at {(peak + critic_kept) / GIB:.2f} GiB"
+        )
+        peak = max(peak + critic_kept, critic_peak)
     sequences = generation_sequences(config, world_size)
     cache = kv_cache_bytes(policy, sequences, config.data.max_prompt_length + config.data.max_response_length, fake)
     notes.append(f"KV cache for {sequences} sequences of {config.data.max_prompt_length} + {config.data.max_response_length} tokens")
-    state = update["parameters"] + update["gradients"] + update["optimizer state"] + reference + critic_state
     rows = dict(zip(ROWS, (
         update["parameters"], update["gradients"], update["optimizer state"], reference, critic_state,
-        update["gathered"], update["activations"], state + transient, cache,
+        update["gathered"], update["activations"], peak, cache,
     )))
     return Plan(config_path, world_size, rows, notes, time.perf_counter() - start)
+
+
+def simulate(config_path: str, world_size: int) -> Plan:
+    """`plan` inside a fake process group of `world_size` ranks."""
+    with fake_process_group(world_size):
+        return plan(config_path, world_size)
 
 
 @contextlib.contextmanager
@@ -398,6 +421,7 @@ def main() -> None:
     parser.add_argument("configs", nargs="*", help="config files (default: the paper's at 64 ranks, the LoRA 7B on 1)")
     parser.add_argument("--world-size", type=int, help="ranks for every config given")
     parser.add_argument("--markdown", action="store_true", help="also print the README's table")
+    parser.add_argument("--jobs", type=int, help="simulations run at once (default: one per CPU core)")
     parser.add_argument("--check", action="store_true", help="compare with a real run of a small model (peak RSS)")
     parser.add_argument("--check-run", nargs=2, metavar=("fake|real", "none|fsdp"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -409,15 +433,18 @@ def main() -> None:
         return
     runs = [(path, args.world_size or PAPER_WORLD_SIZE) for path in args.configs] or default_runs()
     start = time.perf_counter()
-    plans, done = [], {}
-    for path, world_size in runs:
-        key = (simulation_key(load_config(path)), world_size)  # configs that differ only in the algorithm's coefficients
-        if key not in done:
-            with fake_process_group(world_size):
-                done[key] = plan(path, world_size)
-        plans.append(Plan(path, world_size, done[key].bytes, done[key].notes, done[key].seconds))
-        print(table(plans[-1]) + "\n", flush=True)
-    print(f"{len(plans)} configs, {len(done)} simulations, {time.perf_counter() - start:.1f} s")
+    # configs that differ only in the algorithm's coefficients share one simulation
+    keys = [(simulation_key(load_config(path)), world_size) for path, world_size in runs]
+    first_run = dict(zip(reversed(keys), reversed(runs)))
+    # one process per simulation (each its own fake process group), forked before torch computes
+    with ProcessPoolExecutor(args.jobs or min(len(first_run), os.cpu_count() or 1), mp_context=get_context("fork")) as pool:
+        futures = {key: pool.submit(simulate, *run) for key, run in first_run.items()}
+        plans = []
+        for (path, world_size), key in zip(runs, keys):
+            done = futures[key].result()
+            plans.append(Plan(path, world_size, done.bytes, done.notes, done.seconds))
+            print(table(plans[-1]) + "\n", flush=True)
+    print(f"{len(plans)} configs, {len(first_run)} simulations, {time.perf_counter() - start:.1f} s")
     if args.markdown:
         print("\n" + markdown(plans))
 
