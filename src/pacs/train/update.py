@@ -84,20 +84,32 @@ def run_updates(
                         loss = micro_batch_loss(micro, slice(start + micro_rows.start, start + micro_rows.stop))
                     (loss * world.loss_scale).backward()
             grad_norm = _clip_grad_norm(model, settings.grad_clip)
-            loss_is_finite = world.max(0.0 if math.isfinite(metrics.get("loss", 0.0)) else 1.0) == 0.0
+            global_metrics, loss_is_finite = _over_ranks(world, metrics, weights)
             if math.isfinite(grad_norm) and loss_is_finite:
                 optimizer.step()
                 model_changed = True
             else:
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
-            per_update.append({**world.mean_over_ranks(metrics, weights), "grad_norm": grad_norm})
+            per_update.append({**global_metrics, "grad_norm": grad_norm})
     averaged = {}
     for key in dict.fromkeys(key for update in per_update for key in update):
         values = [update[key] for update in per_update if key in update]
         averaged[key] = sum(values) / len(values)
     averaged["updates/skipped"] = float(skipped)
     return averaged
+
+
+_LOSS_NOT_FINITE = "loss is not finite"
+
+
+def _over_ranks(world: World, metrics: dict[str, float], weights: dict[str, float]) -> tuple[dict[str, float], bool]:
+    """An update's metrics over every rank (`World.mean_over_ranks`) and whether every rank's
+    loss is finite, in one collective: each rank adds a flag, 1.0 when its loss is not finite,
+    whose unweighted mean over the ranks is 0 only when no rank's is."""
+    flag = 0.0 if math.isfinite(metrics.get("loss", 0.0)) else 1.0
+    reduced = world.mean_over_ranks({**metrics, _LOSS_NOT_FINITE: flag}, weights)
+    return reduced, reduced.pop(_LOSS_NOT_FINITE) == 0.0
 
 
 def global_totals(minibatch: PolicyBatch, world: World) -> MiniBatchTotals:
