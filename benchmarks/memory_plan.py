@@ -108,13 +108,15 @@ GATHERED = {"Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"}
 
 @dataclass
 class Plan:
-    """Bytes per rank of one config at one world size (`ROWS`), and how long simulating took."""
+    """Bytes per rank of one config at one world size (`ROWS`), and how long simulating took
+    (wall-clock and CPU seconds of its process: the CPU's count holds on a busy machine)."""
 
     config: str
     world_size: int
     bytes: dict[str, int]
     notes: list[str]
     seconds: float
+    cpu_seconds: float
 
 
 class RealWhereSmall(TorchDispatchMode):
@@ -326,7 +328,7 @@ def world_of(config: Config, world_size: int) -> World:
 
 def plan(config_path: str, world_size: int) -> Plan:
     """Simulate `config_path`'s training step on rank 0 of `world_size` (see the module docstring)."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     config = load_config(config_path)
     hf_config = model_config(config)
     world = world_of(config, world_size)
@@ -366,7 +368,7 @@ def plan(config_path: str, world_size: int) -> Plan:
         update["parameters"], update["gradients"], update["optimizer state"], reference, critic_state,
         update["gathered"], update["activations"], peak, cache,
     )))
-    return Plan(config_path, world_size, rows, notes, time.perf_counter() - start)
+    return Plan(config_path, world_size, rows, notes, time.perf_counter() - start, time.process_time() - cpu_start)
 
 
 def simulate(config_path: str, world_size: int) -> Plan:
@@ -389,7 +391,7 @@ def fake_process_group(world_size: int):
 
 def table(plan: Plan) -> str:
     width = max(map(len, ROWS))
-    lines = [f"{plan.config}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s)"]
+    lines = [f"{plan.config}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s, {plan.cpu_seconds:.1f} s of CPU)"]
     lines += [f"  {row:<{width}}  {size / GIB:7.2f} GiB" for row, size in plan.bytes.items()]
     lines += [f"  ({note})" for note in plan.notes]
     return "\n".join(lines)
@@ -442,7 +444,7 @@ def main() -> None:
         plans = []
         for (path, world_size), key in zip(runs, keys):
             done = futures[key].result()
-            plans.append(Plan(path, world_size, done.bytes, done.notes, done.seconds))
+            plans.append(Plan(path, world_size, done.bytes, done.notes, done.seconds, done.cpu_seconds))
             print(table(plans[-1]) + "\n", flush=True)
     print(f"{len(plans)} configs, {len(first_run)} simulations, {time.perf_counter() - start:.1f} s")
     if args.markdown:

@@ -16,7 +16,6 @@ from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.models.saving import WEIGHTS_INDEX_FILE, write_safetensors_files
 from pacs.outputs import MARKER, claim_output_dir
 from pacs.train.checkpoint import (
-    CRITIC_DIR,
     TRAINER_STATE,
     TRAINER_STATE_FORMAT,
     CheckpointError,
