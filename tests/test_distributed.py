@@ -405,11 +405,13 @@ def pacs_on_two_nodes(nodes: list[Path], *args: str) -> list[tuple[int, str]]:
     for node_rank, node in enumerate(nodes):
         node.mkdir(exist_ok=True)
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node_rank),
-                   "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "pacs.cli", *args]
+                   "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                   "-m", "pacs.cli", *args]
         env = {**process_env(), "PACS_CACHE_DIR": str(node / "cache")}
         logs.append(node.parent / f"{node.name}.log")
         with open(logs[-1], "w") as log:
-            jobs.append(subprocess.Popen(command, cwd=node, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            jobs.append(subprocess.Popen(command, cwd=node, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True))
     try:
         return [(job.wait(timeout=NODE_TIMEOUT_S), log.read_text()) for job, log in zip(jobs, logs)]
     finally:
@@ -446,16 +448,19 @@ def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_pa
     assert max_difference(resumed, expected) <= EXACT
 
 
-@pytest.mark.parametrize("strategy", [["train.strategy=ddp"], ["train.strategy=fsdp", "model.lora_rank=4"]], ids=["ddp", "fsdp-lora"])
+@pytest.mark.parametrize(
+    "strategy", [["train.strategy=ddp"], ["train.strategy=fsdp", "model.lora_rank=4"]], ids=["ddp", "fsdp-lora"]
+)
 def test_a_checkpoint_on_rank_0s_disk_alone_resumes_on_two_nodes(strategy, tmp_path):
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     straight = train_on_one_node(nodes[0], *strategy, "train.steps=3")
-    expected = final_tensors(straight)
-    for later in ("step_3", "final"):  # node 0 now holds the run as it was after step 2
-        shutil.rmtree(straight / "checkpoints" / later)
+    uninterrupted = tmp_path / "uninterrupted"
+    (uninterrupted / "checkpoints").mkdir(parents=True)
+    shutil.move(straight / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
+    shutil.rmtree(straight / "checkpoints" / "step_3")  # node 0 now holds the run as it was after step 2
     train_on_two_nodes(nodes, *strategy, "train.steps=3", "resume=auto")
     assert not (nodes[1] / "run").exists()
-    resumed = final_tensors(nodes[0] / "run")
+    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(uninterrupted)
     assert resumed.keys() == expected.keys()
     assert max_difference(resumed, expected) <= EXACT
 
@@ -467,7 +472,8 @@ def test_a_node_without_the_data_file_stops_every_node_with_one_error_naming_it(
     nodes[0].mkdir()
     rows = load_rows("builtin:arithmetic?size=8", default_split="train")
     (nodes[0] / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    outcomes = pacs_on_two_nodes(nodes, "train", *TWO_NODES, "train.strategy=ddp", "train.steps=1", "data.train=train.jsonl")
+    outcomes = pacs_on_two_nodes(nodes, "train", *TWO_NODES, "train.strategy=ddp", "train.steps=1",
+                                 "data.train=train.jsonl")
     for exit_code, output in outcomes:
         assert exit_code != 0
         assert "node 1 (host" in output and "Data file train.jsonl does not exist" in output, output[-4000:]

@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "-n", "--n", type=AT_LEAST_ONE, required=True,
-        help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own --nnodes)",
+        help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
     )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
     evaluate.add_argument("--temperature", type=POSITIVE, default=0.6)

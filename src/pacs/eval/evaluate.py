@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
@@ -87,7 +86,7 @@ class Processes(Protocol):
 
     def on_every_rank(self, action: Callable[[], T], *, remedy: str = "") -> T: ...
 
-    def node_leader_first(self) -> AbstractContextManager[None]: ...
+    def on_every_node(self, load: Callable[[], T], *, remedy: str = "") -> T: ...
 
     def gather_on_writer(self, value: Any) -> list[Any] | None: ...
 
@@ -419,8 +418,7 @@ def evaluate_model(
     torch.manual_seed(seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank)
 
     def load() -> tuple[PreTrainedTokenizerBase, Any, list[dict], list[str]]:
-        with processes.node_leader_first():  # the first process of a node fills its cache (a built-in model)
-            tokenizer, model = load_tokenizer(model_path), load_causal_lm(model_path, dtype=dtype)
+        tokenizer, model = load_tokenizer(model_path), load_causal_lm(model_path, dtype=dtype)
         rows, locations = [], []
         for spec in specs:
             spec_rows = load_rows(spec, default_split="val")
@@ -428,7 +426,7 @@ def evaluate_model(
             locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
         return tokenizer, model, rows, locations
 
-    tokenizer, model, rows, locations = processes.on_every_rank(load, remedy=SAME_INPUTS_EVERYWHERE)
+    tokenizer, model, rows, locations = processes.on_every_node(load, remedy=SAME_INPUTS_EVERYWHERE)
     model = model.to(processes.device)
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     engine = TransformersEngine(model, tokenizer)

@@ -257,16 +257,16 @@ class World:
         `remedy`, so none goes on into a collective that a failed rank will never join."""
         if self.world_size == 1:
             return action()
-        value, failure = None, None
+        value, own_error = None, None
         try:
             value = action()
         except Exception as error:  # every rank learns of it below
-            failure = f"{self.place}: {type(error).__name__}: {error}"
+            own_error = error
+        failure = None if own_error is None else f"{self.place}: {type(own_error).__name__}: {own_error}"
         failures = [failure for failure in self.gather_objects(failure) if failure is not None]
         if failures:
-            raise NodeError(
-                f"{len(failures)} of {self.world_size} processes could not go on:\n" + "\n".join(failures) + f"\n{remedy}"
-            )
+            lines = [f"{len(failures)} of {self.world_size} processes could not go on:", *failures, remedy]
+            raise NodeError("\n".join(line for line in lines if line)) from own_error
         return value
 
     def mean_over_ranks(self, metrics: dict[str, float], weights: dict[str, float] | None = None) -> dict[str, float]:
@@ -293,6 +293,17 @@ class World:
             return dict(timings)
         per_rank = self.gather_objects(timings)
         return {key: max(values[key] for values in per_rank) for key in timings}
+
+    def on_every_node(self, load: Callable[[], T], *, remedy: str = "") -> T:
+        """`load()` on every rank, each node's first rank before the others (`node_leader_first`:
+        it fills the node's cache, a built-in model or a hub download), a failure on any rank
+        raised on every rank (`on_every_rank`)."""
+
+        def leader_first() -> T:
+            with self.node_leader_first():
+                return load()
+
+        return self.on_every_rank(leader_first, remedy=remedy)
 
     @contextmanager
     def node_leader_first(self) -> Iterator[None]:
@@ -350,7 +361,8 @@ class World:
         construction is then skipped: they are there already)."""
         if self.strategy == "ddp":
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(self._on_device(model, aside), device_ids=device_ids, init_sync=aside is None)
+            model = self._on_device(model, aside)
+            return DistributedDataParallel(model, device_ids=device_ids, init_sync=aside is None)
         if self.strategy == "fsdp":
             return self._fully_shard(model, compute_dtype, reshard_root=False, aside=aside)
         return model.to(self.device)

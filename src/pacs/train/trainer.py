@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -48,12 +48,12 @@ from pacs.train.preflight import check_node_inputs, check_run_inputs
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
-T = TypeVar("T")
 NODE_INPUTS_REMEDY = (
     "Every node runs the same command and reads model.path, the data files and the reward function from its own "
     "disk, at the same paths (a relative path from its own working directory): put what a node lacks there. "
     "Only rank 0 needs the output_dir and its checkpoints."
 )
+
 
 @dataclass
 class TrainResult:
@@ -449,10 +449,11 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
     which every rank receives."""
     lora = config.model.lora_rank > 0
-    tokenizer = loaded_on_every_node(world, lambda: load_tokenizer(config.model.path))
+    tokenizer = world.on_every_node(lambda: load_tokenizer(config.model.path), remedy=NODE_INPUTS_REMEDY)
     adapter = None
     if lora:
-        model, aside = loaded_on_every_node(world, lambda: load_causal_lm(config.model.path, dtype=config.model.dtype)), None
+        load_base = functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype)
+        model, aside = world.on_every_node(load_base, remedy=NODE_INPUTS_REMEDY), None
         if resume_from:
             adapter = world.decided_by_writer(lambda: read_adapter(resume_from / ADAPTER_DIR))
     else:
@@ -470,18 +471,6 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
     return Policy(model, optimizer, tokenizer, sizes)
-
-
-def loaded_on_every_node(world: World, load: Callable[[], T]) -> T:
-    """`load()` on every rank, each node's first rank before the others (it fills the node's
-    cache: a built-in model, a hub download); a rank that fails stops every rank, naming its node
-    (`World.on_every_rank`)."""
-
-    def leader_first() -> T:
-        with world.node_leader_first():
-            return load()
-
-    return world.on_every_rank(leader_first, remedy=NODE_INPUTS_REMEDY)
 
 
 def with_training_options(
