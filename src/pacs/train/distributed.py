@@ -41,8 +41,9 @@ Several nodes. Nodes may share nothing but the network (node-local disks). Rank 
 what only it may see (the checkpoint to resume, the models `load_once` loads) and sends every
 rank its part; a decision every rank must take alike is rank 0's (`decided_by_writer`); and what
 each node reads from its own disk (the tokenizer, the data, a LoRA base model) is read under
-`on_every_rank`, so that a node that lacks it stops every rank with one error naming that node,
-instead of leaving the others waiting in a collective it never joins.
+`on_every_rank` (`on_every_node` when it fills the node's cache), so that a node that lacks it
+stops every rank with one error naming that node, instead of leaving the others waiting in a
+collective it never joins.
 
 One process (no launcher) is the trivial case: nothing is wrapped and every collective is the
 identity.
