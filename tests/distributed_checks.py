@@ -14,7 +14,9 @@ Rank 0 writes OUT.json with what it saw:
   weights and every rank's buffers (rotary frequencies) from the model on disk;
   "parameters_of_skeleton_and_disk": parameter counts (tied weights once) of both;
 - "errors_of_a_failed_decision": what each rank raised when the decision rank 0 alone takes
-  (`World.decided_by_writer`) failed.
+  (`World.decided_by_writer`) failed;
+- "errors_of_a_failure_on_rank_1": the message each rank raised when an action that every rank
+  takes (`World.on_every_rank`) failed on rank 1 alone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from pacs.models.loading import load_causal_lm
-from pacs.train.distributed import World
+from pacs.train.distributed import NodeError, World
 
 
 def count_all_gathers(run) -> int:
@@ -107,6 +109,12 @@ def main() -> None:
         except FileNotFoundError as error:
             raised = type(error).__name__
         seen["errors_of_a_failed_decision"] = world.gather_objects(raised)
+        try:
+            world.on_every_rank(lambda: Path(model_dir, "no-such-file").read_text() if world.rank == 1 else "")
+            message = None
+        except NodeError as error:
+            message = str(error)
+        seen["errors_of_a_failure_on_rank_1"] = world.gather_objects(message)
         if world.is_writer:
             out.write_text(json.dumps(seen))
         world.barrier()

@@ -7,10 +7,13 @@ in one launch) and compare each case's weights after one step with the same step
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from safetensors.torch import load_file
 
 from distributed_update import run_case
 from killing import kill_once_checkpointed
+from running import run
 from pacs.train.distributed import DistributedConfigError, World, communication_device
 
 WORKER = Path(__file__).with_name("distributed_update.py")
@@ -310,6 +314,13 @@ def test_a_decision_that_fails_on_rank_0_raises_on_every_rank(fsdp_checks):
     assert fsdp_checks["errors_of_a_failed_decision"] == ["FileNotFoundError", "FileNotFoundError"]
 
 
+def test_a_failure_on_one_rank_stops_every_rank_with_one_error_naming_it(fsdp_checks):
+    first, second = fsdp_checks["errors_of_a_failure_on_rank_1"]
+    assert first == second
+    assert first.startswith("1 of 2 processes could not go on:\nnode 0 (host ")  # torchrun --standalone: one node
+    assert "rank 1: FileNotFoundError:" in first and "no-such-file" in first and "rank 0:" not in first
+
+
 def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(fsdp_checks):
     seen = fsdp_checks
     assert seen["all_gathers_per_forward_after_generation"] == seen["all_gathers_per_forward_before"]
@@ -333,11 +344,50 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path, warm_model_dir):
     assert "verifier broke on rank 1" in result.stderr
 
 
+# ----- `pacs eval` under torchrun ------------------------------------------------------------------
+
+EVAL = ["--data", "builtin:arithmetic?max_operand=19&size=24&split=val", "-n", "4", "--max-tokens", "16",
+        "--reward-workers", "0"]
+"""`-n`, not `--n`: torchrun's own parser would take `--n` for an abbreviation of its options."""
+
+
+def samples_by_problem(out: Path) -> dict[tuple[str, int], list[int]]:
+    """(data_source, index) -> the sample numbers `pacs eval` wrote for it, sorted."""
+    samples = defaultdict(list)
+    for record in read_jsonl(out / "eval_rollout.jsonl"):
+        samples[(record["data_source"], record["index"])].append(record["sample"])
+    return {problem: sorted(numbers) for problem, numbers in samples.items()}
+
+
+def test_two_processes_evaluate_every_problem_once_with_its_samples_and_agree_with_one(tmp_path, warm_model_dir):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run(["eval", "--model", str(warm_model_dir), *EVAL, "--out", str(one)]) == 0
+    torchrun("-m", "pacs.cli", "eval", "--model", str(warm_model_dir), *EVAL, "--out", str(two))
+
+    problems = samples_by_problem(one)
+    assert len(problems) == 24 and all(numbers == [0, 1, 2, 3] for numbers in problems.values())
+    assert samples_by_problem(two) == problems
+    reports = [json.loads((out / "eval_metrics.json").read_text())["data_sources"]["arithmetic"] for out in (one, two)]
+    assert reports[0]["problems"] == reports[1]["problems"] == 24
+    # Sampling noise of pass@1 (a mean over P problems of c_i / n): variance sum_i p_i (1 - p_i) / n / P^2 per run,
+    # p_i pooled over both runs; the two runs sample independently.
+    correct = defaultdict(int)
+    for out in (one, two):
+        for record in read_jsonl(out / "eval_rollout.jsonl"):
+            correct[record["index"]] += record["score"] == 1.0
+    pooled = [count / 8 for count in correct.values()]
+    standard_error = math.sqrt(2 * sum(p * (1 - p) for p in pooled) / 4) / 24
+    assert abs(reports[1]["pass@k"]["pass@1"] - reports[0]["pass@k"]["pass@1"]) <= 4 * standard_error + 1e-12
+
+
 # ----- several nodes that share nothing but the network ------------------------------------------
 
-TWO_NODES = ["model.path=builtin:tiny", "output_dir=run", "train.strategy=fsdp", "rollout.n=4", "train.batch_size=8",
+TWO_NODES = ["model.path=builtin:tiny", "model.dtype=float64", "output_dir=run", "rollout.n=4", "train.batch_size=8",
              "train.mini_batch_size=4", "train.save_every=1", "data.val=null", "reward.num_workers=0",
              "train.distributed_timeout_s=120"]
+"""Cheap runs (`builtin:tiny`, 8 prompts x 4 samples a step) in float64, each node in its own
+working directory with its own model cache (`PACS_CACHE_DIR`) and a relative output_dir."""
+NODE_TIMEOUT_S = 360
 
 
 def free_port() -> int:
@@ -346,35 +396,86 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def train_on_two_nodes(nodes: list[Path], *overrides: str) -> None:
-    """One torchrun agent per node (`--nnodes 2`, one process each), each in its own working
-    directory with its own empty model cache, started together; both must finish."""
+def pacs_on_two_nodes(nodes: list[Path], *args: str) -> list[tuple[int, str]]:
+    """(exit code, output) of one torchrun agent per node (`--nnodes 2`, one process each), each
+    in its own working directory with its own model cache, started together; a job that outlives
+    `NODE_TIMEOUT_S` is killed and fails the test."""
     port = free_port()
-    jobs = []
+    jobs, logs = [], []
     for node_rank, node in enumerate(nodes):
         node.mkdir(exist_ok=True)
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node_rank),
                    "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                   "-m", "pacs.cli", "train", *TWO_NODES, *overrides]
+                   "-m", "pacs.cli", *args]
         env = {**process_env(), "PACS_CACHE_DIR": str(node / "cache")}
-        jobs.append(subprocess.Popen(command, cwd=node, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [job.communicate(timeout=360)[0] for job in jobs]
-    for job, output in zip(jobs, outputs):
-        assert job.returncode == 0, output[-4000:]
+        logs.append(node.parent / f"{node.name}.log")
+        with open(logs[-1], "w") as log:
+            jobs.append(subprocess.Popen(command, cwd=node, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True))
+    try:
+        return [(job.wait(timeout=NODE_TIMEOUT_S), log.read_text()) for job, log in zip(jobs, logs)]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, 9)
+                job.wait()
+
+
+def train_on_two_nodes(nodes: list[Path], *overrides: str) -> None:
+    for exit_code, output in pacs_on_two_nodes(nodes, "train", *TWO_NODES, *overrides):
+        assert exit_code == 0, output[-4000:]
+
+
+def train_on_one_node(directory: Path, *overrides: str) -> Path:
+    """The run of 2 processes on one node, in `directory` with its own model cache: its output_dir."""
+    directory.mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "pacs.cli", "train", *TWO_NODES, *overrides]
+    env = {**process_env(), "PACS_CACHE_DIR": str(directory / "cache")}
+    subprocess.run(command, cwd=directory, env=env, check=True, capture_output=True, timeout=NODE_TIMEOUT_S)
+    return directory / "run"
 
 
 def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_path):
     nodes = [tmp_path / "node0", tmp_path / "node1"]
-    train_on_two_nodes(nodes, "train.steps=2")
+    train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=2")
     assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoint is on node 0 alone
-    train_on_two_nodes(nodes, "train.steps=3", "resume=auto")
+    train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=3", "resume=auto")
 
-    one_node = tmp_path / "one-node"
-    one_node.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "pacs.cli", "train", *TWO_NODES, "train.steps=3"]
-    env = {**process_env(), "PACS_CACHE_DIR": str(one_node / "cache")}
-    subprocess.run(command, cwd=one_node, env=env, check=True, capture_output=True, timeout=360)
-    resumed = final_tensors(nodes[0] / "run")
-    assert resumed.keys() == final_tensors(one_node / "run").keys()
-    assert max_difference(resumed, final_tensors(one_node / "run")) == 0.0
+    one_node = train_on_one_node(tmp_path / "one-node", "train.strategy=fsdp", "train.steps=3")
+    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(one_node)
+    assert resumed.keys() == expected.keys()
+    assert max_difference(resumed, expected) <= EXACT
+
+
+@pytest.mark.parametrize(
+    "strategy", [["train.strategy=ddp"], ["train.strategy=fsdp", "model.lora_rank=4"]], ids=["ddp", "fsdp-lora"]
+)
+def test_a_checkpoint_on_rank_0s_disk_alone_resumes_on_two_nodes(strategy, tmp_path):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    straight = train_on_one_node(nodes[0], *strategy, "train.steps=3")
+    uninterrupted = tmp_path / "uninterrupted"
+    (uninterrupted / "checkpoints").mkdir(parents=True)
+    shutil.move(straight / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
+    shutil.rmtree(straight / "checkpoints" / "step_3")  # node 0 now holds the run as it was after step 2
+    train_on_two_nodes(nodes, *strategy, "train.steps=3", "resume=auto")
+    assert not (nodes[1] / "run").exists()
+    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(uninterrupted)
+    assert resumed.keys() == expected.keys()
+    assert max_difference(resumed, expected) <= EXACT
+
+
+def test_a_node_without_the_data_file_stops_every_node_with_one_error_naming_it(tmp_path):
+    from pacs.data.loading import load_rows
+
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    nodes[0].mkdir()
+    rows = load_rows("builtin:arithmetic?size=8", default_split="train")
+    (nodes[0] / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    outcomes = pacs_on_two_nodes(nodes, "train", *TWO_NODES, "train.strategy=ddp", "train.steps=1",
+                                 "data.train=train.jsonl")
+    for exit_code, output in outcomes:
+        assert exit_code != 0
+        assert "node 1 (host" in output and "Data file train.jsonl does not exist" in output, output[-4000:]
+        assert "at the same paths" in output
+    assert not (nodes[0] / "run").exists()  # stopped before rank 0 claimed the output folder

@@ -25,7 +25,8 @@ def test_eval_refuses_a_numeric_argument_out_of_range_naming_it(tmp_path, tiny_m
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", *[text for pair in arguments.items() for text in pair]])
     assert exit_info.value.code == 2
-    assert f"argument {option}: expected {valid}, got '{value}'" in capsys.readouterr().err
+    shown = "-n/--n" if option == "--n" else option  # -n: what to write under torchrun
+    assert f"argument {shown}: expected {valid}, got '{value}'" in capsys.readouterr().err
     assert not (tmp_path / "eval_metrics.json").exists()
 
 

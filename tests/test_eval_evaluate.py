@@ -11,6 +11,7 @@ import torch
 
 from pacs.data.loading import render_prompt
 from pacs.eval.evaluate import evaluate, evaluate_model, merge_repeats
+from pacs.train.distributed import World
 from pacs.models.tiny import build_char_tokenizer
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import Rollouts, SamplingParams
@@ -190,7 +191,10 @@ def test_eval_metrics_file_holds_the_settings_and_every_data_source(tmp_path, ti
     short.write_text(json.dumps(math_row(0, None, source="arithmetic")) + "\n")
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps(math_row(0, None, source="amc23", text="x" * 2100)) + "\n")
-    evaluate_model(str(tiny_model_dir), [str(short), str(long)], n=2, out_dir=tmp_path / "eval", max_tokens=4, reward_workers=0, show_progress=False)
+    evaluate_model(
+        str(tiny_model_dir), [str(short), str(long)], processes=World.single(), n=2, out_dir=tmp_path / "eval",
+        max_tokens=4, reward_workers=0, show_progress=False,
+    )
     metrics = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
     assert metrics["settings"] == {
         "model_path": str(tiny_model_dir),

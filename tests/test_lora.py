@@ -20,7 +20,7 @@ from killing import kill_once_checkpointed
 from pacs.cli import main
 from pacs.config import ConfigError, load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
-from pacs.models.lora import ADAPTER_DIR, add_lora, is_adapter_weight, merged_tensors, require_peft
+from pacs.models.lora import ADAPTER_DIR, add_lora, is_adapter_weight, merged_tensors, read_adapter, require_peft
 from pacs.train import trainer as trainer_module
 from pacs.train.batch import response_logprobs_no_grad
 from pacs.train.checkpoint import save_checkpoint
@@ -114,14 +114,14 @@ def test_a_lora_checkpoint_is_the_merged_model_with_the_adapter_beside_it(tmp_pa
     plain = AutoModelForCausalLM.from_pretrained(directory)
     assert type(plain).__name__ == "Qwen2ForCausalLM"
     torch.testing.assert_close(plain(input_ids=TOKENS).logits, model(input_ids=TOKENS).logits, rtol=0, atol=1e-5)
-    reloaded = adapted(tiny_model_dir, adapter=directory / ADAPTER_DIR)
+    reloaded = adapted(tiny_model_dir, adapter=read_adapter(directory / ADAPTER_DIR))
     assert torch.equal(reloaded(input_ids=TOKENS).logits, model(input_ids=TOKENS).logits)
 
 
 def test_an_adapter_of_another_rank_is_refused(tmp_path, tiny_model_dir):
     save_checkpoint(tmp_path / "step_1", adapted(tiny_model_dir), load_tokenizer(str(tiny_model_dir)), {"step": 1})
     with pytest.raises(ValueError, match="does not fit this model's LoRA layers"):
-        adapted(tiny_model_dir, rank=8, adapter=tmp_path / "step_1" / ADAPTER_DIR)
+        adapted(tiny_model_dir, rank=8, adapter=read_adapter(tmp_path / "step_1" / ADAPTER_DIR))
 
 
 def test_resuming_across_lora_and_full_training_is_refused(tmp_path):

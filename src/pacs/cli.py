@@ -79,21 +79,29 @@ def _train(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     import pacs.train.builtin_models  # noqa: F401  (makes builtin:tiny-arithmetic loadable)
     from pacs.eval.evaluate import evaluate_model
+    from pacs.train.distributed import World
 
-    result = evaluate_model(
-        args.model,
-        args.data,
-        n=args.n,
-        out_dir=Path(args.out),
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        reward_function=args.reward_function,
-        reward_timeout_s=args.reward_timeout,
-        reward_workers=args.reward_workers,
-        overwrite=args.overwrite,
-    )
+    world = World.from_environment()  # under torchrun: every process takes its share of the problems
+    try:
+        result = evaluate_model(
+            args.model,
+            args.data,
+            processes=world,
+            n=args.n,
+            out_dir=Path(args.out),
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            reward_function=args.reward_function,
+            reward_timeout_s=args.reward_timeout,
+            reward_workers=args.reward_workers,
+            overwrite=args.overwrite,
+        )
+    finally:
+        world.close()
+    if result is None:  # not rank 0, which reports
+        return
     print(json.dumps({source: report.summary() for source, report in result.sources.items()}, indent=2))
     print(f"wrote {Path(args.out) / 'eval_rollout.jsonl'} and {Path(args.out) / 'eval_metrics.json'}")
 
@@ -180,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="comma-separated dataset specs, e.g. builtin:arithmetic",
     )
-    evaluate.add_argument("--n", type=AT_LEAST_ONE, required=True, help="samples per problem (pass@k for k up to N)")
+    evaluate.add_argument(
+        "-n", "--n", type=AT_LEAST_ONE, required=True,
+        help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
+    )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
     evaluate.add_argument("--temperature", type=POSITIVE, default=0.6)
     evaluate.add_argument("--top-p", type=NUCLEUS, default=0.95)

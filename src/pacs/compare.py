@@ -39,6 +39,7 @@ from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
+from pacs.train.distributed import World
 from pacs.train.metrics import read_metrics
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
@@ -219,7 +220,9 @@ def run_comparison(
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:
                 return stored["data_sources"]
-        evaluate_model(**asdict(settings), out_dir=directory, overwrite=True, show_progress=show_progress)
+        evaluate_model(
+            **asdict(settings), processes=World.single(), out_dir=directory, overwrite=True, show_progress=show_progress
+        )
         return json.loads(metrics_file.read_text())["data_sources"]
 
     evaluations: dict[str, list[dict]] = {"base model": [], **{method: [] for method in methods}}

@@ -14,6 +14,13 @@ left out: it is excluded from pass@k, which averages over the problems generated
 data source as `prompts_dropped_too_long` (a repeated problem counts once). A data source whose
 prompts were all too long is still reported, with 0 problems and pass@k null.
 
+Several processes. Under torchrun, `evaluate_model` splits the problems across the processes
+(`evaluate`'s `problem_share`: process k of K takes problems k, k + K, ...), each generating all
+the samples of its problems; rank 0 merges the results (`EvalResult.merge`) and writes them, its
+processes' records one after the other. Process k seeds its sampling with `seed` (k = 0, as one
+process does) or `seed * SEED_STRIDE + k`, so a fixed seed and process count give the same
+result run after run; another process count samples differently (pass@k within sampling noise).
+
 `eval_metrics.json` (written by `evaluate_model`):
 
     {"settings": {"model_path", "specs", "n", "temperature", "top_p", "max_tokens", "seed",
@@ -35,6 +42,7 @@ import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -49,11 +57,38 @@ from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 
+T = TypeVar("T")
+SEED_STRIDE = 1_000_003
+"""Process k > 0 of an evaluation seeds its sampling with seed * SEED_STRIDE + k."""
+SAME_INPUTS_EVERYWHERE = (
+    "Every process runs the same pacs eval command and reads --model and --data from its own disk, at the same paths "
+    "(a relative path from its own working directory): put what a node lacks there. Only rank 0 writes --out."
+)
 MERGE_RULE = (
     "only the copies that `pacs prepare --repeat R` writes share (data_source, extra_info.index): the same "
     "prompt and ground truth, numbered extra_info.repeat = 0..R-1 once each. Prepare each benchmark with "
     "its own --source, the shards of one benchmark as one file, and give each file once"
 )
+
+
+class Processes(Protocol):
+    """The processes that one evaluation runs on, as `pacs.train.distributed.World` describes them
+    (one process: `World.single()`; under torchrun: `World.from_environment()`)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_writer(self) -> bool: ...
+
+    def decided_by_writer(self, decide: Callable[[], T]) -> T: ...
+
+    def on_every_rank(self, action: Callable[[], T], *, remedy: str = "") -> T: ...
+
+    def on_every_node(self, load: Callable[[], T], *, remedy: str = "") -> T: ...
+
+    def gather_on_writer(self, value: Any) -> list[Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -335,6 +370,7 @@ def evaluate_model(
     model_path: str,
     specs: list[str],
     *,
+    processes: Processes,
     n: int,
     out_dir: Path,
     temperature: float = 0.6,
@@ -347,25 +383,25 @@ def evaluate_model(
     reward_workers: int = 2,
     overwrite: bool = False,
     show_progress: bool = True,
-) -> EvalResult:
+) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
     `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
+    Every one of `processes` takes its share of the problems (module docstring); the whole
+    result is returned on rank 0, which writes it, and None on the others.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
     or with samples whose scoring timed out or crashed, are reported on stderr.
 
-    Every input is checked and `out_dir` claimed (`pacs.outputs.claim_output_dir`; `overwrite`
-    moves a previous evaluation there aside) before the model loads.
+    Every input is checked (on every process) and `out_dir` claimed (by rank 0;
+    `pacs.outputs.claim_output_dir`: `overwrite` moves a previous evaluation there aside) before
+    the model loads.
     """
     if not specs:
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
-    check_model_path(model_path)
-    for spec in specs:
-        check_data_spec(spec, default_split="val")
-    load_reward_function(reward_function)
-    claim_output_dir(out_dir, "pacs eval", replace=overwrite)
+    processes.on_every_rank(lambda: _check_inputs(model_path, specs, reward_function), remedy=SAME_INPUTS_EVERYWHERE)
+    processes.decided_by_writer(lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
         model_path=model_path,
         specs=list(specs),
@@ -379,20 +415,23 @@ def evaluate_model(
         reward_timeout_s=reward_timeout_s,
         reward_workers=reward_workers,
     )
-    torch.manual_seed(seed)
-    tokenizer = load_tokenizer(model_path)
-    model = load_causal_lm(model_path, dtype=dtype)
-    if torch.cuda.is_available():
-        model = model.cuda()
-    rows, locations = [], []
-    for spec in specs:
-        spec_rows = load_rows(spec, default_split="val")
-        rows += spec_rows
-        locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
+    torch.manual_seed(seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank)
+
+    def load() -> tuple[PreTrainedTokenizerBase, Any, list[dict], list[str]]:
+        tokenizer, model = load_tokenizer(model_path), load_causal_lm(model_path, dtype=dtype)
+        rows, locations = [], []
+        for spec in specs:
+            spec_rows = load_rows(spec, default_split="val")
+            rows += spec_rows
+            locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
+        return tokenizer, model, rows, locations
+
+    tokenizer, model, rows, locations = processes.on_every_node(load, remedy=SAME_INPUTS_EVERYWHERE)
+    model = model.to(processes.device)
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     engine = TransformersEngine(model, tokenizer)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
-        result = evaluate(
+        share = evaluate(
             engine,
             tokenizer,
             rows,
@@ -400,9 +439,23 @@ def evaluate_model(
             scorer,
             row_locations=locations,
             context_length=getattr(model.config, "max_position_embeddings", None),
-            show_progress=show_progress,
+            problem_share=(processes.rank, processes.world_size),
+            show_progress=show_progress and processes.is_writer,
         )
+    shares = processes.gather_on_writer(share)
+    if shares is None:
+        return None
+    result = EvalResult.merge(shares)
     for line in result.warnings():
         print(f"warning: {line}", file=sys.stderr)
     result.write(out_dir, settings)
     return result
+
+
+def _check_inputs(model_path: str, specs: list[str], reward_function: str | None) -> None:
+    """Raise ValueError or FileNotFoundError unless the model, every data spec and the reward
+    function can be used here (nothing large is loaded)."""
+    check_model_path(model_path)
+    for spec in specs:
+        check_data_spec(spec, default_split="val")
+    load_reward_function(reward_function)

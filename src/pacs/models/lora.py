@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Iterable, Iterator
@@ -55,6 +56,22 @@ def language_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if is_lora(model) else model
 
 
+@dataclass(frozen=True)
+class SavedAdapter:
+    """The adapter weights that `save_adapter` wrote (peft's names, on the CPU), and where from."""
+
+    directory: Path
+    weights: dict[str, torch.Tensor]
+
+
+def read_adapter(directory: Path) -> SavedAdapter:
+    """The adapter in `directory` (a checkpoint's `ADAPTER_DIR`), for `add_lora`; ValueError when
+    it holds none."""
+    if not (directory / "adapter_config.json").is_file():
+        raise ValueError(f"{directory} holds no LoRA adapter (no adapter_config.json)")
+    return SavedAdapter(directory, require_peft().load_peft_weights(str(directory), device="cpu"))
+
+
 def add_lora(
     model: PreTrainedModel,
     *,
@@ -62,14 +79,14 @@ def add_lora(
     alpha: float,
     dropout: float,
     target_modules: str | list[str],
-    adapter: Path | None = None,
+    adapter: SavedAdapter | None = None,
 ) -> torch.nn.Module:
     """`model` with LoRA adapters of rank `rank` on `target_modules` ("all-linear": every linear
     layer but the output head), as a peft model whose adapter parameters alone require grad.
 
-    New adapters start with B = 0 (the model is unchanged); `adapter`: a directory that
-    `save_adapter` wrote, whose adapter weights are loaded instead (resume). Adapters on a
-    bfloat16/float16 base are held in float32; on a float32/float64 base, in its dtype.
+    New adapters start with B = 0 (the model is unchanged); `adapter`: weights that `save_adapter`
+    wrote (`read_adapter`), loaded instead (resume). Adapters on a bfloat16/float16 base are held
+    in float32; on a float32/float64 base, in its dtype.
 
     Raises:
         ImportError: peft is missing (names the extra to install).
@@ -93,16 +110,13 @@ def add_lora(
     return adapted
 
 
-def _load_adapter_weights(peft: ModuleType, model: torch.nn.Module, adapter: Path) -> None:
-    if not (adapter / "adapter_config.json").is_file():
-        raise ValueError(f"{adapter} holds no LoRA adapter (no adapter_config.json)")
-    weights = peft.load_peft_weights(str(adapter), device="cpu")
+def _load_adapter_weights(peft: ModuleType, model: torch.nn.Module, adapter: SavedAdapter) -> None:
     misfit = (
-        f"the adapter in {adapter} does not fit this model's LoRA layers (check model.lora_rank and "
+        f"the adapter in {adapter.directory} does not fit this model's LoRA layers (check model.lora_rank and "
         "model.lora_target_modules against the run that wrote it)"
     )
     try:
-        result = peft.set_peft_model_state_dict(model, weights, adapter_name=ADAPTER_NAME)
+        result = peft.set_peft_model_state_dict(model, dict(adapter.weights), adapter_name=ADAPTER_NAME)
     except RuntimeError as error:  # a tensor of another shape
         raise ValueError(f"{misfit}: {str(error).strip().splitlines()[-1]}") from None
     missing = [key for key in result.missing_keys if is_adapter_weight(key)]

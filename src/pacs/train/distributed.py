@@ -37,6 +37,14 @@ only, gloo CPU ones, so a caller may build its counts on the CPU whatever the ba
 `tests/test_distributed.py` keeps it so: a 2-process training run fails if pacs calls a
 `torch.distributed` collective from anywhere else.
 
+Several nodes. Nodes may share nothing but the network (node-local disks). Rank 0 alone reads
+what only it may see (the checkpoint to resume, the models `load_once` loads) and sends every
+rank its part; a decision every rank must take alike is rank 0's (`decided_by_writer`); and what
+each node reads from its own disk (the tokenizer, the data, a LoRA base model) is read under
+`on_every_rank` (`on_every_node` when it fills the node's cache), so that a node that lacks it
+stops every rank with one error naming that node, instead of leaving the others waiting in a
+collective it never joins.
+
 One process (no launcher) is the trivial case: nothing is wrapped and every collective is the
 identity.
 """
@@ -44,10 +52,11 @@ identity.
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -59,10 +68,16 @@ from torch.nn.parallel import DistributedDataParallel
 from pacs.models.lora import language_model
 
 STRATEGIES = ("auto", "ddp", "fsdp")
+T = TypeVar("T")
 
 
 class DistributedConfigError(ValueError):
     """A batch that cannot be split evenly across the processes, or a strategy that cannot run."""
+
+
+class NodeError(ValueError):
+    """Something that some ranks could not do (`World.on_every_rank`), raised on every rank: the
+    message names each rank that failed, its node and host, and its error."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,11 @@ class World:
     def is_writer(self) -> bool:
         """Rank 0 alone writes files (metrics, TensorBoard, config, checkpoints, rollouts)."""
         return self.rank == 0
+
+    @property
+    def place(self) -> str:
+        """Where this process runs, for errors: "node N (host H), rank R" (N: torchrun's node rank)."""
+        return f"node {os.environ.get('GROUP_RANK', '0')} (host {socket.gethostname()}), rank {self.rank}"
 
     @property
     def loss_scale(self) -> float:
@@ -197,6 +217,15 @@ class World:
         dist.all_gather_object(gathered, value)
         return gathered
 
+    def gather_on_writer(self, value: Any) -> list[Any] | None:
+        """`value` of every rank, in rank order, on rank 0 alone (None on the others): for what
+        rank 0 alone writes (evaluation records), which no other rank needs a copy of."""
+        if self.world_size == 1:
+            return [value]
+        gathered: list[Any] | None = [None] * self.world_size if self.is_writer else None
+        dist.gather_object(value, gathered, dst=0)
+        return gathered
+
     def _from_writer(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's `tensor` (same shape and dtype on every rank), on the caller's device."""
         received = self._to_backend(tensor)
@@ -220,6 +249,25 @@ class World:
         succeeded, value = message[0]
         if not succeeded:
             raise value
+        return value
+
+    def on_every_rank(self, action: Callable[[], T], *, remedy: str = "") -> T:
+        """`action()` on every rank, its own value returned to each: for what every node does from
+        its own disk (reading the tokenizer, the data). When it raises on any rank, every rank
+        raises one `NodeError` that names each failed rank (`place`) and its error, then
+        `remedy`, so none goes on into a collective that a failed rank will never join."""
+        if self.world_size == 1:
+            return action()
+        value, own_error = None, None
+        try:
+            value = action()
+        except Exception as error:  # every rank learns of it below
+            own_error = error
+        failure = None if own_error is None else f"{self.place}: {type(own_error).__name__}: {own_error}"
+        failures = [failure for failure in self.gather_objects(failure) if failure is not None]
+        if failures:
+            lines = [f"{len(failures)} of {self.world_size} processes could not go on:", *failures, remedy]
+            raise NodeError("\n".join(line for line in lines if line)) from own_error
         return value
 
     def mean_over_ranks(self, metrics: dict[str, float], weights: dict[str, float] | None = None) -> dict[str, float]:
@@ -247,6 +295,17 @@ class World:
         per_rank = self.gather_objects(timings)
         return {key: max(values[key] for values in per_rank) for key in timings}
 
+    def on_every_node(self, load: Callable[[], T], *, remedy: str = "") -> T:
+        """`load()` on every rank, each node's first rank before the others (`node_leader_first`:
+        it fills the node's cache, a built-in model or a hub download), a failure on any rank
+        raised on every rank (`on_every_rank`)."""
+
+        def leader_first() -> T:
+            with self.node_leader_first():
+                return load()
+
+        return self.on_every_rank(leader_first, remedy=remedy)
+
     @contextmanager
     def node_leader_first(self) -> Iterator[None]:
         """Run the body on each node's local rank 0 first, then on the other ranks: for work that
@@ -254,9 +313,11 @@ class World:
         other ranks find it done instead of racing to write it."""
         if self.local_rank != 0:
             self.barrier()
-        yield
-        if self.local_rank == 0:
-            self.barrier()
+        try:
+            yield
+        finally:  # a leader that failed still lets the others go (they report their own outcome)
+            if self.local_rank == 0:
+                self.barrier()
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -269,14 +330,14 @@ class World:
     # ----- models ------------------------------------------------------------------------------
 
     def load_once(self, load: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module, WeightsAside | None]:
-        """A model for `wrap`, loaded so that no node holds one copy per rank: under FSDP rank 0
-        alone runs `load()` (on the CPU), keeps its tensors aside and sends every rank the model
-        as an empty skeleton on the meta device, which `wrap` shards and fills from rank 0's
-        tensors; otherwise every rank runs `load()`, each node's first rank before the others
-        (`node_leader_first`). Every rank must call it."""
-        if self.strategy != "fsdp":
-            with self.node_leader_first():
-                return load(), None
+        """A model for `wrap` or `shard_frozen`, read by rank 0 alone: rank 0 runs `load()` (on the
+        CPU), keeps its tensors aside and sends every rank the model as an empty skeleton on the
+        meta device, which `wrap` fills from rank 0's tensors (each rank its shard under FSDP, the
+        whole model under DDP). So no node holds one copy per rank while loading, and only rank 0
+        needs to see what `load` reads (a checkpoint on its own disk). With one process: `load()`.
+        Every rank must call it."""
+        if self.strategy == "none":
+            return load(), None
         aside = WeightsAside({}, {})  # rank 0 fills it; elsewhere it says "a skeleton to fill"
 
         def skeleton_of_loaded() -> torch.nn.Module:
@@ -296,11 +357,13 @@ class World:
         decoder layer and then the root sharded (bf16 compute with fp32 sharded master weights
         when `compute_dtype` is bfloat16). For a LoRA model the FSDP root is the Hugging Face
         model inside peft's wrapper, the module that generation calls as well. A skeleton from
-        `load_once` is sharded empty and then filled from rank 0's tensors."""
+        `load_once` is filled from rank 0's tensors: under FSDP sharded empty first, each rank
+        then keeping its shard; under DDP whole (DDP's own broadcast of rank 0's tensors at
+        construction is then skipped: they are there already)."""
         if self.strategy == "ddp":
-            model = model.to(self.device)
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(model, device_ids=device_ids)
+            model = self._on_device(model, aside)
+            return DistributedDataParallel(model, device_ids=device_ids, init_sync=aside is None)
         if self.strategy == "fsdp":
             return self._fully_shard(model, compute_dtype, reshard_root=False, aside=aside)
         return model.to(self.device)
@@ -314,7 +377,15 @@ class World:
         model.requires_grad_(False)
         if self.strategy == "fsdp":
             return self._fully_shard(model, compute_dtype, reshard_root=True, aside=aside).eval()
-        return model.to(self.device).eval()
+        return self._on_device(model, aside).eval()
+
+    def _on_device(self, model: torch.nn.Module, aside: WeightsAside | None) -> torch.nn.Module:
+        """`model` on this rank's device; a skeleton (`load_once`) given storage there and filled."""
+        if aside is None:
+            return model.to(self.device)
+        model.to_empty(device=self.device)
+        self._fill_from_writer(model, aside)
+        return model
 
     def _fully_shard(
         self, model: torch.nn.Module, compute_dtype: torch.dtype | None, *, reshard_root: bool, aside: WeightsAside | None
@@ -332,11 +403,17 @@ class World:
         fully_shard(language_model(model), mp_policy=policy, reshard_after_forward=reshard_root)
         if aside is not None:
             model.to_empty(device=self.device)
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-            set_model_state_dict(model, aside.state, options=options)
-            for name, buffer in model.named_buffers():
-                buffer.copy_(self._from_writer(aside.buffers[name] if self.is_writer else buffer))
+            self._fill_from_writer(model, aside)
         return model
+
+    def _fill_from_writer(self, model: torch.nn.Module, aside: WeightsAside) -> None:
+        """Every tensor of a skeleton that has storage, filled from rank 0's `aside`: each state
+        tensor broadcast, every rank keeping what it holds of it (its shard of a sharded one),
+        then every buffer (non-persistent ones, like rotary frequencies, included)."""
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, aside.state, options=options)
+        for name, buffer in model.named_buffers():
+            buffer.copy_(self._from_writer(aside.buffers[name] if self.is_writer else buffer))
 
     @staticmethod
     def unwrap(model: torch.nn.Module) -> torch.nn.Module:

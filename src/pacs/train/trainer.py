@@ -32,7 +32,7 @@ from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
-from pacs.models.lora import ADAPTER_DIR, add_lora, language_model, require_peft
+from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
@@ -44,10 +44,15 @@ from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logpro
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
-from pacs.train.preflight import check_run_inputs
+from pacs.train.preflight import check_node_inputs, check_run_inputs
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
+NODE_INPUTS_REMEDY = (
+    "Every node runs the same command and reads model.path, the data files and the reward function from its own "
+    "disk, at the same paths (a relative path from its own working directory): put what a node lacks there. "
+    "Only rank 0 needs the output_dir and its checkpoints."
+)
 
 
 @dataclass
@@ -180,6 +185,7 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
+        world.on_every_rank(lambda: check_node_inputs(config), remedy=NODE_INPUTS_REMEDY)
         resume_from = world.decided_by_writer(lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
@@ -190,7 +196,9 @@ class Trainer:
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
         reference = load_reference(config, world) if needs_reference else None
-        train_prompts, val_prompts = load_train_and_val_prompts(config, policy.tokenizer, console)
+        train_prompts, val_prompts = world.on_every_rank(
+            lambda: load_train_and_val_prompts(config, policy.tokenizer, console), remedy=NODE_INPUTS_REMEDY
+        )
         sampler, start_step = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
@@ -434,21 +442,25 @@ def weights_dtype(config: Config) -> str:
 
 
 def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
-    """The policy (from the checkpoint, or `model.path`; with LoRA, the base from `model.path` in
-    the run's dtype and the adapter from the checkpoint), loaded once per job under FSDP
-    (`World.load_once`), wrapped for the strategy, with its optimizer over the trainable
-    parameters."""
+    """The policy, wrapped for the strategy, with its optimizer over the trainable parameters.
+    Its tokenizer comes from `model.path` on every node (a checkpoint may be on rank 0's disk
+    alone). The full model (from the checkpoint, or `model.path`) is read by rank 0 alone and
+    sent to every rank (`World.load_once`); with LoRA every rank loads the base from `model.path`
+    in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
+    which every rank receives."""
     lora = config.model.lora_rank > 0
-    with world.node_leader_first():
-        tokenizer = load_tokenizer(config.model.path)  # on every node; a checkpoint may be on rank 0's disk alone
-    if lora:  # peft wraps a whole model: every rank loads the base
-        with world.node_leader_first():
-            model, aside = load_causal_lm(config.model.path, dtype=config.model.dtype), None
+    tokenizer = world.on_every_node(lambda: load_tokenizer(config.model.path), remedy=NODE_INPUTS_REMEDY)
+    adapter = None
+    if lora:
+        load_base = functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype)
+        model, aside = world.on_every_node(load_base, remedy=NODE_INPUTS_REMEDY), None
+        if resume_from:
+            adapter = world.decided_by_writer(lambda: read_adapter(resume_from / ADAPTER_DIR))
     else:
         model, aside = world.load_once(
             functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
         )
-    model = with_training_options(model, config, lora=lora, adapter=resume_from / ADAPTER_DIR if resume_from else None)
+    model = with_training_options(model, config, lora=lora, adapter=adapter)
     sizes = parameter_counts(model)
     console.print(
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
@@ -462,10 +474,10 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
 
 
 def with_training_options(
-    model: torch.nn.Module, config: Config, *, lora: bool, adapter: Path | None = None
+    model: torch.nn.Module, config: Config, *, lora: bool, adapter: SavedAdapter | None = None
 ) -> torch.nn.Module:
     """`model` as the run trains it: activation checkpointing with `train.gradient_checkpointing`,
-    and with `lora` the `model.lora_*` adapters (new, or those saved in `adapter`)."""
+    and with `lora` the `model.lora_*` adapters (new, or the saved `adapter`)."""
     if config.train.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if not lora:
