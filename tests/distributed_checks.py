@@ -71,12 +71,11 @@ def main() -> None:
             "loads_per_rank": world.gather_objects(loads),
             "parameters_of_skeleton_and_disk": [sum(p.numel() for p in m.parameters()) for m in (skeleton, on_disk)],
         }
+        buffer_differences = world.gather_objects(buffer_difference)
         if world.is_writer:
             on_disk_state = on_disk.state_dict()
             weight_difference = max(float((value - on_disk_state[name]).abs().max()) for name, value in gathered.items())
-            seen["loaded_max_difference"] = max(weight_difference, world.max(buffer_difference))
-        else:
-            world.max(buffer_difference)
+            seen["loaded_max_difference"] = max(weight_difference, *buffer_differences)
         tokens = torch.arange(1, 9).unsqueeze(0)
 
         def forward():

@@ -190,14 +190,6 @@ class World:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total.to(value.device)
 
-    def max(self, value: float) -> float:
-        """The largest `value` of any rank."""
-        if self.world_size == 1:
-            return value
-        largest = self._to_backend(torch.tensor(value, dtype=torch.float64))
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-        return float(largest)
-
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """(b, ...) rows of every rank, concatenated in rank order: (world_size * b, ...). Every
         rank must pass the same shape."""
