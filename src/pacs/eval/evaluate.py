@@ -17,7 +17,7 @@ prompts were all too long is still reported, with 0 problems and pass@k null.
 `eval_metrics.json` (written by `evaluate_model`):
 
     {"settings": {"model_path", "specs", "n", "temperature", "top_p", "max_tokens", "seed",
-                  "dtype", "reward_function", "reward_timeout_s", "reward_workers"},
+                  "dtype", "reward_function", "reward_timeout_s", "reward_workers", "engine"},
      "data_sources": {data_source: {
          "problems": int,                  problems generated and scored
          "samples_per_problem": int,       n · copies per problem
@@ -37,17 +37,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from pacs.config import VllmConfig
 
 from pacs.data.loading import check_data_spec, load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
+from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer, resolve_model_path
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
+from pacs.rollout.vllm import VllmEngine
 
 MERGE_RULE = (
     "only the copies that `pacs prepare --repeat R` writes share (data_source, extra_info.index): the same "
@@ -71,6 +74,7 @@ class EvalSettings:
     reward_function: str | None
     reward_timeout_s: float
     reward_workers: int
+    engine: str = "hf"
 
 
 @dataclass
@@ -347,10 +351,13 @@ def evaluate_model(
     reward_workers: int = 2,
     overwrite: bool = False,
     show_progress: bool = True,
+    engine: str = "hf",
 ) -> EvalResult:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
     `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
+    `engine`: `hf` (transformers' generate) or `vllm` (`load_engine`); temperature 0 decodes
+    greedily with either.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
@@ -378,31 +385,50 @@ def evaluate_model(
         reward_function=reward_function,
         reward_timeout_s=reward_timeout_s,
         reward_workers=reward_workers,
+        engine=engine,
     )
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_path)
-    model = load_causal_lm(model_path, dtype=dtype)
-    if torch.cuda.is_available():
-        model = model.cuda()
+    rollout_engine, context_length = load_engine(engine, model_path, tokenizer, dtype=dtype, seed=seed)
     rows, locations = [], []
     for spec in specs:
         spec_rows = load_rows(spec, default_split="val")
         rows += spec_rows
         locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
-    engine = TransformersEngine(model, tokenizer)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
         result = evaluate(
-            engine,
+            rollout_engine,
             tokenizer,
             rows,
             params,
             scorer,
             row_locations=locations,
-            context_length=getattr(model.config, "max_position_embeddings", None),
+            context_length=context_length,
             show_progress=show_progress,
         )
     for line in result.warnings():
         print(f"warning: {line}", file=sys.stderr)
     result.write(out_dir, settings)
     return result
+
+
+def load_engine(
+    name: str, model_path: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int
+) -> tuple[RolloutEngine, int | None]:
+    """`pacs eval`'s engine `name` ("hf" or "vllm") on the model at `model_path`, and the model's
+    context length (`max_position_embeddings`; None if it declares none). vLLM, alone in the
+    process, may take 90% of a GPU's memory; it computes in float32 or bfloat16 only."""
+    if name == "hf":
+        model = load_causal_lm(model_path, dtype=dtype)
+        if torch.cuda.is_available():
+            model = model.cuda()
+        return TransformersEngine(model, tokenizer), getattr(model.config, "max_position_embeddings", None)
+    if name != "vllm" or dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"engine {name!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
+    path = resolve_model_path(model_path)
+    context_length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    engine = VllmEngine(
+        path, tokenizer, VllmConfig(gpu_memory_utilization=0.9), dtype=dtype, max_model_len=context_length, seed=seed
+    )
+    return engine, context_length

@@ -52,7 +52,8 @@ def require_vllm():
 class VllmEngine:
     """Generate with an in-process vLLM engine built from the model directory `model_path`
     (architecture, and weights until the first `load_weights`); prompts arrive as token ids and
-    responses are decoded with `tokenizer`, so vLLM never loads a tokenizer."""
+    responses are decoded with `tokenizer`, so vLLM never loads a tokenizer. `max_model_len`:
+    the longest prompt + response (None: the model's context length)."""
 
     def __init__(
         self,
@@ -61,7 +62,7 @@ class VllmEngine:
         settings: VllmConfig,
         *,
         dtype: str,
-        max_model_len: int,
+        max_model_len: int | None,
         seed: int,
     ):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
