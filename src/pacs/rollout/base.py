@@ -57,6 +57,10 @@ class RolloutEngine(Protocol):
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds of its own (vLLM: its KV cache, weights and process groups)."""
+        ...
+
 
 def pad_rows(rows: Sequence[torch.Tensor], pad_value: int, *, left: bool) -> torch.Tensor:
     """Stack 1-D tensors of different lengths into (len(rows), max_len), padding on one side."""

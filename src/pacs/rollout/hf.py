@@ -109,6 +109,8 @@ class TransformersEngine:
             response_logprobs=pad_rows(logprob_rows, 0, left=False) if params.return_logprobs else None,
         )
 
+    def close(self) -> None:
+        """Nothing to release: the engine generates with the caller's model."""
 
     def _generate_samples(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config: GenerationConfig, n: int

@@ -23,7 +23,7 @@ fraction counts the whole process against the machine's memory.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -34,6 +34,10 @@ from pacs.rollout.hf import end_of_sequence_ids
 
 CPU_KV_CACHE_GIB = 0.5
 """KV cache of an engine on a CPU when `rollout.vllm.kv_cache_gib` is not set."""
+
+
+def _call(function: Callable[..., Any], **options: Any) -> Any:
+    return function(**options)
 
 
 def require_vllm():
@@ -53,7 +57,9 @@ class VllmEngine:
     """Generate with an in-process vLLM engine built from the model directory `model_path`
     (architecture, and weights until the first `load_weights`); prompts arrive as token ids and
     responses are decoded with `tokenizer`, so vLLM never loads a tokenizer. `max_model_len`:
-    the longest prompt + response (None: the model's context length)."""
+    the longest prompt + response (None: the model's context length). `start(vllm.LLM, **options)`
+    starts the engine: under torchrun the trainer's `World.colocated_engine`, where collectives are
+    made (vLLM sets up its process groups on the job's)."""
 
     def __init__(
         self,
@@ -64,6 +70,7 @@ class VllmEngine:
         dtype: str,
         max_model_len: int | None,
         seed: int,
+        start: Callable[..., Any] = _call,
     ):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs an end-of-sequence token and a padding token to generate")
@@ -75,7 +82,8 @@ class VllmEngine:
         self.eos_ids = end_of_sequence_ids(_declared_generation_config(model_path), tokenizer)
         self.sleep_mode = settings.sleep_mode
         self.asleep = False
-        self.llm = vllm.LLM(
+        self.llm = start(
+            vllm.LLM,
             model=model_path,
             skip_tokenizer_init=True,
             dtype=dtype,
@@ -137,6 +145,12 @@ class VllmEngine:
         self.wake_up()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down: its memory, and the process groups it made. Under torchrun vLLM
+        builds its groups on the job's default group and tears that down too, so close it only after
+        the job's last collective."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
         """With `sleep_mode` (GPU): free the KV cache and move the weights to the CPU until the next

@@ -386,6 +386,13 @@ class World:
         _reshard(model)
         return list(self.unwrap(model).named_parameters())
 
+    def colocated_engine(self, start: Callable[..., Any], **options: Any) -> Any:
+        """`start(**options)`: an engine that makes process groups of its own on this job's (vLLM's
+        `LLM` under torchrun builds its groups on the default group and runs set-up collectives on
+        them: barriers, an all_reduce, a broadcast of objects). Every rank calls it at the same point
+        of its setup, so those collectives meet; they are the engine's, started here."""
+        return start(**options)
+
     def whole_state(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """Each (name, tensor) of the state dict of the model inside any wrapper, whole, on every
         rank, one at a time: under FSDP2 a shard is all-gathered when its turn comes (every rank

@@ -30,7 +30,8 @@ _DECODER_LAYER = re.compile(r"\.layers\.(\d+)\.")
 def build_engine(config: Config, world: World, policy_module: torch.nn.Module, tokenizer) -> TransformersEngine | VllmEngine:
     """`rollout.engine`'s engine for this process: transformers' generate on `policy_module`
     (the unwrapped language model), or a vLLM engine built from `model.path` in the run's compute
-    dtype, seeded per rank (its weights are pushed before the first rollout)."""
+    dtype, seeded per rank (its weights are pushed before the first rollout), one in each process
+    (`World.colocated_engine`)."""
     if config.rollout.engine == "hf":
         return TransformersEngine(policy_module, tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
     settings = config.rollout.vllm
@@ -41,6 +42,7 @@ def build_engine(config: Config, world: World, policy_module: torch.nn.Module, t
         dtype="bfloat16" if config.model.dtype == "bfloat16" else "float32",
         max_model_len=settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
         seed=config.seed * 1_000_003 + world.rank,
+        start=world.colocated_engine,
     )
 
 

@@ -131,8 +131,10 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     process and every other one the launcher started."""
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        result = Trainer.setup(config, world).run(show_progress=show_progress)
-        world.barrier()  # no rank tears its process group down while another still uses it
+        trainer = Trainer.setup(config, world)
+        with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
+            result = trainer.run(show_progress=show_progress)
+            world.barrier()  # no rank tears its process group down while another still uses it
         return result
     finally:
         world.close()
