@@ -120,6 +120,11 @@ class AlgorithmConfig(_Section):
     each token's reward (classic PPO-RLHF, verl's use_kl_in_reward) instead of adding it to the loss."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus (every algorithm)."""
+    rollout_is_cap: float | None = Field(None, ge=1, allow_inf_nan=False)
+    """Truncated importance-sampling correction of the mismatch between the rollout engine's
+    sampler μ and the trainer's π_old (needs rollout.engine=vllm), capped at this value; None: off.
+    grpo, rloo, ppo: each token's surrogate times min(π_old/μ, cap) (verl's TIS); pacs: each
+    response's BCE term times min(Π_t π_old/μ, cap) (`pacs.algos.pacs`)."""
     # ppo
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
@@ -289,6 +294,12 @@ class Config(_Section):
                 "nucleus would make the sampled policy differ from the one trained (and its tokens outside the "
                 "current policy's nucleus would have probability 0). Set rollout.top_p=1.0 (the paper's "
                 "setting); eval.top_p applies to validation"
+            )
+        if algorithm.rollout_is_cap is not None and self.rollout.engine != "vllm":
+            problems.append(
+                f"algorithm.rollout_is_cap={algorithm.rollout_is_cap} with rollout.engine='{self.rollout.engine}': "
+                "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' returns "
+                "(the hf engine samples with the trained model itself: there is no mismatch to correct)"
             )
         if self.rollout.engine == "vllm" and self.model.dtype == "float64":
             problems.append(

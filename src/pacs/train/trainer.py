@@ -270,8 +270,8 @@ class Trainer:
         first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if takes_first_old_logprobs else 0
         self.fill_step_terms(batch, first_update_rows)
         metrics = self.update(batch, updates_policy, first_update_rows)
-        if rollouts.response_logprobs is not None:  # the trainer's old log-probs are all known after the update
-            metrics.update(sampler_mismatch(self.world, rollouts.response_logprobs, batch.old_logprobs, batch.response_mask))
+        if "sampler_logprobs" in batch.row_terms:  # the trainer's old log-probs are all known after the update
+            metrics.update(sampler_mismatch(self.world, batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask))
         timings = {
             "time/step_s": time.perf_counter() - started,
             "time/weight_sync_s": synced - started,
