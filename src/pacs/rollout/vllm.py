@@ -100,9 +100,11 @@ class VllmEngine:
 
     def _sampling_params(self, params: SamplingParams):
         """vLLM's sampling parameters for `params`: temperature and top-p only, every declared
-        end-of-sequence id a stop, the sampled token's log-prob when asked (logprobs=0)."""
+        end-of-sequence id a stop, the sampled token's log-prob when asked (logprobs=0). Greedy
+        decoding (temperature 0) asks for one response per prompt: vLLM refuses n > 1 there, and
+        the n greedy responses are that one (`generate`)."""
         return require_vllm().SamplingParams(
-            n=params.n,
+            n=params.n if params.temperature > 0 else 1,
             temperature=params.temperature,
             top_p=params.top_p,
             max_tokens=params.max_new_tokens,
@@ -119,7 +121,8 @@ class VllmEngine:
         pad_id = self.tokenizer.pad_token_id
         prompt_rows, response_rows, logprob_rows = [], [], []
         for ids, output in zip(prompt_token_ids, outputs):
-            for sample in sorted(output.outputs, key=lambda completion: completion.index):
+            samples = sorted(output.outputs, key=lambda completion: completion.index)
+            for sample in samples if len(samples) == params.n else samples * params.n:
                 tokens = list(sample.token_ids)
                 prompt_rows.append(torch.tensor(ids, dtype=torch.long))
                 response_rows.append(torch.tensor(tokens, dtype=torch.long))
