@@ -108,7 +108,9 @@ def main() -> None:
             vllm = tokens_per_second(vllm_engine, prompts, params, args.repeats)
             vllm_engine.close()
             parameters = sum(p.numel() for p in model.parameters())
-            table.add_row(name, f"{parameters / 1e6:.1f} M", f"{hf:.0f}", f"{vllm:.0f}", f"{vllm / hf:.2f}")
+            row = (name, f"{parameters / 1e6:.1f} M", f"{hf:.0f}", f"{vllm:.0f}", f"{vllm / hf:.2f}")
+            print(" | ".join(row), flush=True)
+            table.add_row(*row)
     Console().print(table)
 
 
