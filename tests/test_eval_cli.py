@@ -13,7 +13,7 @@ from pacs.cli import main
         ("--n", "0", "an integer >= 1"),
         ("--n", "two", "an integer >= 1"),
         ("--max-tokens", "0", "an integer >= 1"),
-        ("--temperature", "0", "a finite number > 0"),
+        ("--temperature", "-0.5", "a finite number >= 0"),
         ("--top-p", "1.5", "a number in (0, 1]"),
         ("--reward-timeout", "-1", "a finite number > 0"),
         ("--reward-workers", "-1", "an integer >= 0"),

@@ -36,6 +36,7 @@ def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[floa
 AT_LEAST_ONE = _checked(int, "an integer >= 1", lambda value: value >= 1)
 AT_LEAST_ZERO = _checked(int, "an integer >= 0", lambda value: value >= 0)
 POSITIVE = _checked(float, "a finite number > 0", lambda value: math.isfinite(value) and value > 0)
+NON_NEGATIVE = _checked(float, "a finite number >= 0", lambda value: math.isfinite(value) and value >= 0)
 NUCLEUS = _checked(float, "a number in (0, 1]", lambda value: 0 < value <= 1)
 OVERWRITE_HELP = "move a previous output at --out aside (to NAME.superseded) instead of refusing"
 
@@ -97,6 +98,7 @@ def _eval(args: argparse.Namespace) -> None:
             reward_timeout_s=args.reward_timeout,
             reward_workers=args.reward_workers,
             overwrite=args.overwrite,
+            engine=args.engine,
         )
     finally:
         world.close()
@@ -193,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
     )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
-    evaluate.add_argument("--temperature", type=POSITIVE, default=0.6)
+    evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=0.6, help="0: greedy decoding")
+    evaluate.add_argument(
+        "--engine", choices=["hf", "vllm"], default="hf", help="hf: transformers' generate; vllm: needs pacs[vllm]"
+    )
     evaluate.add_argument("--top-p", type=NUCLEUS, default=0.95)
     evaluate.add_argument(
         "--max-tokens", type=AT_LEAST_ONE, default=4096, help="per prompt, capped by the context length minus its length"

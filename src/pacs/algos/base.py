@@ -23,6 +23,8 @@ Tensors arrive as a `Mapping[str, Tensor]` with these keys (B rows, R response p
     values         (B, R)  the critic's values of the rollout states    (if "values" in needs)
     entropy        (b, R)  per-token entropy of the current policy, with gradient, in micro-batches
                            only                                          (if "entropy" in needs)
+    sampler_logprobs (B, R) log-probs of the response tokens under the rollout engine's sampling
+                           distribution μ (vLLM's own)                   (if "sampler_logprobs" in needs)
 plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R). With
 "step_old_logprobs" in needs, `prepare_step` also gets every row's "old_logprobs" (the trainer
 then computes them for the step's first mini-batch too, instead of taking them from its first
@@ -64,7 +66,7 @@ class Algorithm(Protocol):
     group_size: int
     needs: frozenset[str]
     """Extra tensors the trainer must provide: a subset of {"ref_logprobs", "values", "entropy",
-    "step_old_logprobs"}."""
+    "step_old_logprobs", "sampler_logprobs"}."""
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every

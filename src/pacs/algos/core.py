@@ -526,3 +526,45 @@ def kl_penalty(
     if estimator == "k2":
         return 0.5 * delta**2
     return torch.exp(delta) - delta - 1
+
+
+def check_rollout_is_cap(cap: float | None) -> None:
+    """`rollout_is_cap` is None (no correction) or a finite number >= 1."""
+    if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and math.isfinite(cap) and cap >= 1):
+        raise ValueError(f"rollout_is_cap must be None (no correction) or a finite number >= 1, got {cap!r}")
+
+
+def truncated_is_weights(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    cap: float,
+    *,
+    per_response: bool,
+) -> torch.Tensor:
+    """Truncated importance-sampling weights for the sampler mismatch (verl's TIS, TRL's
+    `vllm_importance_sampling_correction`): the responses were sampled by μ (the rollout engine),
+    while the losses are written for π_old (the trainer's policy at rollout time). Constants.
+
+    Formula (m = ``response_mask``, C = ``cap``):
+        per token:     w_it = min(π_old(o_it) / μ(o_it), C) = min(exp(old_it − μ_it), C)   (0 at padding)
+        per response:  ρ_i  = min(Π_t (π_old(o_it) / μ(o_it))^m_it, C)
+                            = min(exp(Σ_t m_it · (old_it − μ_it)), C)
+
+    Args:
+        old_logprobs, sampler_logprobs: (B, T) log-probs of the response tokens under π_old and μ.
+        response_mask: (B, T) 1 at response tokens.
+        cap: C >= 1.
+        per_response: the response's weight ρ (B,), else each token's w (B, T).
+
+    Returns:
+        (B,) or (B, T) weights in [0, C], in the wider of the inputs' dtypes and float32.
+    """
+    check_rollout_is_cap(cap)
+    check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, response_mask=response_mask)
+    dtype = torch.promote_types(torch.promote_types(old_logprobs.dtype, sampler_logprobs.dtype), torch.float32)
+    mask = response_mask.to(dtype)
+    log_ratio = (old_logprobs.detach().to(dtype) - sampler_logprobs.detach().to(dtype)) * mask
+    if per_response:
+        return log_ratio.sum(dim=-1).exp().clamp(max=cap)
+    return log_ratio.exp().clamp(max=cap) * mask

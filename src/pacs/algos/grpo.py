@@ -74,6 +74,7 @@ class GRPO(ClippedPolicyGradient):
         self.norm_by_std, self.eps = norm_by_std, eps
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) ``grpo_advantages`` of the step's ``sequence_rewards``}."""
+        """{"advantages": (B,) ``grpo_advantages`` of the step's ``sequence_rewards``} (and the
+        ``rollout_is_terms``)."""
         advantages = grpo_advantages(self.sequence_rewards(batch), self.group_size, norm_by_std=self.norm_by_std, eps=self.eps)
-        return {"advantages": advantages}
+        return {**self.rollout_is_terms(batch), "advantages": advantages}

@@ -16,9 +16,15 @@ policy itself carries and minimises a weighted binary cross-entropy:
                    only_negative: w_i = 1[R_i = 0]
     loss           L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i)
                      = −1/B · Σ_i w_i · [R_i log σ(ψ_i) + (1 − R_i) log(1 − σ(ψ_i))]
+    sampler        with rollout_is_cap = C (off by default): L = 1/B · Σ_i ρ_i · w_i · BCEWithLogits(ψ_i, R_i),
+    correction     ρ_i = min(π_old(o_i) / μ(o_i), C) = min(exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))), C)
 
 ``m`` is the response mask, sums and means over ``j`` run inside the prompt group of ``i``, and
-the weights are constants. The gradient is an actor-critic update: ``−∇L = β Σ_k A_k ∇log π_θ(o_k)``
+the weights are constants. μ is the rollout engine's sampling distribution (vLLM's log-probs of its
+own samples), π_old the trainer's policy at rollout time: PACS classifies whole responses, so the
+truncated importance weight of the sampler mismatch is one per response, the product of its
+tokens' ratios truncated at C (`core.truncated_is_weights`), and it scales that response's term
+of the loss: a response μ drew more often than π_old would counts less, by at most ratio C more. The gradient is an actor-critic update: ``−∇L = β Σ_k A_k ∇log π_θ(o_k)``
 with ``A_k = e_k − mean_{i≠k} e_i`` and ``e_i = w_i (R_i − σ(ψ_i))`` (for ``logratio`` + ``rloo``).
 
 ``pacs_loss`` is the composition
@@ -41,6 +47,7 @@ from pacs.algos.core import (
     aggregation_weights,
     check_choice,
     check_kl_penalty,
+    check_rollout_is_cap,
     check_same_shape,
     group_normalised,
     group_view,
@@ -48,6 +55,7 @@ from pacs.algos.core import (
     kl_penalty,
     masked_mean,
     masked_sum,
+    truncated_is_weights,
     weighted_token_sum,
 )
 
@@ -183,11 +191,12 @@ def pacs_loss_from_proxy(
     *,
     estimator: str = "rloo",
     weighting: str = "question",
+    sample_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PACS loss given the proxy rewards.
 
-    Formula: L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i) with ψ = ``group_scores(proxy_rewards)``
-    and w = ``class_weights(rewards)``.
+    Formula: L = 1/B · Σ_i ρ_i · w_i · BCEWithLogits(ψ_i, R_i) with ψ = ``group_scores(proxy_rewards)``,
+    w = ``class_weights(rewards)`` and ρ = ``sample_weights`` (1 when None).
 
     Args:
         proxy_rewards: (B,) proxy rewards r (see ``reward_proxy``), B a multiple of ``group_size``.
@@ -195,6 +204,8 @@ def pacs_loss_from_proxy(
         group_size: responses per prompt n.
         estimator: see ``group_scores``.
         weighting: see ``class_weights``.
+        sample_weights: (B,) constant per-response weights ρ (the truncated importance weights of
+            the sampler mismatch), or None.
 
     Returns:
         0-dim loss.
@@ -211,6 +222,9 @@ def pacs_loss_from_proxy(
         )
     scores = group_scores(proxy_rewards, group_size, estimator=estimator)
     weights = class_weights(rewards, group_size, weighting=weighting)
+    if sample_weights is not None:
+        check_same_shape(proxy_rewards=proxy_rewards, sample_weights=sample_weights)
+        weights = weights * sample_weights.detach().to(weights.dtype)
     losses = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
     return (weights * losses).mean()
 
@@ -297,8 +311,10 @@ class PACS:
         entropy_coef: float = 0.0,
         loss_agg: str = "seq-mean-token-sum-norm",
         horizon: int | None = None,
+        rollout_is_cap: float | None = None,
     ):
         check_choice("proxy", proxy, PROXIES)
+        check_rollout_is_cap(rollout_is_cap)
         check_choice("estimator", estimator, ESTIMATORS)
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
@@ -310,13 +326,23 @@ class PACS:
         self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.loss_agg, self.horizon = loss_agg, horizon
-        self.needs = frozenset({"ref_logprobs"} if kl_coef > 0 else set()) | frozenset(
-            {"entropy"} if entropy_coef > 0 else set()
+        self.rollout_is_cap = rollout_is_cap
+        self.regularised = kl_coef > 0 or entropy_coef > 0
+        self.needs = (
+            frozenset({"ref_logprobs"} if kl_coef > 0 else set())
+            | frozenset({"entropy"} if entropy_coef > 0 else set())
+            | frozenset({"step_old_logprobs", "sampler_logprobs"} if rollout_is_cap is not None else set())
         )
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """Nothing: PACS's terms depend on the current policy, so they are made per update."""
-        return {}
+        """With ``rollout_is_cap``, {"rollout_is_weight": (B,) ρ} (module docstring); else nothing:
+        PACS's other terms depend on the current policy, so they are made per update."""
+        if self.rollout_is_cap is None:
+            return {}
+        weights = truncated_is_weights(
+            batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap, per_response=True
+        )
+        return {"rollout_is_weight": weights}
 
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         return reward_proxy(logprobs, rows["old_logprobs"], rows["response_mask"], beta=self.beta, proxy=self.proxy)
@@ -342,7 +368,12 @@ class PACS:
         proxy_rewards = proxy_rewards.detach().requires_grad_(True)
         rewards = minibatch["rewards"]
         loss = pacs_loss_from_proxy(
-            proxy_rewards, rewards, self.group_size, estimator=self.estimator, weighting=self.weighting
+            proxy_rewards,
+            rewards,
+            self.group_size,
+            estimator=self.estimator,
+            weighting=self.weighting,
+            sample_weights=minibatch.get("rollout_is_weight"),
         )
         (proxy_grad,) = torch.autograd.grad(loss * (len(rewards) / totals.num_rows), proxy_rewards)
         predicted = torch.sigmoid(group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator))
@@ -351,7 +382,7 @@ class PACS:
             if rows.any():
                 metrics[f"pacs/predicted_p_on_{name}"] = float(predicted[rows].mean())
         row_terms = {"proxy_grad": proxy_grad}
-        if self.needs:
+        if self.regularised:
             row_terms["regulariser_weight"] = aggregation_weights(
                 minibatch["response_mask"],
                 self.loss_agg,
@@ -374,7 +405,7 @@ class PACS:
         """Σ_{i ∈ micro} c_i · r_i(θ) (+ this micro-batch's share of the KL penalty and entropy
         bonus): its gradient is this micro-batch's share of ∇L_total."""
         loss = (row_terms["proxy_grad"] * self._proxy(logprobs, micro)).sum()
-        if not self.needs:
+        if not self.regularised:
             return loss
         per_token = torch.zeros_like(logprobs)
         if self.kl_coef > 0:

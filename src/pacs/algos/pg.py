@@ -44,11 +44,13 @@ from pacs.algos.core import (
     check_clip_range,
     check_group_size,
     check_kl_penalty,
+    check_rollout_is_cap,
     clipped_surrogate,
     kl_penalty,
     masked_mean,
     mixed_group_fraction,
     outcome_token_rewards,
+    truncated_is_weights,
     weighted_token_sum,
 )
 
@@ -71,6 +73,11 @@ class ClippedPolicyGradient:
         kl_in_reward: subtract the KL estimate of the rollout policy from the reward instead of adding
             it to the loss; needs kl_coef > 0, "ref_logprobs" and "step_old_logprobs" (every row's
             ``old_logprobs`` in ``prepare_step``). Any estimator, k1 included, is valid there.
+        rollout_is_cap: C >= 1 of the truncated importance-sampling correction of the sampler
+            mismatch, or None (off): each token's surrogate ℓ_it is multiplied by
+            w_it = min(π_old(o_it) / μ(o_it), C) (``core.truncated_is_weights``; μ the rollout
+            engine's "sampler_logprobs"), as verl's TIS does; the KL and entropy terms are not.
+            Needs "step_old_logprobs" and "sampler_logprobs".
     """
 
     min_group_size = 1
@@ -89,8 +96,10 @@ class ClippedPolicyGradient:
         entropy_coef: float = 0.0,
         loss_scale: float = 1.0,
         kl_in_reward: bool = False,
+        rollout_is_cap: float | None = None,
     ):
         check_group_size(group_size, self.min_group_size, type(self).__name__)
+        check_rollout_is_cap(rollout_is_cap)
         check_clip_range(clip_low, clip_high, dual_clip)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
@@ -108,14 +117,26 @@ class ClippedPolicyGradient:
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
         self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
         self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
+        self.rollout_is_cap = rollout_is_cap
         needs = set()
         if kl_coef > 0:
             needs.add("ref_logprobs")
         if kl_in_reward:
             needs.add("step_old_logprobs")
+        if rollout_is_cap is not None:
+            needs |= {"step_old_logprobs", "sampler_logprobs"}
         if entropy_coef > 0:
             needs.add("entropy")
         self.needs = frozenset(needs)
+
+    def rollout_is_terms(self, batch) -> dict[str, torch.Tensor]:
+        """{"rollout_is_weight": (B, T) per-token truncated IS weights} with ``rollout_is_cap``, else {}."""
+        if self.rollout_is_cap is None:
+            return {}
+        weights = truncated_is_weights(
+            batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap, per_response=False
+        )
+        return {"rollout_is_weight": weights}
 
     def reward_kl_penalty(self, batch) -> torch.Tensor:
         """(B, T) per-token KL penalty of the rollout policy, kl_coef · k_it, subtracted from the
@@ -149,7 +170,8 @@ class ClippedPolicyGradient:
         return token_rewards - self.reward_kl_penalty(batch).to(token_rewards.dtype)
 
     def _policy_loss(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
-        """(B, T) per-token surrogate + kl_coef · KL unless ``kl_in_reward`` (no entropy), and its metrics."""
+        """(B, T) per-token surrogate (times the truncated IS weight with ``rollout_is_cap``) +
+        kl_coef · KL unless ``kl_in_reward`` (no entropy), and its metrics."""
         mask = rows["response_mask"]
         per_token, surrogate_metrics = clipped_surrogate(
             logprobs,
@@ -161,6 +183,8 @@ class ClippedPolicyGradient:
             dual_clip=self.dual_clip,
         )
         metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
+        if "rollout_is_weight" in rows:
+            per_token = per_token * rows["rollout_is_weight"].to(per_token.dtype)
         if self.kl_coef > 0:
             kl = kl_penalty(logprobs, rows["ref_logprobs"], mask, self.kl_estimator)
             if not self.kl_in_reward:

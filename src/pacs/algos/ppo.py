@@ -249,13 +249,14 @@ class PPO(ClippedPolicyGradient):
         self.needs = self.needs | {"values"}
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B, T) whitened GAE, "returns": (B, T)} from the step's rewards and values."""
+        """{"advantages": (B, T) whitened GAE, "returns": (B, T)} from the step's rewards and values
+        (and the ``rollout_is_terms``)."""
         mask = batch["response_mask"]
         token_rewards = self.token_rewards(batch)
         advantages, returns = gae_advantages(
             token_rewards, batch["values"], mask, gamma=self.gamma, lam=self.lam, sum_over_ranks=sum_over_ranks
         )
-        return {"advantages": advantages, "returns": returns}
+        return {**self.rollout_is_terms(batch), "advantages": advantages, "returns": returns}
 
     def critic_row_terms(self, minibatch, totals: MiniBatchTotals | None = None) -> dict[str, torch.Tensor]:
         """{"loss_weight": (B,) aggregation weights of the mini-batch's rows under critic_loss_agg,

@@ -24,10 +24,12 @@ CLIPPED_PG_OPTIONS = (
     "kl_estimator",
     "kl_in_reward",
     "entropy_coef",
+    "rollout_is_cap",
 )
 
 ALGORITHMS: dict[str, tuple[Callable[..., Algorithm], tuple[str, ...]]] = {
-    "pacs": (PACS, ("beta", "proxy", "estimator", "weighting", "kl_coef", "kl_estimator", "entropy_coef", "loss_agg", "horizon")),
+    "pacs": (PACS, ("beta", "proxy", "estimator", "weighting", "kl_coef", "kl_estimator", "entropy_coef", "loss_agg", "horizon",
+              "rollout_is_cap")),
     "grpo": (GRPO, (*CLIPPED_PG_OPTIONS, "norm_by_std")),
     "rloo": (RLOO, CLIPPED_PG_OPTIONS),
     "ppo": (PPO, (*CLIPPED_PG_OPTIONS, "gamma", "lam", "value_clip", "critic_loss_agg", "critic_loss_scale")),

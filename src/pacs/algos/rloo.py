@@ -51,5 +51,6 @@ class RLOO(ClippedPolicyGradient):
     min_group_size = 2
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) ``rloo_advantages`` of the step's ``sequence_rewards``}."""
-        return {"advantages": rloo_advantages(self.sequence_rewards(batch), self.group_size)}
+        """{"advantages": (B,) ``rloo_advantages`` of the step's ``sequence_rewards``} (and the
+        ``rollout_is_terms``)."""
+        return {**self.rollout_is_terms(batch), "advantages": rloo_advantages(self.sequence_rewards(batch), self.group_size)}

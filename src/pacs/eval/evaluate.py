@@ -24,7 +24,7 @@ result run after run; another process count samples differently (pass@k within s
 `eval_metrics.json` (written by `evaluate_model`):
 
     {"settings": {"model_path", "specs", "n", "temperature", "top_p", "max_tokens", "seed",
-                  "dtype", "reward_function", "reward_timeout_s", "reward_workers"},
+                  "dtype", "reward_function", "reward_timeout_s", "reward_workers", "engine"},
      "data_sources": {data_source: {
          "problems": int,                  problems generated and scored
          "samples_per_problem": int,       n · copies per problem
@@ -45,17 +45,20 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from pacs.config import VllmConfig
 
 from pacs.data.loading import check_data_spec, load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
+from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer, resolve_model_path
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
+from pacs.rollout.vllm import VllmEngine
 
 T = TypeVar("T")
 SEED_STRIDE = 1_000_003
@@ -106,6 +109,7 @@ class EvalSettings:
     reward_function: str | None
     reward_timeout_s: float
     reward_workers: int
+    engine: str = "hf"
 
 
 @dataclass
@@ -383,12 +387,15 @@ def evaluate_model(
     reward_workers: int = 2,
     overwrite: bool = False,
     show_progress: bool = True,
+    engine: str = "hf",
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
     `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
     Every one of `processes` takes its share of the problems (module docstring); the whole
-    result is returned on rank 0, which writes it, and None on the others.
+    result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
+    (transformers' generate) or `vllm` (`load_engine`, one process only); temperature 0 decodes
+    greedily with either.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
@@ -400,6 +407,8 @@ def evaluate_model(
     """
     if not specs:
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
+    if engine == "vllm" and processes.world_size > 1:
+        raise ValueError("pacs eval --engine vllm runs in one process; under torchrun use --engine hf")
     processes.on_every_rank(lambda: _check_inputs(model_path, specs, reward_function), remedy=SAME_INPUTS_EVERYWHERE)
     processes.decided_by_writer(lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
@@ -414,31 +423,36 @@ def evaluate_model(
         reward_function=reward_function,
         reward_timeout_s=reward_timeout_s,
         reward_workers=reward_workers,
+        engine=engine,
     )
-    torch.manual_seed(seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank)
+    process_seed = seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank
+    torch.manual_seed(process_seed)
 
-    def load() -> tuple[PreTrainedTokenizerBase, Any, list[dict], list[str]]:
-        tokenizer, model = load_tokenizer(model_path), load_causal_lm(model_path, dtype=dtype)
+    def load() -> tuple[PreTrainedTokenizerBase, RolloutEngine, int | None, list[dict], list[str]]:
+        tokenizer = load_tokenizer(model_path)
+        rollout_engine, context_length = load_engine(
+            engine, model_path, tokenizer, dtype=dtype, seed=process_seed, device=processes.device
+        )
         rows, locations = [], []
         for spec in specs:
             spec_rows = load_rows(spec, default_split="val")
             rows += spec_rows
             locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
-        return tokenizer, model, rows, locations
+        return tokenizer, rollout_engine, context_length, rows, locations
 
-    tokenizer, model, rows, locations = processes.on_every_node(load, remedy=SAME_INPUTS_EVERYWHERE)
-    model = model.to(processes.device)
+    tokenizer, rollout_engine, context_length, rows, locations = processes.on_every_node(
+        load, remedy=SAME_INPUTS_EVERYWHERE
+    )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
-    engine = TransformersEngine(model, tokenizer)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
         share = evaluate(
-            engine,
+            rollout_engine,
             tokenizer,
             rows,
             params,
             scorer,
             row_locations=locations,
-            context_length=getattr(model.config, "max_position_embeddings", None),
+            context_length=context_length,
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
         )
@@ -459,3 +473,23 @@ def _check_inputs(model_path: str, specs: list[str], reward_function: str | None
     for spec in specs:
         check_data_spec(spec, default_split="val")
     load_reward_function(reward_function)
+
+
+def load_engine(
+    name: str, model_path: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, device: torch.device | str
+) -> tuple[RolloutEngine, int | None]:
+    """`pacs eval`'s engine `name` ("hf", its model on `device`, or "vllm") on the model at
+    `model_path`, and the model's context length (`max_position_embeddings`; None if it declares
+    none). vLLM, alone in the process, may take 90% of a GPU's memory; it computes in float32 or
+    bfloat16 only."""
+    if name == "hf":
+        model = load_causal_lm(model_path, dtype=dtype).to(device)
+        return TransformersEngine(model, tokenizer), getattr(model.config, "max_position_embeddings", None)
+    if name != "vllm" or dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"engine {name!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
+    path = resolve_model_path(model_path)
+    context_length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    engine = VllmEngine(
+        path, tokenizer, VllmConfig(gpu_memory_utilization=0.9), dtype=dtype, max_model_len=context_length, seed=seed
+    )
+    return engine, context_length

@@ -1,9 +1,10 @@
 """The rollout-engine seam: prompts + sampling parameters + n -> grouped responses.
 
 An engine is anything with `generate(prompt_token_ids, params) -> Rollouts`. The trainer and the
-evaluator only talk to this interface, so a faster engine (vLLM, later) plugs in without touching
-either. Log-probabilities are not part of the contract: the trainer recomputes them with the
-policy it updates.
+evaluator only talk to this interface: `pacs.rollout.hf` (transformers' generate, on the trained
+module itself) and `pacs.rollout.vllm` (vLLM, with its own copy of the weights) implement it. The
+trainer recomputes log-probabilities with the policy it updates; an engine's own log-probs
+(`return_logprobs`) only measure how far the sampler is from the trainer.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: `n` responses per prompt at `temperature` / `top_p`, at most
+    """How to sample: `n` responses per prompt at `temperature` / `top_p` (temperature 0: greedy
+    decoding, the most likely token at each position), at most
     `max_new_tokens` each, stopping at any end-of-sequence token the model declares. With
     `return_logprobs`, the engine also reports the log-probability of each sampled token under
     the distribution it sampled from."""
@@ -53,6 +55,10 @@ class Rollouts:
 class RolloutEngine(Protocol):
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds of its own (vLLM: its KV cache, weights and process groups)."""
         ...
 
 

@@ -1,9 +1,10 @@
 """Rollout engine on transformers' `generate`: batched, left-padded prompts, pure sampling.
 
 Sampling is exactly softmax(logits / temperature), restricted to the top-p nucleus when
-`top_p < 1` (evaluation only: the trainer refuses it, see `pacs.config`). Every other logits
-processor is off, whatever the model's own `generation_config.json` asks for: `generate()` fills
-each field a call leaves unset from the model's generation config, so an instruct model's
+`top_p < 1` (evaluation only: the trainer refuses it, see `pacs.config`), and greedy (the most
+likely token) at temperature 0 (evaluation only). Every other logits processor is off, whatever
+the model's own `generation_config.json` asks for: `generate()` fills each field a call leaves
+unset from the model's generation config, so an instruct model's
 `repetition_penalty: 1.05` or `top_k: 20` would otherwise reshape every sample, and the
 behaviour policy would no longer be the one the trainer's log-probabilities describe. The engine
 therefore generates against a clean generation config that keeps only the model's declared
@@ -23,10 +24,12 @@ from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts, SamplingParams, pad_rows
 
 
-def end_of_sequence_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+def end_of_sequence_ids(
+    generation_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase
+) -> tuple[int, ...]:
     """Every token id that ends a response: the tokenizer's EOS and each id the model's
     generation config declares (`eos_token_id` may be an int or a list), in that order."""
-    declared = getattr(model.generation_config, "eos_token_id", None)
+    declared = getattr(generation_config, "eos_token_id", None)
     declared = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
     ids = [tokenizer.eos_token_id, *declared]
     return tuple(dict.fromkeys(int(token) for token in ids if token is not None))
@@ -53,18 +56,17 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_sequences_per_call = max_sequences_per_call
-        self.eos_ids = end_of_sequence_ids(model, tokenizer)
+        self.eos_ids = end_of_sequence_ids(model.generation_config, tokenizer)
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
-        """Pure sampling at `params.temperature` and `params.top_p`. Fields left unset take
-        transformers' global defaults, which are neutral (no penalty, no cut-off), because the model's
-        own generation config is swapped out while generating (`_clean_generation_defaults`);
-        top-k's global default is 50, so it is switched off here."""
+        """Pure sampling at `params.temperature` and `params.top_p` (greedy decoding at
+        temperature 0). Fields left unset take transformers' global defaults, which are neutral (no
+        penalty, no cut-off), because the model's own generation config is swapped out while
+        generating (`_clean_generation_defaults`); top-k's global default is 50, so it is switched
+        off here."""
+        sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         return GenerationConfig(
-            do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=0,
+            **(sampling if params.temperature > 0 else {"do_sample": False}),
             max_new_tokens=params.max_new_tokens,
             num_return_sequences=1,  # a prompt's n samples are rows of their own (_generate_samples)
             eos_token_id=list(self.eos_ids),
@@ -107,6 +109,8 @@ class TransformersEngine:
             response_logprobs=pad_rows(logprob_rows, 0, left=False) if params.return_logprobs else None,
         )
 
+    def close(self) -> None:
+        """Nothing to release: the engine generates with the caller's model."""
 
     def _generate_samples(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config: GenerationConfig, n: int

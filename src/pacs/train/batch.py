@@ -34,7 +34,8 @@ class PolicyBatch:
     entropy:       (B, R) the rollout policy's entropy at each response position, for metrics
                    (zeros until computed, with old_logprobs)
     row_terms:     per-row (B,) or per-token (B, R) tensors that an algorithm adds (advantages,
-                   reference log-probs, values, ...)
+                   reference log-probs, values, ...); "sampler_logprobs" (B, R) from the start when
+                   the engine returned its own log-probs (`Rollouts.response_logprobs`)
     """
 
     prompt_ids: torch.Tensor
@@ -57,6 +58,7 @@ class PolicyBatch:
             rewards=rewards.to(dtype),
             old_logprobs=torch.zeros_like(mask),
             entropy=torch.zeros_like(mask),
+            row_terms={} if rollouts.response_logprobs is None else {"sampler_logprobs": rollouts.response_logprobs.to(dtype)},
         )
 
     def __len__(self) -> int:

@@ -459,6 +459,22 @@ class World:
         _reshard(model)
         return list(self.unwrap(model).named_parameters())
 
+    def colocated_engine(self, start: Callable[..., Any], **options: Any) -> Any:
+        """`start(**options)`: an engine that makes process groups of its own on this job's (vLLM's
+        `LLM` under torchrun builds its groups on the default group and runs set-up collectives on
+        them: barriers, an all_reduce, a broadcast of objects). Every rank calls it at the same point
+        of its setup, so those collectives meet; they are the engine's, started here."""
+        return start(**options)
+
+    def whole_state(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each (name, tensor) of the state dict of the model inside any wrapper, whole, on every
+        rank, one at a time: under FSDP2 a shard is all-gathered when its turn comes (every rank
+        must iterate to the end, in step), so no rank holds more than one gathered tensor beyond
+        what the consumer keeps. Tied weights appear under each of their names."""
+        _reshard(model)
+        for name, tensor in self.unwrap(model).state_dict().items():
+            yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
     def whole_on_writer(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each (name, tensor) whole, on rank 0's CPU, one at a time: a sharded tensor (DTensor,
         FSDP) is gathered when its turn comes, so no rank ever holds more than one of them whole.

