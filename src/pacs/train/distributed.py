@@ -190,6 +190,14 @@ class World:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total.to(value.device)
 
+    def max(self, value: float) -> float:
+        """The largest `value` of any rank."""
+        if self.world_size == 1:
+            return value
+        largest = self._to_backend(torch.tensor(value, dtype=torch.float64))
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return float(largest)
+
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """(b, ...) rows of every rank, concatenated in rank order: (world_size * b, ...). Every
         rank must pass the same shape."""
@@ -376,6 +384,7 @@ class World:
         if aside is None:
             return model.to(self.device)
         model.to_empty(device=self.device)
+        model.tie_weights()  # to_empty gave tied weights a tensor each
         self._fill_from_writer(model, aside)
         return model
 

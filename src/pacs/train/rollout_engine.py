@@ -19,7 +19,7 @@ import torch
 
 from pacs.config import Config
 from pacs.models.loading import resolve_model_path
-from pacs.models.lora import is_lora, merged_state_dict
+from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
 from pacs.train.distributed import World
@@ -55,14 +55,16 @@ def pushes_weights(config: Config) -> bool:
 def policy_weights(world: World, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights as a Hugging Face model names them, whole, one at a time on every
     rank (`World.whole_state`); with LoRA, W + (alpha / r) B A for each adapted weight, merged a
-    decoder layer at a time (`pacs.models.lora.merged_state_dict`) and without the adapters."""
+    decoder layer at a time (`pacs.models.lora.merged_tensors`) and without the adapters."""
     state = world.whole_state(model)
     module = world.unwrap(model)
     if not is_lora(module):
         yield from state
         return
     for _, layer in itertools.groupby(state, key=lambda item: _layer_of(item[0])):
-        yield from merged_state_dict(module, dict(layer)).items()
+        named = list(layer)
+        adapters = {name: tensor for name, tensor in named if is_adapter_weight(name)}
+        yield from merged_tensors(module, ((name, tensor) for name, tensor in named if name not in adapters), adapters)
 
 
 def _layer_of(name: str) -> str:
