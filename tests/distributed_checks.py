@@ -13,6 +13,9 @@ Rank 0 writes OUT.json with what it saw:
   alone), and "loaded_max_difference": the largest difference of the sharded model's gathered
   weights and every rank's buffers (rotary frequencies) from the model on disk;
   "parameters_of_skeleton_and_disk": parameter counts (tied weights once) of both;
+- "ddp_loaded": under DDP (same launch), how many times each rank read the model, whether the
+  filled skeleton's output embedding is still its input embedding (tied), and the largest
+  difference of its weights from the model on disk;
 - "errors_of_a_failed_decision": what each rank raised when the decision rank 0 alone takes
   (`World.decided_by_writer`) failed;
 - "errors_of_a_failure_on_rank_1": the message each rank raised when an action that every rank
@@ -50,6 +53,26 @@ def count_all_gathers(run) -> int:
     return calls
 
 
+def ddp_load_check(model_dir: str, on_disk: torch.nn.Module) -> dict:
+    """`World.load_once` + `wrap` under DDP on the process group the FSDP world opened."""
+    world = World.from_environment("ddp")
+    loads = 0
+
+    def load():
+        nonlocal loads
+        loads += 1
+        return load_causal_lm(model_dir, dtype="float32")
+
+    skeleton, aside = world.load_once(load)
+    model = world.unwrap(world.wrap(skeleton, aside=aside))
+    on_disk_state = on_disk.state_dict()
+    return {
+        "loads_per_rank": world.gather_objects(loads),
+        "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+        "max_difference": max(float((value - on_disk_state[name]).abs().max()) for name, value in model.state_dict().items()),
+    }
+
+
 def main() -> None:
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     world = World.from_environment("fsdp")
@@ -76,6 +99,7 @@ def main() -> None:
             on_disk_state = on_disk.state_dict()
             weight_difference = max(float((value - on_disk_state[name]).abs().max()) for name, value in gathered.items())
             seen["loaded_max_difference"] = max(weight_difference, *buffer_differences)
+        seen["ddp_loaded"] = ddp_load_check(model_dir, on_disk)
         tokens = torch.arange(1, 9).unsqueeze(0)
 
         def forward():

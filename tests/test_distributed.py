@@ -310,6 +310,13 @@ def test_fsdp_reads_the_model_on_rank_0_alone_and_fills_every_shard_exactly(fsdp
     assert fsdp_checks["loaded_max_difference"] == 0.0
 
 
+def test_ddp_reads_the_model_on_rank_0_alone_and_keeps_tied_weights_tied(fsdp_checks):
+    loaded = fsdp_checks["ddp_loaded"]
+    assert loaded["loads_per_rank"] == [1, 0]
+    assert loaded["tied"]  # otherwise DDP trains the output embedding apart from the input one
+    assert loaded["max_difference"] == 0.0
+
+
 def test_a_decision_that_fails_on_rank_0_raises_on_every_rank(fsdp_checks):
     assert fsdp_checks["errors_of_a_failed_decision"] == ["FileNotFoundError", "FileNotFoundError"]
 
