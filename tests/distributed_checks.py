@@ -53,21 +53,26 @@ def count_all_gathers(run) -> int:
     return calls
 
 
+class CountedLoad:
+    """The model at `model_dir` in float32, for `World.load_once`, counting how often it was read."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir, self.count = model_dir, 0
+
+    def __call__(self) -> torch.nn.Module:
+        self.count += 1
+        return load_causal_lm(self.model_dir, dtype="float32")
+
+
 def ddp_load_check(model_dir: str, on_disk: torch.nn.Module) -> dict:
     """`World.load_once` + `wrap` under DDP on the process group the FSDP world opened."""
     world = World.from_environment("ddp")
-    loads = 0
-
-    def load():
-        nonlocal loads
-        loads += 1
-        return load_causal_lm(model_dir, dtype="float32")
-
+    load = CountedLoad(model_dir)
     skeleton, aside = world.load_once(load)
     model = world.unwrap(world.wrap(skeleton, aside=aside))
     on_disk_state = on_disk.state_dict()
     return {
-        "loads_per_rank": world.gather_objects(loads),
+        "loads_per_rank": world.gather_objects(load.count),
         "tied": model.lm_head.weight is model.model.embed_tokens.weight,
         "max_difference": max(float((value - on_disk_state[name]).abs().max()) for name, value in model.state_dict().items()),
     }
@@ -77,13 +82,7 @@ def main() -> None:
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     world = World.from_environment("fsdp")
     try:
-        loads = 0
-
-        def load():
-            nonlocal loads
-            loads += 1
-            return load_causal_lm(model_dir, dtype="float32")
-
+        load = CountedLoad(model_dir)
         skeleton, aside = world.load_once(load)
         model = world.wrap(skeleton, aside=aside)
         on_disk = load_causal_lm(model_dir, dtype="float32")
@@ -91,7 +90,7 @@ def main() -> None:
         buffer_difference = max(float((buffer - buffers[name]).abs().max()) for name, buffer in model.named_buffers())
         gathered = dict(world.whole_on_writer(world.named_state(model)))
         seen: dict = {
-            "loads_per_rank": world.gather_objects(loads),
+            "loads_per_rank": world.gather_objects(load.count),
             "parameters_of_skeleton_and_disk": [sum(p.numel() for p in m.parameters()) for m in (skeleton, on_disk)],
         }
         buffer_differences = world.gather_objects(buffer_difference)

@@ -52,6 +52,29 @@ class Rollouts:
     response_logprobs: torch.Tensor | None = None
 
 
+def rollouts_from_rows(
+    prompt_rows: Sequence[torch.Tensor],
+    response_rows: Sequence[torch.Tensor],
+    logprob_rows: Sequence[torch.Tensor] | None,
+    tokenizer,
+    group_size: int,
+) -> Rollouts:
+    """`Rollouts` from one unpadded 1-D tensor per row: its prompt, its response (through the
+    end-of-sequence token) and, when given, its response tokens' log-probs; `tokenizer` pads and
+    decodes."""
+    pad_id = tokenizer.pad_token_id
+    response_ids = pad_rows(response_rows, pad_id, left=False)
+    return Rollouts(
+        prompt_ids=pad_rows(prompt_rows, pad_id, left=True),
+        prompt_mask=pad_rows([torch.ones_like(ids) for ids in prompt_rows], 0, left=True),
+        response_ids=response_ids,
+        response_mask=pad_rows([torch.ones_like(ids) for ids in response_rows], 0, left=False),
+        response_texts=tokenizer.batch_decode(response_ids, skip_special_tokens=True),
+        group_size=group_size,
+        response_logprobs=pad_rows(logprob_rows, 0, left=False) if logprob_rows is not None else None,
+    )
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""

@@ -21,7 +21,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pacs.models.loading import eval_mode
-from pacs.rollout.base import Rollouts, SamplingParams, pad_rows
+from pacs.rollout.base import Rollouts, SamplingParams, pad_rows, rollouts_from_rows
 
 
 def end_of_sequence_ids(
@@ -98,15 +98,8 @@ class TransformersEngine:
                     response_rows.append(responses[sequence, :length].cpu())
                     if params.return_logprobs:
                         logprob_rows.append(sampled_logprobs[sequence, :length].cpu())
-        response_ids = pad_rows(response_rows, pad_id, left=False)
-        return Rollouts(
-            prompt_ids=pad_rows(prompt_rows, pad_id, left=True),
-            prompt_mask=pad_rows([torch.ones_like(ids) for ids in prompt_rows], 0, left=True),
-            response_ids=response_ids,
-            response_mask=pad_rows([torch.ones_like(ids) for ids in response_rows], 0, left=False),
-            response_texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
-            group_size=params.n,
-            response_logprobs=pad_rows(logprob_rows, 0, left=False) if params.return_logprobs else None,
+        return rollouts_from_rows(
+            prompt_rows, response_rows, logprob_rows if params.return_logprobs else None, self.tokenizer, params.n
         )
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from pacs.config import VllmConfig
-from pacs.rollout.base import Rollouts, SamplingParams, pad_rows
+from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
 from pacs.rollout.hf import end_of_sequence_ids
 
 CPU_KV_CACHE_GIB = 0.5
@@ -118,7 +118,6 @@ class VllmEngine:
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
         self.sleep()
-        pad_id = self.tokenizer.pad_token_id
         prompt_rows, response_rows, logprob_rows = [], [], []
         for ids, output in zip(prompt_token_ids, outputs):
             samples = sorted(output.outputs, key=lambda completion: completion.index)
@@ -129,15 +128,8 @@ class VllmEngine:
                 if params.return_logprobs:
                     chosen = [position[token].logprob for position, token in zip(sample.logprobs, tokens)]
                     logprob_rows.append(torch.tensor(chosen, dtype=torch.float32))
-        response_ids = pad_rows(response_rows, pad_id, left=False)
-        return Rollouts(
-            prompt_ids=pad_rows(prompt_rows, pad_id, left=True),
-            prompt_mask=pad_rows([torch.ones_like(ids) for ids in prompt_rows], 0, left=True),
-            response_ids=response_ids,
-            response_mask=pad_rows([torch.ones_like(ids) for ids in response_rows], 0, left=False),
-            response_texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
-            group_size=params.n,
-            response_logprobs=pad_rows(logprob_rows, 0, left=False) if params.return_logprobs else None,
+        return rollouts_from_rows(
+            prompt_rows, response_rows, logprob_rows if params.return_logprobs else None, self.tokenizer, params.n
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
