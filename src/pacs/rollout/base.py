@@ -76,6 +76,11 @@ def rollouts_from_rows(
 
 
 class RolloutEngine(Protocol):
+    holds_own_weights: bool
+    """True when the engine samples from a copy of the weights (vLLM), which the trainer must push
+    after each update and whose log-probs it checks against its own; False when it generates
+    with the trained module itself (transformers)."""
+
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""
         ...

@@ -50,6 +50,9 @@ def _clean_generation_defaults(model: PreTrainedModel, eos_ids: tuple[int, ...],
 class TransformersEngine:
     """Generate with a Hugging Face causal LM, at most `max_sequences_per_call` sequences at once."""
 
+    holds_own_weights = False
+    """It generates with the trained module itself (`pacs.rollout.base.RolloutEngine`)."""
+
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, max_sequences_per_call: int = 512):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs an end-of-sequence token and a padding token to generate")

@@ -61,6 +61,9 @@ class VllmEngine:
     starts the engine: under torchrun the trainer's `World.colocated_engine`, where collectives are
     made (vLLM sets up its process groups on the job's)."""
 
+    holds_own_weights = True
+    """A copy of the weights that `load_weights` replaces (`pacs.rollout.base.RolloutEngine`)."""
+
     def __init__(
         self,
         model_path: str,

@@ -37,9 +37,7 @@ from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
-from pacs.rollout.base import Rollouts, SamplingParams
-from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.vllm import VllmEngine
+from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
@@ -168,7 +166,7 @@ class Trainer:
     """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
     is the policy with its adapters disabled)."""
     algorithm: Algorithm
-    engine: TransformersEngine | VllmEngine
+    engine: RolloutEngine
     scorer: ScoringPool
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
@@ -301,7 +299,7 @@ class Trainer:
             temperature=config.rollout.temperature,
             top_p=config.rollout.top_p,
             max_new_tokens=config.data.max_response_length,
-            return_logprobs=isinstance(self.engine, VllmEngine),
+            return_logprobs=self.engine.holds_own_weights,
         )
         with self.generation(), self.settings.autocast():
             rollouts = self.engine.generate([self.train_prompts.token_ids[i] for i in indices], params)
@@ -317,7 +315,7 @@ class Trainer:
     def generation(self) -> contextlib.AbstractContextManager:
         """The context an engine generates in: for transformers' generate on the policy itself,
         the whole policy gathered (`World.generation`); vLLM holds its own weights."""
-        return self.world.generation(self.policy.model) if isinstance(self.engine, TransformersEngine) else contextlib.nullcontext()
+        return contextlib.nullcontext() if self.engine.holds_own_weights else self.world.generation(self.policy.model)
 
     def fill_step_terms(self, batch: PolicyBatch, first_update_rows: int) -> None:
         """The rollout policy's log-probs (but for the first update's rows, whose update takes
