@@ -105,14 +105,29 @@ def send_half_a_message_then_hang():
     time.sleep(3600)
 
 
-def start_a_sleeper(pid_file, then_hang):
-    """Start `sleep 3600` as a child, write its pid to `pid_file`; then hang or return."""
-    sleeper = subprocess.Popen(["sleep", "3600"])
+def start_a_sleeper(pid_file, then_hang, detached=False):
+    """Start `sleep 3600`, write its pid to `pid_file`; then hang or return. Detached: as a daemon
+    does, in a session of its own (so outside the worker's process group) and orphaned by a double
+    fork."""
+    if detached:
+        read_end, write_end = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            pid = os.fork()
+            if pid == 0:
+                os.execvp("sleep", ["sleep", "3600"])
+            os.write(write_end, str(pid).encode())
+            os._exit(0)
+        os.close(write_end)
+        os.wait()
+        sleeper_pid = int(os.read(read_end, 64))
+    else:
+        sleeper_pid = subprocess.Popen(["sleep", "3600"]).pid
     with open(pid_file, "w") as file:
-        file.write(str(sleeper.pid))
+        file.write(str(sleeper_pid))
     if then_hang:
         time.sleep(3600)
-    return sleeper.pid
+    return sleeper_pid
 
 
 def kill_the_server_then_hang(pid_file):
@@ -224,30 +239,36 @@ def test_threads_sharing_workers_get_their_own_results() -> None:
     assert errors == []
 
 
+SLEEPERS = pytest.mark.parametrize("detached", [False, True], ids=["child", "daemon-in-its-own-session"])
+
+
 @needs_proc
-def test_a_timed_out_call_takes_the_processes_it_started_with_it(plugin: str, tmp_path: Path) -> None:
+@SLEEPERS
+def test_a_timed_out_call_takes_the_processes_it_started_with_it(plugin: str, tmp_path: Path, detached: bool) -> None:
     pid_file = tmp_path / "sleeper"
     with TimeLimitedWorkers(f"{plugin}:start_a_sleeper", num_workers=1) as workers:
-        assert workers.run([(str(pid_file), True)], timeout_s=1.0).timed_out == 1
+        assert workers.run([(str(pid_file), True, detached)], timeout_s=1.0).timed_out == 1
         assert gone(int(pid_file.read_text()))
 
 
 @needs_proc
-def test_closing_stops_the_processes_workers_started(plugin: str, tmp_path: Path) -> None:
+@SLEEPERS
+def test_closing_stops_the_processes_workers_started(plugin: str, tmp_path: Path, detached: bool) -> None:
     workers = TimeLimitedWorkers(f"{plugin}:start_a_sleeper", num_workers=1)
-    [sleeper] = workers.run([(str(tmp_path / "sleeper"), False)], timeout_s=5).results
+    [sleeper] = workers.run([(str(tmp_path / "sleeper"), False, detached)], timeout_s=5).results
     assert running(sleeper)
     workers.close()
     assert gone(sleeper)
 
 
 @needs_proc
-def test_processes_workers_started_end_when_their_caller_exits(plugin_directory: Path, tmp_path: Path) -> None:
+@SLEEPERS
+def test_processes_workers_started_end_when_their_caller_exits(plugin_directory: Path, tmp_path: Path, detached: bool) -> None:
     script = (
         "import sys\nfrom pacs.rewards.workers import TimeLimitedWorkers\n"
         f"sys.path.insert(0, {str(plugin_directory)!r})\n"
         f"workers = TimeLimitedWorkers('{PLUGIN_MODULE}:start_a_sleeper', num_workers=1)\n"
-        f"print(*workers.run([({str(tmp_path / 'sleeper')!r}, False)], timeout_s=5).results, flush=True)\n"
+        f"print(*workers.run([({str(tmp_path / 'sleeper')!r}, False, {detached})], timeout_s=5).results, flush=True)\n"
     )
     caller = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert caller.returncode == 0, caller.stderr

@@ -40,7 +40,10 @@ its own socket (handed over with SCM_RIGHTS), and never sees the caller's ``__ma
 
 Processes left behind: none. Each worker leads a process group of its own; the server kills the
 whole group when the caller stops the worker, when the worker exits, and for every worker when the
-caller closes it, drops it, exits or dies. If the server dies (the OOM killer), its workers die
+caller closes it, drops it, exits or dies. A program that leaves the group (``setsid``, a daemon's
+double fork) is still caught: the server and each worker are child subreapers (Linux), so an
+orphaned descendant of a worker is adopted by that worker while it lives and by the server once
+it is gone, and the server kills every child of its own that is not a live worker. If the server dies (the OOM killer), its workers die
 with it (Linux), the caller kills what is left of their groups, and the next call starts afresh.
 A process that forks keeps the caller's workers with the caller: the child forgets them. The
 server and workers ignore SIGINT: Ctrl-C interrupts the caller, which stops them.
@@ -76,6 +79,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
+from pathlib import Path
 
 from pacs.plugins import check_function_spec, import_function
 
@@ -90,6 +94,7 @@ _FRAME_HEADER = struct.Struct(">I")
 _CONTROL_MESSAGE_BYTES = 1 << 16
 _READ_BYTES = 1 << 16
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 NO_RESULT = object()
 """Stands in ``CallResults.results`` for a call that timed out or whose worker crashed."""
@@ -476,6 +481,7 @@ def _serve_forks(settings: dict, control_fd: int) -> None:
     group is killed (so nothing it started holds its socket) and it is reaped.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _become_subreaper()
     control = socket.socket(fileno=control_fd)
     try:
         function = import_function(settings["function_spec"])
@@ -519,6 +525,11 @@ def _serve_forks(settings: dict, control_fd: int) -> None:
         _kill_groups(children)
         for pid in children:
             os.waitpid(pid, 0)
+        while adopted := _adopted_children(set()):
+            _kill_groups(adopted)
+            for pid in adopted:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
 
 
 def _set_process_group(pid: int) -> None:
@@ -530,17 +541,39 @@ def _set_process_group(pid: int) -> None:
 
 
 def _reap_exited(children: set[int]) -> None:
-    """Kill the group of every exited worker, then reap it (its pid stays reserved until then)."""
+    """Kill the group of every exited child, then reap it (its pid stays reserved until then);
+    kill every adopted orphan (a child that is not a worker), whose own death brings us here again."""
     while True:
         try:
             status = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return
+            break
         if status is None:
-            return
+            break
         _kill_groups([status.si_pid])
         os.waitpid(status.si_pid, 0)
         children.discard(status.si_pid)
+    for pid in _adopted_children(children):
+        _kill_groups([pid])
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _become_subreaper() -> None:
+    """Linux: orphaned descendants of this process become its children, not init's."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _adopted_children(workers: set[int]) -> list[int]:
+    """This process's children that are not in ``workers`` (Linux; elsewhere none are known)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return []
+    pids = {int(pid) for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+    return sorted(pids - workers)
 
 
 def _become_worker(control: socket.socket, server_fds: tuple[int, int], memory_limit_mib: int | None) -> None:
@@ -548,6 +581,7 @@ def _become_worker(control: socket.socket, server_fds: tuple[int, int], memory_l
     server's descriptors or signal handling, standard output to standard error, the memory limit."""
     server_pid = os.getppid()
     _set_process_group(0)
+    _become_subreaper()
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != server_pid:  # the server died before prctl
