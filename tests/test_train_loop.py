@@ -57,6 +57,11 @@ def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_mo
     assert result.final_checkpoint == run / "checkpoints" / "final"
 
 
+def test_the_optimizer_takes_each_steps_learning_rate_from_the_schedule(tmp_path, warm_model_dir):
+    train(small_config(tmp_path / "run", warm_model_dir, "train.lr_schedule=linear", "train.lr=2e-4"), show_progress=False)
+    assert [row["lr"] for row in read_metrics(tmp_path / "run")] == pytest.approx([2e-4, 1.5e-4, 1e-4, 0.5e-4])
+
+
 def test_training_changes_the_weights(tmp_path, warm_model_dir):
     result = train(small_config(tmp_path / "run", warm_model_dir), show_progress=False)
     before, after = weights(warm_model_dir), weights(result.final_checkpoint)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from pacs.models.loading import load_causal_lm
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad
 from pacs.train.distributed import World
-from pacs.train.update import UpdateSettings, update_policy
+from pacs.train.update import UpdateSettings, scheduled_learning_rate, update_policy
 
 GROUP_SIZE = 4
 PROMPTS = 4
@@ -138,3 +139,15 @@ def test_pacs_with_kl_and_entropy_gives_the_same_update_at_any_micro_batch_size(
     plain = run_trainer_update(model, batch, 16)
     assert max_weight_difference(whole, split) < 1e-10
     assert max_weight_difference(whole, plain) > 1e-6, "the penalty and the bonus must change the update"
+
+
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [
+        ("constant", [1.0, 1.0, 1.0, 1.0]),
+        ("linear", [1.0, 0.75, 0.5, 0.25]),
+        ("cosine", [1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]),
+    ],
+)
+def test_the_learning_rate_of_each_step_follows_its_schedule(schedule, expected):
+    assert [scheduled_learning_rate(2.0, schedule, step, 4) for step in (1, 2, 3, 4)] == pytest.approx([2 * e for e in expected])

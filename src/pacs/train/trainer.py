@@ -46,7 +46,7 @@ from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
 from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
-from pacs.train.update import UpdateSettings, update_critic, update_policy
+from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
 NODE_INPUTS_REMEDY = (
     "Every node runs the same command and reads model.path, the data files and the reward function from its own "
@@ -275,7 +275,9 @@ class Trainer:
         takes_first_old_logprobs = updates_policy and "step_old_logprobs" not in self.algorithm.needs
         first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if takes_first_old_logprobs else 0
         self.fill_step_terms(batch, first_update_rows)
-        metrics = self.update(batch, updates_policy, first_update_rows)
+        train = self.config.train
+        lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
+        metrics = {"lr": lr, **self.update(batch, updates_policy, first_update_rows)}
         if "sampler_logprobs" in batch.row_terms:  # the trainer's old log-probs are all known after the update
             metrics.update(sampler_mismatch(self.world, batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask))
         timings = {

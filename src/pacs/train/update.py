@@ -40,6 +40,24 @@ class UpdateSettings:
     """The context every forward pass runs in (bf16 autocast under mixed precision)."""
 
 
+def scheduled_learning_rate(lr: float, schedule: str, step: int, steps: int) -> float:
+    """The learning rate of step `step` (1..steps) under `train.lr_schedule`:
+    constant: lr; linear: lr·(1 − (step − 1)/steps); cosine: lr·½(1 + cos(π(step − 1)/steps))."""
+    progress = (step - 1) / steps
+    if schedule == "linear":
+        return lr * (1 - progress)
+    if schedule == "cosine":
+        return lr * 0.5 * (1 + math.cos(math.pi * progress))
+    return lr
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    """Give every parameter group of `optimizer` the learning rate `lr`; return it."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 PrepareUpdate = Callable[
     [PolicyBatch, slice, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float], dict[str, float]]
 ]
