@@ -1,7 +1,8 @@
 """Data parallel and FSDP2 with 2 real processes (torchrun, gloo on CPU).
 
-The exactness tests run `tests/distributed_update.py` under torchrun once per strategy (every case
-in one launch) and compare each case's weights after one step with the same step in this process.
+The exactness tests run `tests/distributed_update.py` under torchrun once (every strategy and case,
+and `tests/distributed_checks.py`'s checks, in one launch: each launch pays seconds of start-up)
+and compare each case's weights after one step with the same step in this process.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def two_process_weights(tiny_model_dir, tmp_path_factory):
     and checks.json of `distributed_checks.observe`: every mode and the checks in one launch."""
     out = tmp_path_factory.mktemp("two-process")
     torchrun(str(WORKER), str(tiny_model_dir), str(out), "ddp", *DDP_CASES, *LORA_CASES, "fsdp", *FSDP_CASES,
-             *LORA_CASES, "ddp-local-totals", *LOCAL_TOTALS_CASES, "--checks", str(out / "checks.json"))
+             *LORA_CASES, "ddp-local-totals", *LOCAL_TOTALS_CASES, "--checks", str(out / "checks.json"),
+             timeout=1200)  # the four launches' limits it replaces, 300 s each: a busy machine slows it alike
     return out
 
 
