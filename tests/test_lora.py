@@ -252,7 +252,7 @@ def finished(job: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_a_killed_lora_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, warm_model_dir):
-    options = ("train.save_every=1", "model.dtype=bfloat16")  # 3 steps: killed after the second
+    options = ("train.steps=4", "train.save_every=1", "model.dtype=bfloat16")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     finished(pacs_train(straight, warm_model_dir, *options))
 
@@ -263,4 +263,4 @@ def test_a_killed_lora_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_pa
     expected, got = weights_of(straight / "checkpoints" / "final"), weights_of(killed / "checkpoints" / "final")
     assert expected.keys() == got.keys()
     assert max(float((expected[name].float() - got[name].float()).abs().max()) for name in expected) <= 1e-6
-    assert [row["step"] for row in read_metrics(killed)] == [1, 2, 3]
+    assert [row["step"] for row in read_metrics(killed)] == [1, 2, 3, 4]
