@@ -1,8 +1,8 @@
-"""FSDP2 behaviours that only show with several processes, checked in one torchrun launch.
+"""FSDP2 behaviours that only show with several processes, checked in the exactness tests' launch.
 
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_checks.py MODEL_DIR OUT.json
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_update.py MODEL_DIR OUT_DIR ... --checks OUT.json
 
-Rank 0 writes OUT.json with what it saw:
+runs `observe` after the update cases, and rank 0 writes OUT.json with what it saw:
 - "all_gathers_per_forward_before" / "_after_generation": all-gathers that one forward pass of the
   policy costs, before and after `World.generation` (its root keeps its parameters gathered after
   forward, as FSDP2 sets a root, and generation must leave it so);
@@ -24,8 +24,6 @@ Rank 0 writes OUT.json with what it saw:
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import torch
@@ -78,71 +76,61 @@ def ddp_load_check(model_dir: str, on_disk: torch.nn.Module) -> dict:
     }
 
 
-def main() -> None:
-    model_dir, out = sys.argv[1], Path(sys.argv[2])
-    world = World.from_environment("fsdp")
+def observe(world: World, model_dir: str) -> dict | None:
+    """What every rank saw of the checks above, on rank 0 (None elsewhere); `world` is FSDP's."""
+    load = CountedLoad(model_dir)
+    skeleton, aside = world.load_once(load)
+    model = world.wrap(skeleton, aside=aside)
+    on_disk = load_causal_lm(model_dir, dtype="float32")
+    buffers = {name: buffer for name, buffer in on_disk.named_buffers()}
+    buffer_difference = max(float((buffer - buffers[name]).abs().max()) for name, buffer in model.named_buffers())
+    gathered = dict(world.whole_on_writer(world.named_state(model)))
+    seen: dict = {
+        "loads_per_rank": world.gather_objects(load.count),
+        "parameters_of_skeleton_and_disk": [sum(p.numel() for p in m.parameters()) for m in (skeleton, on_disk)],
+    }
+    buffer_differences = world.gather_objects(buffer_difference)
+    if world.is_writer:
+        on_disk_state = on_disk.state_dict()
+        weight_difference = max(float((value - on_disk_state[name]).abs().max()) for name, value in gathered.items())
+        seen["loaded_max_difference"] = max(weight_difference, *buffer_differences)
+    seen["ddp_loaded"] = ddp_load_check(model_dir, on_disk)
+    tokens = torch.arange(1, 9).unsqueeze(0)
+
+    def forward():
+        with torch.no_grad():
+            model(input_ids=tokens)
+
+    forward()  # the first forward initialises FSDP
+    seen["all_gathers_per_forward_before"] = count_all_gathers(forward)
+    with world.generation(model) as unwrapped:
+        unwrapped.generate(input_ids=tokens, max_new_tokens=2, do_sample=False, synced_gpus=False)
+    seen["all_gathers_per_forward_after_generation"] = count_all_gathers(forward)
+
+    with world.gradient_sync(model, sync=False):
+        model(input_ids=tokens).logits.sum().backward()
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    seen["sharded_gradients_between_micro_batches"] = all(
+        isinstance(parameter.grad, DTensor) and parameter.grad.to_local().numel() < parameter.grad.numel()
+        for parameter in trainable
+        if parameter.numel() >= world.world_size
+    )
+    reference = world.shard_frozen(load_causal_lm(model_dir, dtype="float32"))
+    seen["reference_sharded"] = all(
+        isinstance(parameter, DTensor) and parameter.to_local().numel() < parameter.numel()
+        for parameter in reference.parameters()
+        if parameter.numel() >= world.world_size
+    )
     try:
-        load = CountedLoad(model_dir)
-        skeleton, aside = world.load_once(load)
-        model = world.wrap(skeleton, aside=aside)
-        on_disk = load_causal_lm(model_dir, dtype="float32")
-        buffers = {name: buffer for name, buffer in on_disk.named_buffers()}
-        buffer_difference = max(float((buffer - buffers[name]).abs().max()) for name, buffer in model.named_buffers())
-        gathered = dict(world.whole_on_writer(world.named_state(model)))
-        seen: dict = {
-            "loads_per_rank": world.gather_objects(load.count),
-            "parameters_of_skeleton_and_disk": [sum(p.numel() for p in m.parameters()) for m in (skeleton, on_disk)],
-        }
-        buffer_differences = world.gather_objects(buffer_difference)
-        if world.is_writer:
-            on_disk_state = on_disk.state_dict()
-            weight_difference = max(float((value - on_disk_state[name]).abs().max()) for name, value in gathered.items())
-            seen["loaded_max_difference"] = max(weight_difference, *buffer_differences)
-        seen["ddp_loaded"] = ddp_load_check(model_dir, on_disk)
-        tokens = torch.arange(1, 9).unsqueeze(0)
-
-        def forward():
-            with torch.no_grad():
-                model(input_ids=tokens)
-
-        forward()  # the first forward initialises FSDP
-        seen["all_gathers_per_forward_before"] = count_all_gathers(forward)
-        with world.generation(model) as unwrapped:
-            unwrapped.generate(input_ids=tokens, max_new_tokens=2, do_sample=False, synced_gpus=False)
-        seen["all_gathers_per_forward_after_generation"] = count_all_gathers(forward)
-
-        with world.gradient_sync(model, sync=False):
-            model(input_ids=tokens).logits.sum().backward()
-        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
-        seen["sharded_gradients_between_micro_batches"] = all(
-            isinstance(parameter.grad, DTensor) and parameter.grad.to_local().numel() < parameter.grad.numel()
-            for parameter in trainable
-            if parameter.numel() >= world.world_size
-        )
-        reference = world.shard_frozen(load_causal_lm(model_dir, dtype="float32"))
-        seen["reference_sharded"] = all(
-            isinstance(parameter, DTensor) and parameter.to_local().numel() < parameter.numel()
-            for parameter in reference.parameters()
-            if parameter.numel() >= world.world_size
-        )
-        try:
-            world.decided_by_writer(lambda: Path(model_dir, "no-such-file").read_text())
-            raised = None
-        except FileNotFoundError as error:
-            raised = type(error).__name__
-        seen["errors_of_a_failed_decision"] = world.gather_objects(raised)
-        try:
-            world.on_every_rank(lambda: Path(model_dir, "no-such-file").read_text() if world.rank == 1 else "")
-            message = None
-        except NodeError as error:
-            message = str(error)
-        seen["errors_of_a_failure_on_rank_1"] = world.gather_objects(message)
-        if world.is_writer:
-            out.write_text(json.dumps(seen))
-        world.barrier()
-    finally:
-        world.close()
-
-
-if __name__ == "__main__":
-    main()
+        world.decided_by_writer(lambda: Path(model_dir, "no-such-file").read_text())
+        raised = None
+    except FileNotFoundError as error:
+        raised = type(error).__name__
+    seen["errors_of_a_failed_decision"] = world.gather_objects(raised)
+    try:
+        world.on_every_rank(lambda: Path(model_dir, "no-such-file").read_text() if world.rank == 1 else "")
+        message = None
+    except NodeError as error:
+        message = str(error)
+    seen["errors_of_a_failure_on_rank_1"] = world.gather_objects(message)
+    return seen if world.is_writer else None

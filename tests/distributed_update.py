@@ -5,28 +5,36 @@ values, `prepare_step`, the critic's and the policy's updates. Every rank builds
 batch of PROMPTS prompts x GROUP_SIZE responses (fixed seed) and keeps its share
 (`World.shard_prompts`), exactly as the trainer does with the prompts it draws.
 
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_update.py MODEL_DIR OUT_DIR STRATEGY CASE...
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/distributed_update.py MODEL_DIR OUT_DIR MODE CASE... [MODE CASE...]...
 
-writes OUT_DIR/CASE.safetensors (the full policy and critic weights after the step) and
-OUT_DIR/CASE.json (the metrics the updates report) from rank 0.
+writes OUT_DIR/MODE/CASE.safetensors (the full policy and critic weights after the step) and
+OUT_DIR/MODE/CASE.json (the metrics the updates report) from rank 0, for every MODE and its cases
+in turn (one launch: the start-up of torchrun and its processes is paid once).
+A MODE is a strategy, "ddp" or "fsdp", or "ddp-local-totals": DDP with each rank's loss normalised
+by its own rows and tokens instead of the global mini-batch's (the mistake the exactness tests
+must catch).
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
 every linear projection; the reference is the policy with its adapters disabled); "NAME/" before
 either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
-`--local-totals` normalises each rank's loss by its own rows and tokens instead of the global
-mini-batch's (the mistake the exactness tests must catch).
+`--checks OUT.json` then runs `distributed_checks.observe` on the model in MODEL_DIR, in the same
+launch, and writes what it saw to OUT.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from batches import policy_batch
+from distributed_checks import observe
 from exact_float64 import normalise_float64_in_float64
 from pacs.algos.base import MiniBatchTotals
 from pacs.algos.registry import build_algorithm
@@ -128,32 +136,70 @@ def full_weights(world: World, model: torch.nn.Module) -> dict[str, torch.Tensor
     return gathered if world.is_writer else None
 
 
-def use_local_totals() -> None:
-    """Normalise by each rank's own rows and tokens (and statistics), not the global mini-batch's."""
+MODES = {"ddp": ("ddp", False), "fsdp": ("fsdp", False), "ddp-local-totals": ("ddp", True)}
+"""MODE -> (strategy, whether each rank normalises by its own totals)."""
+
+
+@contextlib.contextmanager
+def local_totals() -> Iterator[None]:
+    """Normalise by each rank's own rows and tokens (and statistics), not the global mini-batch's,
+    until the block ends."""
+    global_totals, world_sum = update_module.global_totals, World.sum
     update_module.global_totals = lambda minibatch, world: MiniBatchTotals.of(minibatch.response_mask)
     World.sum = lambda self, value: value.clone()
+    try:
+        yield
+    finally:
+        update_module.global_totals, World.sum = global_totals, world_sum
+
+
+def cases_by_mode(arguments: list[str]) -> list[tuple[str, list[str]]]:
+    """"MODE CASE... MODE CASE..." -> [(MODE, [CASE, ...]), ...]; raises on a case before any MODE
+    or a MODE without cases."""
+    groups: list[tuple[str, list[str]]] = []
+    for argument in arguments:
+        if argument in MODES:
+            groups.append((argument, []))
+        elif not groups:
+            raise SystemExit(f"case {argument!r} comes before any mode; modes: {', '.join(MODES)}")
+        else:
+            groups[-1][1].append(argument)
+    empty = [mode for mode, cases in groups if not cases]
+    if empty or not groups:
+        raise SystemExit(f"every mode needs at least one case; none after {empty or 'MODE'}")
+    return groups
+
+
+def save_case(out_dir: Path, case: str, weights: dict[str, torch.Tensor], metrics: dict[str, float]) -> None:
+    path = out_dir / f"{case}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({key: value.clone() for key, value in weights.items()}, str(path))
+    path.with_suffix(".json").write_text(json.dumps(metrics))
 
 
 def main() -> None:
     normalise_float64_in_float64()
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
-    parser.add_argument("out_dir")
-    parser.add_argument("strategy", choices=["ddp", "fsdp"])
-    parser.add_argument("cases", nargs="+")
-    parser.add_argument("--local-totals", action="store_true")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("modes_and_cases", nargs="+", metavar="MODE CASE...")
+    parser.add_argument("--checks", type=Path, metavar="OUT.json")
     args = parser.parse_args()
-    world = World.from_environment(args.strategy)
-    if args.local_totals:
-        use_local_totals()
+    groups = cases_by_mode(args.modes_and_cases)
+    world = World.from_environment(MODES[groups[0][0]][0])
     try:
-        for case in args.cases:
-            weights, metrics = run_case(world, args.model_dir, case)
-            if weights is not None:
-                path = Path(args.out_dir) / f"{case}.safetensors"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                save_file({key: value.clone() for key, value in weights.items()}, str(path))
-                path.with_suffix(".json").write_text(json.dumps(metrics))
+        for mode, cases in groups:
+            strategy, own_totals = MODES[mode]
+            mode_world = dataclasses.replace(world, strategy=strategy)
+            with local_totals() if own_totals else contextlib.nullcontext():
+                for case in cases:
+                    weights, metrics = run_case(mode_world, args.model_dir, case)
+                    if weights is not None:
+                        save_case(args.out_dir / mode, case, weights, metrics)
+        if args.checks is not None:
+            seen = observe(dataclasses.replace(world, strategy="fsdp"), args.model_dir)
+            if seen is not None:
+                args.checks.write_text(json.dumps(seen))
         world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()

@@ -140,7 +140,7 @@ def fsdp_weights(model_root, tmp_path_factory):
     """OUT/NAME/CASE.safetensors: the weights after each of FSDP_CASES' steps, with 2 FSDP processes."""
     out = tmp_path_factory.mktemp("fsdp-architectures")
     torchrun(str(WORKER), str(model_root), str(out), "fsdp", *FSDP_CASES)
-    return out
+    return out / "fsdp"
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Data parallel and FSDP2 with 2 real processes (torchrun, gloo on CPU).
 
-The exactness tests run `tests/distributed_update.py` under torchrun once per strategy (every case
-in one launch) and compare each case's weights after one step with the same step in this process.
+The exactness tests run `tests/distributed_update.py` under torchrun once (every strategy and case,
+and `tests/distributed_checks.py`'s checks, in one launch: each launch pays seconds of start-up)
+and compare each case's weights after one step with the same step in this process.
 """
 
 from __future__ import annotations
@@ -55,15 +56,12 @@ def process_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def two_process_weights(tiny_model_dir, tmp_path_factory):
-    """Directory per mode ("ddp", "fsdp", "ddp-local-totals") of CASE.safetensors from 2 processes."""
+    """Directory per mode ("ddp", "fsdp", "ddp-local-totals") of CASE.safetensors from 2 processes,
+    and checks.json of `distributed_checks.observe`: every mode and the checks in one launch."""
     out = tmp_path_factory.mktemp("two-process")
-    runs = {
-        "ddp": ("ddp", DDP_CASES + LORA_CASES, []),
-        "fsdp": ("fsdp", FSDP_CASES + LORA_CASES, []),
-        "ddp-local-totals": ("ddp", LOCAL_TOTALS_CASES, ["--local-totals"]),
-    }
-    for mode, (strategy, cases, flags) in runs.items():
-        torchrun(str(WORKER), str(tiny_model_dir), str(out / mode), strategy, *cases, *flags)
+    torchrun(str(WORKER), str(tiny_model_dir), str(out), "ddp", *DDP_CASES, *LORA_CASES, "fsdp", *FSDP_CASES,
+             *LORA_CASES, "ddp-local-totals", *LOCAL_TOTALS_CASES, "--checks", str(out / "checks.json"),
+             timeout=1200)  # the four launches' limits it replaces, 300 s each: a busy machine slows it alike
     return out
 
 
@@ -246,6 +244,7 @@ def uninterrupted_run(request, tmp_path_factory, warm_model_dir):
     return strategy, path, output_dir, overrides, result
 
 
+@pytest.mark.slow
 def test_a_two_process_run_shares_the_prompts_and_writes_once(uninterrupted_run):
     from transformers import AutoModelForCausalLM
 
@@ -263,6 +262,7 @@ def test_a_two_process_run_shares_the_prompts_and_writes_once(uninterrupted_run)
     assert AutoModelForCausalLM.from_pretrained(output_dir / "checkpoints" / "final").config.model_type == "qwen2"
 
 
+@pytest.mark.slow
 def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted_run):
     _, _, output_dir, _, _ = uninterrupted_run
     validated = [line for line in read_jsonl(output_dir / "metrics.jsonl") if "val/arithmetic/pass@1" in line]
@@ -271,6 +271,7 @@ def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted
         assert line["val/arithmetic/pass@1"] * 12 == pytest.approx(round(line["val/arithmetic/pass@1"] * 12), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(uninterrupted_run, tmp_path, warm_model_dir):
     strategy, path, straight, overrides, _ = uninterrupted_run
     killed = tmp_path / "killed"
@@ -297,10 +298,9 @@ def test_two_processes_log_the_one_process_metrics(two_process_metrics, one_proc
 
 
 @pytest.fixture(scope="module")
-def fsdp_checks(tmp_path_factory, tiny_model_dir) -> dict:
-    out = tmp_path_factory.mktemp("fsdp-checks") / "checks.json"
-    torchrun(str(WORKER.with_name("distributed_checks.py")), str(tiny_model_dir), str(out))
-    return json.loads(out.read_text())
+def fsdp_checks(two_process_weights) -> dict:
+    """What `distributed_checks.observe` saw, in the exactness tests' launch."""
+    return json.loads((two_process_weights / "checks.json").read_text())
 
 
 def test_fsdp_reads_the_model_on_rank_0_alone_and_fills_every_shard_exactly(fsdp_checks):
@@ -335,6 +335,7 @@ def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(fs
     assert seen["reference_sharded"]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path, warm_model_dir):
     (tmp_path / "rank_one_fails.py").write_text(
         "import os\n"
@@ -366,6 +367,7 @@ def samples_by_problem(out: Path) -> dict[tuple[str, int], list[int]]:
     return {problem: sorted(numbers) for problem, numbers in samples.items()}
 
 
+@pytest.mark.slow
 def test_two_processes_evaluate_every_problem_once_with_its_samples_and_agree_with_one(tmp_path, warm_model_dir):
     one, two = tmp_path / "one", tmp_path / "two"
     assert run(["eval", "--model", str(warm_model_dir), *EVAL, "--out", str(one)]) == 0
@@ -443,6 +445,7 @@ def train_on_one_node(directory: Path, *overrides: str) -> Path:
     return directory / "run"
 
 
+@pytest.mark.slow
 def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_path):
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=2")
@@ -455,6 +458,7 @@ def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_pa
     assert max_difference(resumed, expected) <= EXACT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy", [["train.strategy=ddp"], ["train.strategy=fsdp", "model.lora_rank=4"]], ids=["ddp", "fsdp-lora"]
 )
@@ -472,6 +476,7 @@ def test_a_checkpoint_on_rank_0s_disk_alone_resumes_on_two_nodes(strategy, tmp_p
     assert max_difference(resumed, expected) <= EXACT
 
 
+@pytest.mark.slow
 def test_a_node_without_the_data_file_stops_every_node_with_one_error_naming_it(tmp_path):
     from pacs.data.loading import load_rows
 
