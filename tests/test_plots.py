@@ -8,7 +8,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs, run_labels
+from pacs.cli import main
+from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs, run_labels, smoothed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -149,3 +150,23 @@ def test_runs_of_the_same_name_get_distinct_labels(tmp_path):
     runs = [tmp_path / "compare" / "pacs" / "seed_0", tmp_path / "compare" / "grpo" / "seed_0"]
     assert run_labels(runs) == ["pacs/seed_0", "grpo/seed_0"]
     assert run_labels([tmp_path / "a"]) == ["a"]
+
+
+def test_smoothing_is_tensorboards_debiased_moving_average():
+    # last_t = w last_{t-1} + (1 - w) x_t from 0, divided by 1 - w^t: with w = 0.5 and (1, 0, 0),
+    # 0.5 / 0.5, 0.25 / 0.75, 0.125 / 0.875
+    assert smoothed([1.0, 0.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3, 1 / 7])
+    assert smoothed([3.0, 1.0, 2.0], 0.0) == [3.0, 1.0, 2.0]
+
+
+def test_plot_runs_draws_smoothed_curves(tmp_path):
+    run = write_run(tmp_path / "pacs", training_rows(20))
+    written = plot_runs([run], tmp_path / "plots", smoothing=0.9)
+    assert_valid_png(written[0])
+
+
+@pytest.mark.parametrize("weight", ["1", "-0.1", "x"])
+def test_a_smoothing_weight_outside_0_to_1_is_refused_naming_the_option(tmp_path, weight, capsys):
+    with pytest.raises(SystemExit):
+        main(["plot", str(tmp_path), "--smooth", weight])
+    assert f"argument --smooth: expected a smoothing weight in [0, 1), got {weight!r}" in capsys.readouterr().err

@@ -24,11 +24,14 @@ from pacs.train.checkpoint import (
     restore_rng_states,
     rng_states,
     load_optimizer_state,
+    restore_training_state,
     save_checkpoint,
     save_optimizer_state,
+    write_checkpoint,
 )
 from pacs.train import checkpoint as checkpoint_module
 from pacs.train.distributed import World
+from pacs.train.sampler import PromptSampler
 
 
 def test_checkpoint_is_a_plain_hugging_face_directory(tmp_path, tiny_model_dir):
@@ -145,6 +148,18 @@ def test_trainer_state_round_trips_optimizer_and_random_states(tmp_path, tiny_mo
         torch.equal(restored.state_dict()["state"][0][key], optimizer.state_dict()["state"][0][key])
         for key in ("exp_avg", "exp_avg_sq")
     )
+
+
+def test_the_tracker_runs_ids_are_kept_and_a_checkpoint_without_them_resumes_with_none(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    policy = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    world = World.single()
+    written = write_checkpoint(world, tmp_path / "step_1", tokenizer, step=1, sampler=PromptSampler(4, 0), policy=policy, tracker_runs={"mlflow": "abc"})
+    assert restore_training_state(world, written, policy)["trackers"] == {"mlflow": "abc"}
+    state = torch.load(written / TRAINER_STATE, weights_only=True)
+    del state["trackers"]  # as a pacs that kept no tracker ids wrote it (same format)
+    torch.save(state, written / TRAINER_STATE)
+    assert restore_training_state(world, written, policy)["trackers"] == {}
 
 
 def test_each_rank_gets_its_own_saved_torch_random_state_back():

@@ -38,6 +38,7 @@ AT_LEAST_ZERO = _checked(int, "an integer >= 0", lambda value: value >= 0)
 POSITIVE = _checked(float, "a finite number > 0", lambda value: math.isfinite(value) and value > 0)
 NON_NEGATIVE = _checked(float, "a finite number >= 0", lambda value: math.isfinite(value) and value >= 0)
 NUCLEUS = _checked(float, "a number in (0, 1]", lambda value: 0 < value <= 1)
+SMOOTHING = _checked(float, "a smoothing weight in [0, 1)", lambda value: 0 <= value < 1)
 OVERWRITE_HELP = "move a previous output at --out aside (to NAME.superseded) instead of refusing"
 
 
@@ -150,6 +151,7 @@ def _compare(args: argparse.Namespace) -> None:
         args.seeds,
         args.out,
         eval_n=args.eval_n,
+        baseline=args.baseline,
         overrides=[*(PAPER_BASELINES if args.paper_baselines else []), *args.overrides],
     )
 
@@ -158,7 +160,7 @@ def _plot(args: argparse.Namespace) -> None:
     from pacs.plots import plot_runs
 
     out = Path(args.out) if args.out else Path(args.runs[0]) / "plots"
-    for path in plot_runs([Path(run) for run in args.runs], out, overwrite=args.overwrite):
+    for path in plot_runs([Path(run) for run in args.runs], out, smoothing=args.smooth, overwrite=args.overwrite):
         print(f"wrote {path}")
 
 
@@ -237,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
     compare.add_argument("--eval-n", type=AT_LEAST_ONE, default=16, help="samples per held-out problem (pass@k up to k = N)")
     compare.add_argument(
+        "--baseline",
+        default="grpo",
+        help="the method every other one is set against (paired difference of pass@k with a 95%% bootstrap "
+        "interval): one of --algorithms, 'pacs (no weighting)' or 'base model'",
+    )
+    compare.add_argument(
         "--paper-baselines",
         action="store_true",
         help="grpo, rloo, ppo update as the paper's verl baselines did (dual clip 3, verl's loss scale); "
@@ -248,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="PNG curves of runs' metrics, several runs on the same axes")
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("--out", help="directory for the PNGs (default: RUN_DIR/plots of the first run)")
+    plot.add_argument(
+        "--smooth",
+        type=SMOOTHING,
+        default=0.0,
+        metavar="W",
+        help="exponential moving average of the training curves, as TensorBoard's smoothing slider "
+        "(0 <= W < 1; 0: raw); validation curves are drawn raw",
+    )
     plot.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     plot.set_defaults(run=_plot)
 

@@ -12,7 +12,8 @@ class weighting; columns pass@k; cells mean ± std over seeds.
 
 What is already on disk is reused only when it was made with the settings asked for now, so an
 interrupted comparison continues and a changed one never mixes old and new results: a run is
-kept when its `config.yaml` equals this run's config (`output_dir` and `resume` aside), else it is
+kept when its `config.yaml` equals this run's config (`output_dir`, `resume` and where it reports
+metrics aside), else it is
 moved aside to `seed_S.superseded` (`.superseded.2`, ... when taken) and trained again; an
 evaluation is kept when the settings stored in its `eval_metrics.json` equal this one's
 (`pacs.eval.evaluate.EvalSettings`), else it is moved aside the same way and redone. Nothing is
@@ -22,6 +23,13 @@ deleted (`pacs.outputs`), and each replacement is announced with the settings th
 seed generated no problem of that source) and each seed's counts from `eval_metrics.json`:
 problems, samples per problem, prompts left out as too long, scoring timeouts and crashes, and
 the generation cap. `comparison.md` shows both, one table each.
+
+Each method (and the base model) is also compared with a reference method (`baseline`, GRPO by
+default) problem by problem: under "vs_baseline", per pass@k, the difference of pass@k averaged
+over problems for each seed ("per_seed"), their mean ("difference") and a 95% paired bootstrap
+interval over problems and seeds ("ci95", `pacs.eval.significance`), with "significant" true
+when the interval excludes 0. `comparison.md` shows them in a third table, an interval that
+excludes 0 marked with *.
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 
 from pacs.config import Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
+from pacs.eval.passk import pass_at_k, report_ks
+from pacs.eval.significance import excludes_zero, paired_bootstrap_interval
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
@@ -64,8 +75,12 @@ PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
 EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")
 """Keys of a data source's entry in `eval_metrics.json` carried into the comparison, per seed."""
-TRAINING_IRRELEVANT = {"output_dir", "resume"}
-"""Config keys that do not change what a run trains."""
+TRAINING_IRRELEVANT = {
+    "output_dir": True,
+    "resume": True,
+    "train": {"report_to", "run_name", "wandb_project", "wandb_entity", "mlflow_experiment", "mlflow_tracking_uri"},
+}
+"""Config keys that do not change what a run trains (pydantic's `exclude` form)."""
 
 
 def _methods(algorithms: list[str]) -> dict[str, list[str]]:
@@ -120,6 +135,47 @@ def _summarise(per_seed: list[dict]) -> dict:
     return {"pass@k": pass_at_k, "per_seed": [{key: report[key] for key in EVALUATION_COUNTS} for report in per_seed]}
 
 
+def _per_problem_pass_at_k(report: dict, k: int) -> dict[int, float]:
+    """problem index -> pass@k of one evaluation entry (`eval_metrics.json`, one data source)."""
+    samples = report["samples_per_problem"]
+    return {index: pass_at_k(samples, correct, k) for index, correct in zip(report["problem_indices"], report["correct_counts"])}
+
+
+def _paired_differences(method: list[dict], baseline: list[dict], k: int, where: str) -> np.ndarray:
+    """(seeds, problems) array of pass@k(method) - pass@k(baseline), problem by problem, from one
+    data source's evaluation entries of each seed; the two must have evaluated the same problems."""
+    rows = []
+    for seed_index, (ours, theirs) in enumerate(zip(method, baseline)):
+        ours_by_problem, theirs_by_problem = _per_problem_pass_at_k(ours, k), _per_problem_pass_at_k(theirs, k)
+        if ours_by_problem.keys() != theirs_by_problem.keys():
+            raise ValueError(
+                f"{where}, seed #{seed_index}: the two evaluations cover different problems "
+                f"({len(ours_by_problem)} and {len(theirs_by_problem)}); they cannot be paired"
+            )
+        rows.append([ours_by_problem[index] - theirs_by_problem[index] for index in sorted(ours_by_problem)])
+    if len({len(row) for row in rows}) != 1:
+        raise ValueError(f"{where}: seeds evaluated different numbers of problems ({[len(row) for row in rows]})")
+    return np.array(rows, dtype=np.float64)
+
+
+def _against_baseline(method: list[dict], baseline: list[dict], where: str) -> dict | None:
+    """For every reported k: each seed's mean paired difference of pass@k, their mean, and the 95%
+    bootstrap interval (`paired_bootstrap_interval`); None when a seed generated no problem."""
+    if any(report["pass@k"] is None for report in [*method, *baseline]):
+        return None
+    result = {}
+    for k in report_ks(method[0]["samples_per_problem"]):
+        differences = _paired_differences(method, baseline, k, where)
+        interval = paired_bootstrap_interval(differences)
+        result[f"pass@{k}"] = {
+            "difference": float(differences.mean()),
+            "per_seed": [float(value) for value in differences.mean(axis=1)],
+            "ci95": list(interval),
+            "significant": excludes_zero(interval),
+        }
+    return result
+
+
 def _seeds_text(values: list) -> str:
     """One value when every seed agrees, else each seed's, e.g. "0 / 2 / 1"."""
     texts = [str(value) for value in values]
@@ -135,7 +191,37 @@ def _cap_text(cap: dict) -> str:
     return f"{cap['min']}–{cap['max']} ({cap['prompts_below_requested']} below {cap['requested']})"
 
 
-def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int) -> str:
+def _signed(value: float) -> str:
+    """A difference of pass@k in percentage points, signed: "+1.2", "-0.4"."""
+    return f"{100 * value:+.1f}"
+
+
+def _baseline_table(rows: dict, baseline: str) -> list[str]:
+    """comparison.md's rows of every method's paired difference from `baseline`, per pass@k."""
+    compared = {method: summary["vs_baseline"] for method, summary in rows.items() if summary.get("vs_baseline")}
+    if not compared:
+        return []
+    ks = list(next(iter(compared.values())))
+    lines = [
+        "",
+        f"Against {baseline}: paired difference in percentage points (mean over seeds) [95% bootstrap interval "
+        "over problems and seeds]; * marks an interval that excludes 0. Per seed: each seed's difference.",
+        "",
+        "| method | " + " | ".join(ks) + " | per seed (pass@1) |",
+        "|---" * (len(ks) + 2) + "|",
+    ]
+    for method, by_k in compared.items():
+        cells = [
+            f"{_signed(by_k[k]['difference'])} [{_signed(by_k[k]['ci95'][0])}, {_signed(by_k[k]['ci95'][1])}]"
+            + ("*" if by_k[k]["significant"] else "")
+            for k in ks
+        ]
+        per_seed = " / ".join(_signed(value) for value in by_k[ks[0]]["per_seed"])
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {per_seed} |")
+    return lines
+
+
+def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int, baseline: str) -> str:
     lines = [
         "# PACS vs baselines",
         "",
@@ -155,6 +241,7 @@ def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int) 
                 by_k = summary["pass@k"]
                 cells = [f"{100 * by_k[k]['mean']:.1f} ± {100 * by_k[k]['std']:.1f}" if by_k else "—" for k in ks]
                 lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            lines += _baseline_table(rows, baseline)
         else:
             lines.append("No prompt of this data source fits the model's context: no pass@k.")
         lines += [
@@ -178,11 +265,18 @@ def run_comparison(
     *,
     eval_n: int = 16,
     overrides: list[str] = (),
+    baseline: str = "grpo",
     show_progress: bool = True,
 ) -> dict:
     """Train every method of `algorithms` (plus PACS without weighting when PACS is among them)
-    for every seed, evaluate, and write the comparison; return what `comparison.json` holds."""
+    for every seed, evaluate, and write the comparison, each method's pass@k set against
+    `baseline`'s (one of the methods, or "base model"); return what `comparison.json` holds."""
     methods = _methods(algorithms)
+    if baseline not in ["base model", *methods]:
+        raise ValueError(
+            f"baseline {baseline!r} is not among the methods compared; pass --baseline with one of: "
+            + ", ".join(["base model", *methods])
+        )
     if not seeds:
         raise ValueError("pacs compare needs at least one seed")
     config = load_config(config_source, list(overrides))
@@ -216,6 +310,8 @@ def run_comparison(
             stored = json.loads(metrics_file.read_text())
             if "settings" not in stored:
                 console.print(f"{metrics_file} records no settings (an older pacs wrote it): evaluating again")
+            elif any("correct_counts" not in entry for entry in stored["data_sources"].values()):
+                console.print(f"{metrics_file} records no per-problem results (an older pacs wrote it): evaluating again")
             elif changes := _differences(stored["settings"], asdict(settings)):
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:
@@ -257,18 +353,25 @@ def run_comparison(
         source: {method: _summarise([e[source] for e in per_seed]) for method, per_seed in evaluations.items()}
         for source in sources
     }
+    for source, rows in results.items():
+        reference = [e[source] for e in evaluations[baseline]]
+        for method, per_seed in evaluations.items():
+            if method != baseline:
+                where = f"{source}: {method} against {baseline}"
+                rows[method]["vs_baseline"] = _against_baseline([e[source] for e in per_seed], reference, where)
     report = {
         "config": config_source,
         "overrides": list(overrides),
         "algorithms": list(methods),
         "seeds": seeds,
+        "baseline": baseline,
         "eval": {"n": eval_n, **EVAL_SAMPLING, "max_tokens": config.data.max_response_length, "data": val_specs},
         "seconds": round(time.perf_counter() - start, 1),
         "results": results,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "comparison.md").write_text(_markdown(results, seeds, config_source, eval_n))
+    (out / "comparison.md").write_text(_markdown(results, seeds, config_source, eval_n, baseline))
     plot_reward_curves(reward_curves, out / "reward_curves.png")
     for source, rows in results.items():
         table = {

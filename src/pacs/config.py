@@ -223,6 +223,28 @@ class TrainConfig(_Section):
     save_rollouts: bool = False
     """Write every step's prompts, responses, rewards and producing rank to
     `output_dir/rollouts/step_N.jsonl`."""
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = ["tensorboard"]
+    """Experiment trackers that get every step's metrics besides `metrics.jsonl` (always
+    written): TensorBoard (output_dir/tensorboard), Weights & Biases (`pip install 'pacs[wandb]'`),
+    MLflow (`pip install 'pacs[mlflow]'`); [] for none. See `pacs.train.trackers`."""
+    run_name: str | None = None
+    """The run's name in W&B and MLflow (None: the output_dir's last two path parts)."""
+    wandb_project: str = "pacs"
+    """W&B project the run goes to."""
+    wandb_entity: str | None = None
+    """W&B team or user that owns the project (None: your default entity)."""
+    mlflow_experiment: str = "pacs"
+    """MLflow experiment the run goes to (created when absent)."""
+    mlflow_tracking_uri: str | None = None
+    """Where MLflow stores runs: a server (`http://host:5000`), a database (`sqlite:///mlflow.db`);
+    None: the MLFLOW_TRACKING_URI environment variable, else MLflow's own default."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _refuse_repeated_trackers(cls, report_to: list[str]) -> list[str]:
+        if len(set(report_to)) != len(report_to):
+            raise ValueError(f"{report_to} names a tracker twice; name each at most once")
+        return report_to
 
 
 class EvalConfig(_Section):

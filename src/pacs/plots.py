@@ -2,7 +2,8 @@
 
 - `plot_runs`: what `pacs plot RUN_DIR [RUN_DIR ...]` draws, one PNG per metric of the runs'
   `metrics.jsonl` (training reward, loss, response length, gradient norm, validation pass@1 per
-  data source), every run on the same axes against step.
+  data source), every run on the same axes against step; `--smooth W` draws the training curves
+  as TensorBoard's smoothing slider does (`smoothed`).
 - `plot_reward_curves`: one curve per method, the mean over seeds with a ± one standard deviation
   band (the paper's training-reward figure).
 - `plot_pass_at_k`: pass@k against k per method, mean ± std over seeds, k on a log2 axis.
@@ -70,6 +71,26 @@ def metric_file_name(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", metric.replace("@", "_at_")) + ".png"
 
 
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """The exponential moving average TensorBoard's smoothing slider draws, with its debiasing:
+
+        last_t = weight * last_{t-1} + (1 - weight) * value_t,  last_0 = 0
+        smoothed_t = last_t / (1 - weight^t)
+
+    so the first point is the first value and weight 0 leaves the values as they are.
+
+    Raises:
+        ValueError: `weight` is outside [0, 1).
+    """
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight {weight} must lie in [0, 1) (0: raw values)")
+    last, result = 0.0, []
+    for count, value in enumerate(values, start=1):
+        last = weight * last + (1 - weight) * value
+        result.append(last / (1 - weight**count))
+    return result
+
+
 def _series(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
     """Steps and values of `metric` in the rows that hold it."""
     points = [(row["step"], row[metric]) for row in rows if row.get(metric) is not None]
@@ -88,7 +109,12 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
 
 
 def plot_runs(
-    run_dirs: list[Path], out_dir: Path, *, labels: list[str] | None = None, overwrite: bool = False
+    run_dirs: list[Path],
+    out_dir: Path,
+    *,
+    labels: list[str] | None = None,
+    smoothing: float = 0.0,
+    overwrite: bool = False,
 ) -> list[Path]:
     """Draw every run's training metrics and validation pass@1 against step, one PNG per metric.
 
@@ -98,7 +124,11 @@ def plot_runs(
     previous plots there aside).
     Metrics: `TRAINING_METRICS`, then `val/<source>/pass@1` for every source any run validated on
     (in percent). A metric that no run logged is skipped. Returns the written paths, in that order.
+    smoothing: the training metrics' curves are `smoothed` with this weight (0: raw), with the raw
+    values drawn faintly behind them; validation curves (sparse) are always raw.
     """
+    if not 0 <= smoothing < 1:
+        raise ValueError(f"smoothing={smoothing} must lie in [0, 1) (0: raw curves)")
     if not run_dirs:
         raise ValueError("plot_runs needs at least one run directory")
     if labels is not None and len(labels) != len(run_dirs):
@@ -120,7 +150,12 @@ def plot_runs(
         figure, axes = _new_axes(metric, "step", y_label)
         for label, rows in runs:
             steps, values = _series(rows, metric)
-            if steps:
+            if not steps:
+                continue
+            if smoothing and metric in TRAINING_METRICS:
+                (raw,) = axes.plot(steps, np.asarray(values) * scale, alpha=0.25, linewidth=1)
+                axes.plot(steps, np.asarray(smoothed(values, smoothing)) * scale, label=label, color=raw.get_color())
+            else:
                 axes.plot(steps, np.asarray(values) * scale, label=label, marker=_marker(len(steps)), markersize=3)
         axes.legend()
         written.append(_save(figure, Path(out_dir) / metric_file_name(metric)))

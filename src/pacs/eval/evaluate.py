@@ -32,7 +32,9 @@ result run after run; another process count samples differently (pass@k within s
          "timeouts": int, "crashes": int,  samples whose scoring timed out or crashed (scored 0)
          "max_new_tokens": {"requested": int, "min": int | null, "max": int | null,
                             "prompts_below_requested": int},
-         "pass@k": {"pass@1": float, "pass@2": float, ..., "pass@N": float} | null}}}
+         "pass@k": {"pass@1": float, "pass@2": float, ..., "pass@N": float} | null,
+         "problem_indices": [int, ...],    position of each generated problem among the problems
+         "correct_counts": [int, ...]}}}   correct samples of each (what `pacs compare` pairs)
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ class SourceReport:
     prompts_dropped_too_long: int = 0
     correct_counts: list[int] = field(default_factory=list)
     """Correct samples of each generated problem."""
+    problem_indices: list[int] = field(default_factory=list)
+    """Position of each generated problem among the evaluated problems (repeats merged), so that
+    two evaluations of the same data pair their problems."""
     generation_caps: list[int] = field(default_factory=list)
     """max_new_tokens of each generated problem."""
     timeouts: int = 0
@@ -148,6 +153,8 @@ class SourceReport:
                 "prompts_below_requested": sum(cap < self.requested_max_new_tokens for cap in caps),
             },
             "pass@k": self.pass_at_k,
+            "problem_indices": self.problem_indices,
+            "correct_counts": self.correct_counts,
         }
 
 
@@ -168,6 +175,7 @@ class EvalResult:
                 merged = sources.setdefault(source, SourceReport(report.samples_per_problem, report.requested_max_new_tokens))
                 merged.prompts_dropped_too_long += report.prompts_dropped_too_long
                 merged.correct_counts += report.correct_counts
+                merged.problem_indices += report.problem_indices
                 merged.generation_caps += report.generation_caps
                 merged.timeouts += report.timeouts
                 merged.crashes += report.crashes
@@ -353,6 +361,7 @@ def evaluate(
         row = problems[problem][0]
         report = sources[row["data_source"]]
         report.correct_counts.append(sum(score == 1.0 for _, score in samples_of[problem]))
+        report.problem_indices.append(problem)
         report.generation_caps.append(cap_of[problem])
         index = (row.get("extra_info") or {}).get("index")
         for sample, (response, score) in enumerate(samples_of[problem]):

@@ -2,8 +2,9 @@
 
     checkpoints/step_N/   config.json, model.safetensors (or model-0000i-of-0000N.safetensors and
                           model.safetensors.index.json), tokenizer files (any HF tool reads it)
-                          trainer_state.pt: step, RNG states, data position (tensors and plain
-                          Python values only: read with torch.load(weights_only=True))
+                          trainer_state.pt: step, RNG states, data position, the tracker runs'
+                          ids (tensors and plain Python values only: read with
+                          torch.load(weights_only=True))
                           optimizer/: the AdamW state, "<parameter name>:<key>" -> the whole
                           tensor, in safetensors files of at most 1 GiB each (none before the
                           first update)
@@ -294,10 +295,12 @@ def write_checkpoint(
     sampler: PromptSampler,
     policy: tuple[torch.nn.Module, torch.optim.Optimizer],
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
+    tracker_runs: dict[str, str] | None = None,
 ) -> Path:
     """The training checkpoint of every rank: the optimizers' states, then the models (with the
     random states, `save_checkpoint`), each gathered one tensor at a time into rank 0's files;
-    all wait until it is in place."""
+    all wait until it is in place. `tracker_runs`: tracker name -> run id (rank 0's), which
+    resuming continues (`pacs.train.trackers`)."""
     staging = staging_directory(directory) if world.is_writer else None
     model, optimizer = policy
     save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
@@ -305,7 +308,7 @@ def write_checkpoint(
     if critic is not None:
         critic_model, critic_optimizer = critic
         save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
-    state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world)}
+    state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world), "trackers": dict(tracker_runs or {})}
     save_checkpoint(directory, model, tokenizer, state, world=world, critic=critic_model, staging=staging)
     world.barrier()
     return directory
@@ -318,10 +321,11 @@ def restore_training_state(
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> dict[str, Any]:
     """The optimizers' states and every rank's random states put back from `checkpoint`, which
-    rank 0 alone reads; returns the trainer state (step, sampler) on every rank."""
+    rank 0 alone reads; returns the trainer state (step, sampler, tracker run ids: "trackers",
+    empty for a checkpoint written before pacs kept them) on every rank."""
     state = world.decided_by_writer(lambda: load_trainer_state(checkpoint))
     load_optimizer_state(world, *policy, checkpoint / OPTIMIZER_DIR)
     if critic is not None:
         load_optimizer_state(world, *critic, checkpoint / CRITIC_OPTIMIZER_DIR)
     restore_rng_states(state["rng"], world)
-    return state
+    return {"trackers": {}, **state}

@@ -1,10 +1,11 @@
-"""What a run writes about itself: `metrics.jsonl` (one strict-JSON object a step), TensorBoard
-events and, with `train.save_rollouts`, `rollouts/step_N.jsonl`. Rank 0 alone writes; every rank
+"""What a run writes about itself: `metrics.jsonl` (one strict-JSON object a step), the trackers
+of `train.report_to` (TensorBoard events by default, W&B, MLflow: `pacs.train.trackers`) and,
+with `train.save_rollouts`, `rollouts/step_N.jsonl`. Rank 0 alone writes and reports; every rank
 calls the same methods (the rollouts of all ranks are gathered to rank 0).
 
 A metric that is undefined at a step (a ratio over zero variance, such as PPO's explained
 variance when every return is equal) or not finite is written as `null` in `metrics.jsonl`, never
-as the non-standard `NaN`/`Infinity` tokens, and is left out of TensorBoard for that step.
+as the non-standard `NaN`/`Infinity` tokens, and is left out of the trackers for that step.
 """
 
 from __future__ import annotations
@@ -13,39 +14,53 @@ import json
 import math
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
-
+from pacs.config import Config
 from pacs.train.distributed import World
+from pacs.train.trackers import Tracker, open_trackers
 
 
 class MetricsLogger:
-    """Appends to `output_dir/metrics.jsonl`; on resume, lines after `resume_step` are dropped
-    first, so the file always describes one uninterrupted run."""
+    """Appends to `output_dir/metrics.jsonl` and reports to the trackers of `config.train.report_to`
+    (TensorBoard alone without a config); on resume, lines after `resume_step` are dropped first,
+    so the file always describes one uninterrupted run, and each tracker continues the run whose id
+    `resumed_runs` (the checkpoint's trainer state) holds for it."""
 
-    def __init__(self, output_dir: Path, world: World | None = None, *, resume_step: int = 0):
+    def __init__(
+        self,
+        output_dir: Path,
+        world: World | None = None,
+        *,
+        resume_step: int = 0,
+        config: Config | None = None,
+        resumed_runs: dict[str, str] | None = None,
+    ):
         self.world = world or World.single()
         self.path = output_dir / "metrics.jsonl"
         self.rollouts_dir = output_dir / "rollouts"
-        self.writer = None
+        self.trackers: list[Tracker] | None = None
         if not self.world.is_writer:
             return
         kept = []
         if resume_step and self.path.exists():
             kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
         self.path.write_text("".join(line + "\n" for line in kept))
-        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self.trackers = open_trackers(config or Config(), output_dir, resume_step, resumed_runs or {})
+
+    @property
+    def run_ids(self) -> dict[str, str]:
+        """tracker name -> its run id, for the checkpoint's trainer state (empty on ranks > 0)."""
+        return {tracker.name: tracker.run_id for tracker in self.trackers or [] if tracker.run_id}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """One line of `metrics` for `step` (the same global metrics on every rank)."""
-        if self.writer is None:
+        if self.trackers is None:
             return
         defined = {name: value if math.isfinite(value) else None for name, value in metrics.items()}
         with open(self.path, "a") as handle:
             handle.write(json.dumps({"step": step, **defined}, allow_nan=False) + "\n")
-        for name, value in defined.items():
-            if value is not None:
-                self.writer.add_scalar(name, value, step)
-        self.writer.flush()
+        finite = {name: value for name, value in defined.items() if value is not None}
+        for tracker in self.trackers:
+            tracker.log(step, finite)
 
     def log_rollouts(self, step: int, rows: list[dict], responses: list[str], rewards: list[float]) -> None:
         """`rollouts/step_N.jsonl`: one line per response of every rank, in rank order, with the
@@ -63,15 +78,15 @@ class MetricsLogger:
             for row, response, reward in zip(rows, responses, rewards)
         ]
         gathered = [record for rank_records in self.world.gather_objects(records) for record in rank_records]
-        if self.writer is None:
+        if self.trackers is None:
             return
         self.rollouts_dir.mkdir(parents=True, exist_ok=True)
         lines = (json.dumps({"step": step, **record}, allow_nan=False) for record in gathered)
         (self.rollouts_dir / f"step_{step}.jsonl").write_text("".join(line + "\n" for line in lines))
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for tracker in self.trackers or []:
+            tracker.close()
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -1,7 +1,8 @@
 """What `pacs train` checks before it writes anything: every path and name the config gives.
 
 `check_run_inputs` refuses, with `ConfigError` naming the key, a model or critic path that names
-no model, a data spec that cannot load, and a reward function that does not import, so that a
+no model, a data spec that cannot load, a reward function that does not import, and a tracker of
+`train.report_to` whose package is not installed (naming the pacs extra), so that a
 mistyped input fails before an output folder is created (see `pacs.outputs`). It loads nothing
 large: built-in models are not built and the hub is not asked.
 
@@ -19,6 +20,7 @@ from pacs.data.loading import check_data_spec
 from pacs.models.loading import check_model_path
 from pacs.rewards import load_reward_function
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
+from pacs.train.trackers import check_tracker_packages
 
 
 def _specs(value: str | list[str] | None) -> list[str]:
@@ -28,7 +30,8 @@ def _specs(value: str | list[str] | None) -> list[str]:
 def check_run_inputs(config: Config) -> None:
     """Raise `ConfigError` listing every input of `config` that cannot be used."""
     critic_check = [("critic.path", lambda: check_model_path(config.critic.path))] if config.critic.path else []
-    _refuse_unusable(_node_input_checks(config) + critic_check)
+    tracker_check = [("train.report_to", lambda: check_tracker_packages(config.train.report_to))]
+    _refuse_unusable(_node_input_checks(config) + critic_check + tracker_check)
 
 
 def check_node_inputs(config: Config) -> None:

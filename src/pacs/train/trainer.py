@@ -172,6 +172,8 @@ class Trainer:
     val_prompts: EncodedPrompts | None
     sampler: PromptSampler
     start_step: int
+    tracker_runs: dict[str, str]
+    """Tracker name -> the run id a resumed checkpoint holds (continued by `MetricsLogger`)."""
     settings: UpdateSettings
     console: Console
     engine_has_policy_weights: bool
@@ -204,7 +206,7 @@ class Trainer:
         train_prompts, val_prompts = world.on_every_rank(
             lambda: load_train_and_val_prompts(config, policy.tokenizer, console), remedy=NODE_INPUTS_REMEDY
         )
-        sampler, start_step = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
+        sampler, start_step, tracker_runs = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
         engine = build_engine(config, world, language_model(world.unwrap(policy.model)), policy.tokenizer)
@@ -223,7 +225,8 @@ class Trainer:
             autocast=mixed_precision(world.device, config.model.dtype),
         )
         return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, settings, console, engine_has_policy_weights=not pushes_weights(config))
+                   sampler, start_step, tracker_runs, settings, console,
+                   engine_has_policy_weights=not pushes_weights(config))
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -232,7 +235,7 @@ class Trainer:
         config says; the final checkpoint at the end."""
         config, world = self.config, self.world
         output_dir = Path(config.output_dir)
-        logger = MetricsLogger(output_dir, world, resume_step=self.start_step)
+        logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics = 0, {}
         try:
             steps = progress_bar(
@@ -251,12 +254,12 @@ class Trainer:
                 skipped_updates += int(metrics["updates/skipped"])
                 steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if config.train.save_every and step % config.train.save_every == 0:
-                    self.save(f"step_{step}", step)
+                    self.save(f"step_{step}", step, logger.run_ids)
             steps.close()
         finally:
             logger.close()
             self.scorer.close()
-        final = self.save("final", config.train.steps)
+        final = self.save("final", config.train.steps, logger.run_ids)
         return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
@@ -412,8 +415,9 @@ class Trainer:
         }
         return {**metrics, "val/reward_timeouts": float(result.timed_out)}
 
-    def save(self, name: str, step: int) -> Path:
-        """`checkpoints/<name>`: every rank gathers its part, rank 0 writes."""
+    def save(self, name: str, step: int, tracker_runs: dict[str, str]) -> Path:
+        """`checkpoints/<name>`: every rank gathers its part, rank 0 writes (with the trackers' run
+        ids, which `resume=auto` continues)."""
         return write_checkpoint(
             self.world,
             Path(self.config.output_dir) / "checkpoints" / name,
@@ -422,6 +426,7 @@ class Trainer:
             sampler=self.sampler,
             policy=(self.policy.model, self.policy.optimizer),
             critic=self.critic,
+            tracker_runs=tracker_runs,
         )
 
     @property
@@ -559,15 +564,16 @@ def restore_progress(
     policy: Policy,
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None,
     num_prompts: int,
-) -> tuple[PromptSampler, int]:
-    """The prompt sampler and the last step done: from the checkpoint (with the optimizers' and
-    every rank's random states), or fresh (each rank > 0 seeded apart, so ranks sample apart)."""
+) -> tuple[PromptSampler, int, dict[str, str]]:
+    """The prompt sampler, the last step done and the tracker runs to continue: from the
+    checkpoint (with the optimizers' and every rank's random states), or fresh (each rank > 0
+    seeded apart, so ranks sample apart)."""
     if not resume_from:
         if world.rank > 0:
             torch.manual_seed(config.seed * 1_000_003 + world.rank)
-        return PromptSampler(num_prompts, config.seed), 0
+        return PromptSampler(num_prompts, config.seed), 0, {}
     state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic)
-    return PromptSampler(**state["sampler"]), state["step"]
+    return PromptSampler(**state["sampler"]), state["step"], state["trackers"]
 
 
 def bf16_compute(config: Config) -> torch.dtype | None:
