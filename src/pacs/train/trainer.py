@@ -223,7 +223,7 @@ class Trainer:
             autocast=mixed_precision(world.device, config.model.dtype),
         )
         return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, settings, console, engine_has_policy_weights=not pushes_weights(config))
+                   sampler, start_step, settings, console, engine_has_policy_weights=not pushes_weights(engine, config))
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -361,7 +361,7 @@ class Trainer:
                 rows_without_old_logprobs=first_update_rows,
             )
         )
-        self.engine_has_policy_weights = not pushes_weights(self.config)
+        self.engine_has_policy_weights = not pushes_weights(self.engine, self.config)
         return metrics
 
     @contextlib.contextmanager
