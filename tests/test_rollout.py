@@ -134,3 +134,10 @@ def test_a_prompts_samples_are_those_of_generate_with_num_return_sequences(engin
     expected = engine.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     for row, length in enumerate(rollouts.response_mask.sum(dim=1).long().tolist()):
         assert rollouts.response_ids[row, :length].tolist() == expected[row, width : width + length].tolist()
+
+
+def test_an_engine_on_the_trained_model_refuses_weights_to_load(engine):
+    """`RolloutEngine.load_weights` is for engines with their own copy; transformers' has none."""
+    assert not engine.holds_own_weights
+    with pytest.raises(TypeError, match="holds no weights"):
+        engine.load_weights(iter([]))

@@ -10,7 +10,7 @@ trainer recomputes log-probabilities with the policy it updates; an engine's own
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import torch
 
@@ -78,11 +78,20 @@ def rollouts_from_rows(
 class RolloutEngine(Protocol):
     holds_own_weights: bool
     """True when the engine samples from a copy of the weights (vLLM), which the trainer must push
-    after each update and whose log-probs it checks against its own; False when it generates
-    with the trained module itself (transformers)."""
+    with `load_weights` after each update and whose log-probs it checks against its own; False when
+    it generates with the trained module itself (transformers), always the policy's weights."""
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Make the engine sample from `weights` from its next `generate` on: every parameter of the
+        model, as (name, whole tensor) pairs named as in the Hugging Face model (`lm_head.weight`
+        included when tied to the embeddings), each consumed before the next is asked for, so the
+        caller may build one at a time (an FSDP gather, a LoRA merge) and free it. Nothing computed
+        with the old weights (a prefix cache) survives. Only for `holds_own_weights` engines; the
+        others refuse it (TypeError): they have no copy to load."""
         ...
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ response ends at the first of any of them.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -104,6 +104,10 @@ class TransformersEngine:
         return rollouts_from_rows(
             prompt_rows, response_rows, logprob_rows if params.return_logprobs else None, self.tokenizer, params.n
         )
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Refused: the engine generates with the caller's model, whose weights are the policy's."""
+        raise TypeError("TransformersEngine generates with the trained model itself and holds no weights to load")
 
     def close(self) -> None:
         """Nothing to release: the engine generates with the caller's model."""

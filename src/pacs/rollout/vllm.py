@@ -136,10 +136,10 @@ class VllmEngine:
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights in place by `weights`, (name, whole tensor) pairs named as
-        in the Hugging Face model (`lm_head.weight` included for a tied model: on a CPU vLLM packs
-        the output head apart from the embeddings, so it must be pushed itself), consumed one at a
-        time; then forget the prefix cache, computed with the old weights."""
+        """Replace the engine's weights in place by `weights` (`RolloutEngine.load_weights`): vLLM's
+        `reload_weights` consumes them one at a time. A tied model's `lm_head.weight` must come
+        too: on a CPU vLLM packs the output head apart from the embeddings. Then forget the prefix
+        cache, computed with the old weights."""
         self.wake_up()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()

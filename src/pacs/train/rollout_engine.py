@@ -20,6 +20,7 @@ import torch
 from pacs.config import Config
 from pacs.models.loading import resolve_model_path
 from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
+from pacs.rollout.base import RolloutEngine
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
 from pacs.train.distributed import World
@@ -46,10 +47,10 @@ def build_engine(config: Config, world: World, policy_module: torch.nn.Module, t
     )
 
 
-def pushes_weights(config: Config) -> bool:
-    """Whether the run's engine holds its own copy of the weights that the trainer pushes after
-    every update: vLLM, unless `rollout.vllm.sync_weights` is off."""
-    return config.rollout.engine == "vllm" and config.rollout.vllm.sync_weights
+def pushes_weights(engine: RolloutEngine, config: Config) -> bool:
+    """Whether the trainer pushes the policy's weights into `engine` (`RolloutEngine.load_weights`)
+    after every update: when it holds its own copy (vLLM), unless `rollout.vllm.sync_weights` is off."""
+    return engine.holds_own_weights and config.rollout.vllm.sync_weights
 
 
 def policy_weights(world: World, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

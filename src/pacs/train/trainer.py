@@ -226,7 +226,7 @@ class Trainer:
         )
         return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
                    sampler, start_step, tracker_runs, settings, console,
-                   engine_has_policy_weights=not pushes_weights(config))
+                   engine_has_policy_weights=not pushes_weights(engine, config))
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -366,7 +366,7 @@ class Trainer:
                 rows_without_old_logprobs=first_update_rows,
             )
         )
-        self.engine_has_policy_weights = not pushes_weights(self.config)
+        self.engine_has_policy_weights = not pushes_weights(self.engine, self.config)
         return metrics
 
     @contextlib.contextmanager
