@@ -120,7 +120,7 @@ def test_resume_after_a_crash_reaches_the_uninterrupted_weights(tmp_path, warm_m
 
 
 def test_ppo_stopped_after_step_3_and_resumed_to_step_6_equals_a_straight_run(tmp_path, warm_model_dir):
-    ppo = ["algorithm.name=ppo", "critic.lr=1e-4", "data.val=null", "train.save_every=3"]
+    ppo = ["algorithm.name=ppo", "critic.lr=1e-4", "data.val=null", "train.save_every=3", "train.lr_schedule=constant"]
     straight = train(small_config(tmp_path / "straight", warm_model_dir, *ppo, "train.steps=6"), show_progress=False)
     train(small_config(tmp_path / "stopped", warm_model_dir, *ppo, "train.steps=3"), show_progress=False)
     resumed = train(small_config(tmp_path / "stopped", warm_model_dir, *ppo, "train.steps=6", "resume=auto"), show_progress=False)

@@ -204,7 +204,9 @@ class TrainConfig(_Section):
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """The policy's learning rate at step s of `steps` (every update of a step uses its step's
     rate; the critic's stays `critic.lr`): constant lr; linear lr·(1 − (s − 1)/steps); cosine
-    lr·½(1 + cos(π(s − 1)/steps)). Both decays start at lr and end one step short of 0."""
+    lr·½(1 + cos(π(s − 1)/steps)). Both decays start at lr and end one step short of 0. A decay
+    follows `steps`: a run resumed with more steps goes on along the longer schedule, which is
+    not the one a run of that length from the start would have taken."""
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
     grad_clip: float = Field(1.0, gt=0, allow_inf_nan=False)
     save_every: int = Field(0, ge=0)
