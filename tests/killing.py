@@ -16,6 +16,45 @@ def kill_once_checkpointed(job: subprocess.Popen, output_dir: Path, checkpoint: 
     deadline = time.monotonic() + timeout_s
     while not (checkpoints / checkpoint).is_dir() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
+    kill_job(job)
     assert (checkpoints / checkpoint).is_dir() and not (checkpoints / "final").exists()
+
+
+def kill_job(job: subprocess.Popen) -> None:
+    """SIGKILL `job`'s process group and every process descended from it, and wait until all are
+    gone. torchrun starts each worker in a session of its own, so killing the launcher's group
+    alone would leave the workers training (and writing) beside the run that resumes."""
+    victims = [job.pid, *descendants(job.pid)]
+    for pid in victims:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    job.wait()
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process descended from `pid` (Linux /proc), children before their own children."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(child) for child in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            found.extend(children)
+            frontier.extend(children)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
