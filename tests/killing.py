@@ -9,14 +9,21 @@ import time
 from pathlib import Path
 
 
-def kill_once_checkpointed(job: subprocess.Popen, output_dir: Path, checkpoint: str = "step_2", timeout_s: float = 300) -> None:
+def kill_once_checkpointed(
+    job: subprocess.Popen, output_dir: Path, checkpoint: str = "step_2", timeout_s: float = 300, *, whole_tree: bool = True
+) -> None:
     """Wait until `output_dir/checkpoints/<checkpoint>` exists, then SIGKILL `job`'s process group
-    (started with `start_new_session=True`), and check that the run did not reach `final`."""
+    (started with `start_new_session=True`) and, with `whole_tree`, every process descended from it
+    (`kill_job`), and check that the run did not reach `final`."""
     checkpoints = output_dir / "checkpoints"
     deadline = time.monotonic() + timeout_s
     while not (checkpoints / checkpoint).is_dir() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    kill_job(job)
+    if whole_tree:
+        kill_job(job)
+    else:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
     assert (checkpoints / checkpoint).is_dir() and not (checkpoints / "final").exists()
 
 

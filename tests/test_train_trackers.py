@@ -47,8 +47,10 @@ def finished(job: subprocess.Popen) -> None:
 
 
 def killed_and_resumed(output_dir: Path, *options: str, env: dict[str, str] | None = None) -> None:
-    """A run killed (-9) once `step_2` is written, then resumed with `resume=auto` to the end."""
-    kill_once_checkpointed(pacs_train(output_dir, *options, env=env), output_dir)
+    """A run whose process group is killed (-9) once `step_2` is written, then resumed with
+    `resume=auto` to the end. A tracker's own service (W&B's, in a session of its own) outlives the
+    kill, as it does when a user kills the training command."""
+    kill_once_checkpointed(pacs_train(output_dir, *options, env=env), output_dir, whole_tree=False)
     finished(pacs_train(output_dir, *options, "resume=auto", env=env))
 
 
