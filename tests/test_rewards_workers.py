@@ -15,18 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from killing import alive
 from pacs.rewards.workers import NO_RESULT, CallError, TimeLimitedWorkers
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):  # gone before or while its stat was read
-        return False
-    return state != "Z"
 
 
 def test_every_call_of_a_chunk_gets_the_whole_limit() -> None:
@@ -55,9 +47,9 @@ def test_an_exception_names_the_call_that_raised() -> None:
 def test_closing_stops_the_server_and_every_worker() -> None:
     workers = TimeLimitedWorkers("os:getpid", num_workers=2)
     pids = set(workers.run([()] * 8, timeout_s=5).results)
-    assert len(pids) == 2 and all(running(pid) for pid in pids)
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)
     workers.close()
-    assert not any(running(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 @needs_proc
@@ -70,13 +62,13 @@ def test_workers_end_when_their_caller_is_killed(tmp_path: Path) -> None:
     )
     caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     pids = [int(pid) for pid in caller.stdout.readline().split()]
-    assert len(pids) == 2 and all(running(pid) for pid in pids)
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)
     caller.send_signal(signal.SIGKILL)
     caller.wait()
     deadline = time.monotonic() + 10
-    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(running(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_a_function_that_cannot_be_imported_is_named() -> None:
@@ -166,9 +158,9 @@ def plugin(plugin_directory: Path) -> Iterator[str]:
 def gone(pid: int, within_s: float = 10.0) -> bool:
     """Whether process `pid` has ended (or is a zombie) within `within_s` seconds."""
     deadline = time.monotonic() + within_s
-    while running(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not running(pid)
+    return not alive(pid)
 
 
 def test_a_json_module_in_the_working_directory_is_not_imported_by_the_server(
@@ -256,7 +248,7 @@ def test_a_timed_out_call_takes_the_processes_it_started_with_it(plugin: str, tm
 def test_closing_stops_the_processes_workers_started(plugin: str, tmp_path: Path, detached: bool) -> None:
     workers = TimeLimitedWorkers(f"{plugin}:start_a_sleeper", num_workers=1)
     [sleeper] = workers.run([(str(tmp_path / "sleeper"), False, detached)], timeout_s=5).results
-    assert running(sleeper)
+    assert alive(sleeper)
     workers.close()
     assert gone(sleeper)
 
@@ -304,7 +296,7 @@ def test_a_forked_child_does_not_keep_the_workers_alive_after_close() -> None:
         os._exit(0)
     try:
         workers.close()
-        assert not any(running(pid) for pid in pids)
+        assert not any(alive(pid) for pid in pids)
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)

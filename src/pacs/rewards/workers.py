@@ -525,10 +525,8 @@ def _serve_forks(settings: dict, control_fd: int) -> None:
         _kill_groups(children)
         for pid in children:
             os.waitpid(pid, 0)
-        while adopted := _adopted_children(set()):
-            _kill_groups(adopted)
+        while adopted := _kill_adopted(set()):
             for pid in adopted:
-                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
 
 
@@ -553,12 +551,20 @@ def _reap_exited(children: set[int]) -> None:
         _kill_groups([status.si_pid])
         os.waitpid(status.si_pid, 0)
         children.discard(status.si_pid)
-    for pid in _adopted_children(children):
-        _kill_groups([pid])
+    _kill_adopted(children)
+
+
+def _kill_adopted(workers: set[int]) -> list[int]:
+    """SIGKILL every child of this process that is not in ``workers`` (an adopted orphan), and
+    the group it leads if it leads one; return their pids (still to be reaped)."""
+    adopted = _adopted_children(workers)
+    _kill_groups(adopted)
+    for pid in adopted:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return adopted
 
 
 def _become_subreaper() -> None:
