@@ -28,8 +28,12 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 demo: install
 	$(BIN)/pacs demo
 
+# The suite on one pytest-xdist worker per core, 4 at most (one file per worker at a time, so a file's
+# shared fixtures are made once): `make test PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= auto --maxprocesses 4
+
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

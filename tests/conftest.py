@@ -1,5 +1,9 @@
 """Shared fixtures: a private model cache per test session, and small random models; float64
-models normalise in float64 (see exact_float64.py)."""
+models normalise in float64 (see exact_float64.py).
+
+Under pytest-xdist (`make test` runs `pytest -n 2`), the workers share the session's model cache,
+so the warm-started model is built once, and each worker and every process it starts uses one
+thread: the workers already fill the cores."""
 
 from __future__ import annotations
 
@@ -7,10 +11,16 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from exact_float64 import normalise_float64_in_float64
 
 normalise_float64_in_float64()
+
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 """The public benchmark files kept in the repository (see data/benchmarks/README.md)."""
@@ -18,8 +28,11 @@ BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 
 @pytest.fixture(scope="session", autouse=True)
 def private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Built-in models are built into a fresh cache, never the user's ~/.cache/pacs."""
-    cache = tmp_path_factory.mktemp("pacs-cache")
+    """Built-in models are built into a fresh cache, never the user's ~/.cache/pacs; one cache for
+    the session, shared by its xdist workers (each worker's basetemp is a folder of the session's)."""
+    session_root = tmp_path_factory.getbasetemp().parent if XDIST_WORKER else tmp_path_factory.getbasetemp()
+    cache = session_root / "pacs-cache"
+    cache.mkdir(exist_ok=True)
     previous = os.environ.get("PACS_CACHE_DIR")
     os.environ["PACS_CACHE_DIR"] = str(cache)
     yield cache

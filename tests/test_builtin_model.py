@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import string
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,23 @@ def test_a_mistyped_local_path_says_no_such_directory_rather_than_asking_the_hub
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="'runs/nomodel': no such directory"):
         resolve_model_path("runs/nomodel")
+
+
+def test_the_warm_started_model_asked_for_at_once_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pacs.train import builtin_models
+
+    monkeypatch.setenv("PACS_CACHE_DIR", str(tmp_path))
+    builds = []
+
+    def slow_build(seed: int, directory: Path, show_progress: bool) -> Path:
+        builds.append(seed)
+        time.sleep(0.5)  # long enough for the other caller to arrive while this one builds
+        directory.mkdir()
+        (directory / "config.json").write_text("{}")
+        return directory
+
+    monkeypatch.setattr(builtin_models, "_warm_start", slow_build)
+    with ThreadPoolExecutor(2) as callers:
+        directories = list(callers.map(lambda _: builtin_models.warm_started_tiny(0, show_progress=False), range(2)))
+    assert builds == [0]
+    assert directories[0] == directories[1]

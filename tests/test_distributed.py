@@ -234,14 +234,37 @@ def final_tensors(output_dir: Path) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.fixture(scope="module", params=[(strategy, path) for strategy in ("ddp", "fsdp") for path in PATHS])
-def uninterrupted_run(request, tmp_path_factory, warm_model_dir):
-    """(strategy, path, output_dir, overrides) of a finished 2-process run."""
+RUNS = [(strategy, path) for strategy in ("ddp", "fsdp") for path in PATHS]
+KILLED_RUNS = [("fsdp", "ppo-warmup-kl-bf16-checkpointing"), ("ddp", "pacs-lora-kl")]
+"""The runs that are also killed and resumed here: FSDP with a critic, bf16 and activation
+checkpointing, and DDP with LoRA; FSDP with LoRA and DDP without resume on two nodes (below)."""
+
+
+def run_id(run: tuple[str, str]) -> str:
+    return "-".join(run)
+
+
+@pytest.fixture(scope="module")
+def finished_runs(tmp_path_factory, warm_model_dir):
+    """(strategy, path) -> (output_dir, overrides, result) of a finished 2-process run, made on
+    first use and then shared by every test that asks for it."""
+    runs = {}
+
+    def finished(strategy: str, path: str):
+        if (strategy, path) not in runs:
+            output_dir = tmp_path_factory.mktemp(f"{strategy}-{path}")
+            overrides = (f"train.strategy={strategy}", *PATHS[path])
+            runs[strategy, path] = output_dir, overrides, audited_train(output_dir, warm_model_dir, *overrides)
+        return runs[strategy, path]
+
+    return finished
+
+
+@pytest.fixture(params=RUNS, ids=run_id)
+def uninterrupted_run(request, finished_runs):
+    """(strategy, path, output_dir, overrides, result) of a finished 2-process run."""
     strategy, path = request.param
-    output_dir = tmp_path_factory.mktemp(f"{strategy}-{path}")
-    overrides = (f"train.strategy={strategy}", *PATHS[path])
-    result = audited_train(output_dir, warm_model_dir, *overrides)
-    return strategy, path, output_dir, overrides, result
+    return strategy, path, *finished_runs(strategy, path)
 
 
 @pytest.mark.slow
@@ -272,8 +295,9 @@ def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted
 
 
 @pytest.mark.slow
-def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(uninterrupted_run, tmp_path, warm_model_dir):
-    strategy, path, straight, overrides, _ = uninterrupted_run
+@pytest.mark.parametrize("run", KILLED_RUNS, ids=run_id)
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(run, finished_runs, tmp_path, warm_model_dir):
+    straight, overrides, _ = finished_runs(*run)
     killed = tmp_path / "killed"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                *train_command(killed, warm_model_dir, *overrides)]

@@ -1,7 +1,8 @@
 """`builtin:tiny-arithmetic`: the built-in tiny model warm-started on `builtin:arithmetic`.
 
 Built on first use (about a minute on two CPU cores) and cached under `pacs.paths.cache_dir()`;
-no weights live in git. The warm-start is deliberately short: the model solves some problems but
+no weights live in git. Processes that ask for it at once (test workers, several runs sharing a
+cache) build it once: the others wait on a lock file beside it, then load the finished copy. The warm-start is deliberately short: the model solves some problems but
 not all, so RL sees groups with both outcomes.
 """
 
@@ -11,6 +12,8 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
+
+from filelock import FileLock
 
 from pacs.data.arithmetic import answer_text
 from pacs.data.loading import load_rows
@@ -31,6 +34,14 @@ def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
     directory = cache_dir() / "models" / f"tiny-arithmetic-seed{seed}-{key}"
     if (directory / "config.json").is_file():
         return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(directory.with_name(directory.name + ".lock")):
+        if (directory / "config.json").is_file():  # another process built it while this one waited
+            return directory
+        return _warm_start(seed, directory, show_progress)
+
+
+def _warm_start(seed: int, directory: Path, show_progress: bool) -> Path:
     rows = load_rows(WARM_START["task"], default_split="train")
     with tempfile.TemporaryDirectory() as scratch:
         initial = save_builtin_tiny(Path(scratch) / "tiny", seed=seed)
