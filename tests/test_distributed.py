@@ -23,7 +23,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from distributed_update import run_case
-from killing import kill_once_checkpointed
+from killing import kill_job, kill_once_checkpointed
 from running import run
 from pacs.train.distributed import DistributedConfigError, World, communication_device
 
@@ -450,8 +450,7 @@ def pacs_on_two_nodes(nodes: list[Path], *args: str) -> list[tuple[int, str]]:
     finally:
         for job in jobs:
             if job.poll() is None:
-                os.killpg(job.pid, 9)
-                job.wait()
+                kill_job(job)  # its workers too: torchrun starts each in a session of its own
 
 
 def train_on_two_nodes(nodes: list[Path], *overrides: str) -> None:
