@@ -13,7 +13,10 @@ from pacs.rewards import math as math_rewards
 from pacs.rewards.math import normalize_answer
 
 TIMEOUT_S = 1.0
-SLACK_S = 0.5
+SLACK_S = 5.0
+"""How far past the limit a cut-off call may return: a busy machine (a fresh-clone suite at load
+average 15 took 1.6 s for a 1 s limit) delays the return, not the cut-off. Unbounded, each
+pathological answer below runs for more than 30 s, so the bound still fails a missing limit."""
 
 PATHOLOGICAL_ANSWERS = {
     "huge factorial": "\\boxed{(10^{10^{10}})!}",

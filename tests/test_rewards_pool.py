@@ -164,7 +164,7 @@ def test_a_stuck_call_does_not_hold_up_the_rest_of_the_batch(plugin: str) -> Non
         batch = pool.score(rows(41), ["sleep"] + ["ok"] * 40)
         elapsed_s = time.monotonic() - start
     assert batch.scores == [0.0] + [1.0] * 40
-    assert elapsed_s < TIMEOUT_S + 0.5
+    assert elapsed_s < TIMEOUT_S + 5.0  # the stuck call sleeps an hour; 5 s leaves room for a busy machine
 
 
 def test_the_pool_scores_normally_after_a_timeout(plugin: str) -> None:
