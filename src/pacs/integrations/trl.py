@@ -20,7 +20,8 @@ step) r = 0 in closed form; so the constants c_i = ∂L/∂r_i are computed once
 rewards (`pacs.algos.PACS.prepare_update`, as pacs's own trainer does), and each micro-batch
 backpropagates Σ_{i ∈ micro} c_i · r_i(θ) (`PACS.micro_batch_loss`):
 
-    Σ_micro ∇_θ Σ_{i ∈ micro} c_i · r_i(θ) = Σ_i c_i ∇_θ r_i(θ) = ∇_θ L,   L = 1/B · Σ_i w_i · BCE(ψ_i, R_i)
+    Σ_micro ∇_θ Σ_{i ∈ micro} c_i · r_i(θ) = Σ_i c_i ∇_θ r_i(θ) = ∇_θ L,
+    L = 1/B · Σ_i w_i · BCE(ψ_i, R_i)
 
 over the B = G · n completions of the generation batch. The value returned for each micro-batch is
 L / (accumulation steps), so TRL's logged ``loss`` is L; ``pacs/loss`` and

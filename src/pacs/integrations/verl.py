@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from pacs.algos import ESTIMATORS, PROXIES, WEIGHTINGS, pacs_loss
+from pacs.algos.core import check_choice
 
 INSTALL = "pip install 'pacs[verl]'"
 NAME = "pacs"
@@ -67,8 +68,9 @@ def check_groups(index: np.ndarray | None) -> int:
     first_ids = [ids[start] for start in starts]
     if len(set(first_ids)) != len(first_ids) or len(set(sizes.tolist())) != 1:
         raise ValueError(
-            "adv_estimator=pacs needs each prompt's responses in consecutive rows, equally many per prompt; got runs of "
-            f"{sizes.tolist()[:16]} rows over {len(set(first_ids))} prompts (set trainer.balance_batch=False: it reorders rows)"
+            "adv_estimator=pacs needs each prompt's responses in consecutive rows, equally many per prompt; got "
+            f"runs of {sizes.tolist()[:16]} rows over {len(set(first_ids))} prompts (set trainer.balance_batch=False: "
+            "it reorders rows)"
         )
     return int(sizes[0])
 
@@ -113,13 +115,24 @@ def unsupported_actor_settings(config: Any) -> list[str]:
     return found
 
 
-def pacs_policy_loss_fn(*, beta: float = 1.0, proxy: str = "logratio", estimator: str = "rloo", weighting: str = "question"):
+def rewards_from_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(B,) R_i read back from the "pacs" estimator's (B, T) advantages R_i · m_it, and whether the
+    advantages are of that form (one value per response, in [0, 1])."""
+    first_token = mask.argmax(dim=-1, keepdim=True)  # (B, 1)
+    rewards = advantages.gather(-1, first_token).squeeze(-1)
+    constant = bool((((advantages - rewards.unsqueeze(-1)) * mask) == 0).all())
+    return rewards, constant and bool(((rewards >= 0) & (rewards <= 1)).all())
+
+
+def pacs_policy_loss_fn(
+    *, beta: float = 1.0, proxy: str = "logratio", estimator: str = "rloo", weighting: str = "question"
+):
     """A verl policy loss computing PACS with these settings (see `pacs.algos.pacs_loss`)."""
     if not (isinstance(beta, (int, float)) and math.isfinite(beta)):
         raise ValueError(f"beta must be a finite number, got {beta!r}")
-    for option, value, valid in (("proxy", proxy, PROXIES), ("estimator", estimator, ESTIMATORS), ("weighting", weighting, WEIGHTINGS)):
-        if value not in valid:
-            raise ValueError(f"{option} must be one of {', '.join(valid)}, got {value!r}")
+    check_choice("proxy", proxy, PROXIES)
+    check_choice("estimator", estimator, ESTIMATORS)
+    check_choice("weighting", weighting, WEIGHTINGS)
 
     def compute_pacs_loss(
         old_log_prob: torch.Tensor,
@@ -139,15 +152,13 @@ def pacs_policy_loss_fn(*, beta: float = 1.0, proxy: str = "logratio", estimator
         if rollout_is_weights is not None:
             unsupported.append("rollout-correction weights (actor.policy_loss.rollout_correction): turn them off")
         mask = response_mask.to(log_prob.dtype)
-        first_token = mask.argmax(dim=-1, keepdim=True)  # (B, 1)
-        rewards = advantages.gather(-1, first_token).squeeze(-1)  # (B,) R_i, as "pacs" wrote them
-        if not bool((((advantages - rewards.unsqueeze(-1)) * mask).abs().max() == 0) & (rewards >= 0).all() & (rewards <= 1).all()):
-            unsupported.append("advantages that are not per-response rewards in [0, 1]: set algorithm.adv_estimator=pacs")
+        rewards, from_pacs = rewards_from_advantages(advantages, mask)
+        if not from_pacs:
+            unsupported.append("advantages not per-response rewards in [0, 1]: set algorithm.adv_estimator=pacs")
         if unsupported:
             raise ValueError("loss_mode=pacs cannot compute PACS exactly with:\n  " + "\n  ".join(unsupported))
-        loss = pacs_loss(
-            log_prob, old_log_prob, mask, rewards, group_size, beta=beta, proxy=proxy, estimator=estimator, weighting=weighting
-        )
+        settings = {"beta": beta, "proxy": proxy, "estimator": estimator, "weighting": weighting}
+        loss = pacs_loss(log_prob, old_log_prob, mask, rewards, group_size, **settings)  # mean over the micro-batch
         batch_info = config.get("global_batch_info") or {}
         global_rows = batch_info.get("global_batch_size") or rows
         term = loss * (rows / global_rows) * batch_info.get("dp_size", 1)
