@@ -6,7 +6,9 @@ which asserts on the JSON this writes: `python integration_trl_checks.py MODEL_D
   `pacs.algos.pacs_loss` on the same 8 rows held whole, at the same parameters: the gradients TRL
   accumulated (read before the optimizer step) and the loss.
 - train: 8 steps of 16 prompts x 8 completions on builtin:arithmetic from the warm-started tiny model:
-  the logged rewards and losses.
+  the logged rewards and losses, and the mean log-probability of the correct answers (`\\boxed{N}`)
+  on 64 of the training prompts before and after (a low-noise measure of learning the task; the
+  reward of 128 samples per step moves by a few points over 8 steps, within its noise).
 - refusals: the messages of the errors `PACSConfig` raises for settings it cannot compute exactly.
 """
 
@@ -23,6 +25,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from pacs.algos import pacs_loss
+from pacs.data.arithmetic import answer_text
 from pacs.data.loading import load_rows
 from pacs.integrations.trl import PACSConfig, PACSTrainer
 from pacs.rewards.arithmetic import arithmetic_score
@@ -135,6 +138,20 @@ def exact_check(model_dir: str, scratch: str) -> dict:
     }
 
 
+@torch.no_grad()
+def answer_logprob(model, tokenizer, rows: list[dict]) -> float:
+    """Mean over `rows` of log π(correct answer + end of turn | prompt)."""
+    total = 0.0
+    for row in rows:
+        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(prompt + answer_text(row) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], dim=-1)
+        targets = torch.tensor(ids[1:])
+        total += logprobs[len(prompt_ids) - 1 :].gather(-1, targets[len(prompt_ids) - 1 :, None]).sum().item()
+    return total / len(rows)
+
+
 def train_check(model_dir: str, scratch: str) -> dict:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -148,9 +165,16 @@ def train_check(model_dir: str, scratch: str) -> dict:
         model=model, reward_funcs=arithmetic_reward, args=args, train_dataset=arithmetic_dataset(512),
         processing_class=tokenizer, callbacks=[recorder],
     )  # fmt: skip
+    probe = load_rows(TASK, default_split="train")[:64]
+    model.eval()
+    before = answer_logprob(model, tokenizer, probe)
     trainer.train()
+    model.eval()
+    after = answer_logprob(model, tokenizer, probe)
     steps = [log for log in recorder.logs if "reward" in log]
     return {
+        "answer_logprob_before": before,
+        "answer_logprob_after": after,
         "reward": [log["reward"] for log in steps],
         "loss": [log["loss"] for log in steps],
         "pacs_loss": [log.get("pacs/loss") for log in steps],
