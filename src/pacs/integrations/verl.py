@@ -2,7 +2,8 @@
 (`verl.trainer.ppo.core_algos`), both named "pacs", so that PACS runs with configuration alone:
 
     algorithm.adv_estimator=pacs actor_rollout_ref.actor.policy_loss.loss_mode=pacs
-    trainer.balance_batch=False actor_rollout_ref.actor.shuffle=False actor_rollout_ref.actor.use_dynamic_bsz=False
+    trainer.use_v1=False trainer.balance_batch=False
+    actor_rollout_ref.actor.shuffle=False actor_rollout_ref.actor.use_dynamic_bsz=False
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=<a multiple of actor_rollout_ref.rollout.n>
 
 With `pip install 'pacs[verl]'` beside verl, verl imports this module itself in every process that
@@ -25,7 +26,9 @@ so that Σ over micro-batches (and the mean over data-parallel ranks) is L of th
 
 Refused with a ValueError naming the setting: advantages that are not "pacs"'s (another
 adv_estimator, or KL in the reward: R outside [0, 1]); groups not contiguous when the advantages
-are computed (trainer.balance_batch reorders rows); actor.shuffle or actor.use_dynamic_bsz (both
+are computed (balancing sequence lengths across ranks reorders rows: verl 0.9.1's default v1
+trainer always balances, its legacy trainer, trainer.use_v1=False, only with
+trainer.balance_batch=True); actor.shuffle or actor.use_dynamic_bsz (both
 reorder or regroup rows); a micro-batch whose row count is not a multiple of rollout.n; and
 rollout-correction weights (per-token weights PACS does not define). Under these checks the
 micro-batches tile the group-ordered batch in order, each a multiple of n rows, so each holds whole
@@ -69,8 +72,9 @@ def check_groups(index: np.ndarray | None) -> int:
     if len(set(first_ids)) != len(first_ids) or len(set(sizes.tolist())) != 1:
         raise ValueError(
             "adv_estimator=pacs needs each prompt's responses in consecutive rows, equally many per prompt; got "
-            f"runs of {sizes.tolist()[:16]} rows over {len(set(first_ids))} prompts (set trainer.balance_batch=False: "
-            "it reorders rows)"
+            f"runs of {sizes.tolist()[:16]} rows over {len(set(first_ids))} prompts. Balancing sequence lengths "
+            "across ranks reorders rows: verl's v1 trainer always does, its legacy one unless told not to; set "
+            "trainer.use_v1=False trainer.balance_batch=False"
         )
     return int(sizes[0])
 
