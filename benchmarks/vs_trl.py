@@ -20,17 +20,17 @@ Each row gives the median step time over steps 4-20 (the first steps warm up), i
 and the mean reward over the last 5 steps. The runs draw their own prompt orders and samples, so
 the rewards compare learning on the same distribution, not the same batches.
 
-TRL is not a dependency of pacs. The TRL side runs in its own venv, `benchmarks/.venv-trl` by
-default (`--trl-venv`): if that venv's python imports `trl` and `pacs.rewards` it is reused; else
-this script creates it with `python -m venv` and installs `benchmarks/requirements-trl.txt` (pinned
-trl, transformers, accelerate, datasets, math-verify) with `--constraint constraints-cpu.txt`, so
-that pip keeps the local CPU torch wheel, and then this repository with `--no-deps` (for the reward
-and data code). The first run spends about a minute installing. In that venv this same file runs
-the TRL worker (`--trl-worker`, internal).
+TRL is not a dependency of pacs. The TRL side runs in its own venv, `.peer-venvs/trl` by default
+(`--trl-venv`), the one the TRL integration tests use: `benchmarks/peer_venvs.py` makes it on first
+use from `benchmarks/requirements-trl.txt` (pinned trl, transformers, accelerate, datasets,
+math-verify) with `--constraint constraints-cpu.txt`, so that pip keeps the local CPU torch wheel,
+and then this repository with `--no-deps` (for the reward and data code), and reuses it while
+those files are unchanged. The first run spends a few minutes installing. In that venv this same
+file runs the TRL worker (`--trl-worker`, internal).
 
 Timings on shared machines are noisy: run it on a quiet machine and compare the ratios within one
 run, not seconds across runs. It takes a few minutes on 2 CPU cores. Run:
-`.venv/bin/python benchmarks/vs_trl.py [--steps 20] [--trl-venv benchmarks/.venv-trl]`.
+`.venv/bin/python benchmarks/vs_trl.py [--steps 20] [--trl-venv .peer-venvs/trl]`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer_venvs import PEER_VENVS, peer_python
+
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TRL_VENV = REPO / "benchmarks" / ".venv-trl"
+DEFAULT_TRL_VENV = PEER_VENVS / "trl"
 REQUIREMENTS = REPO / "benchmarks" / "requirements-trl.txt"
-CONSTRAINTS = REPO / "constraints-cpu.txt"
 DATA = "builtin:arithmetic?max_operand=19"
 PROMPTS, N, MAX_NEW_TOKENS, LR = 32, 8, 16, 1e-4
 FIRST_TIMED_STEP, LAST_STEPS = 4, 5
@@ -176,42 +177,6 @@ def run_logged(command: list[str], log_path: Path, what: str) -> None:
     print(f"{what}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def pinned_trl() -> str:
-    """The trl version that requirements-trl.txt pins."""
-    for line in REQUIREMENTS.read_text().splitlines():
-        if line.strip().startswith("trl=="):
-            return line.strip().removeprefix("trl==")
-    raise ValueError(f"{REQUIREMENTS} pins no trl version")
-
-
-def trl_python(venv: Path, log_dir: Path) -> Path:
-    """The TRL venv's python: reused if it imports the pinned trl and pacs.rewards, else made or updated."""
-    python = venv / "bin" / "python"
-    check = [
-        str(python), "-c",
-        "import datasets, trl, pacs.data.loading, pacs.rewards.arithmetic; print(trl.__version__)",
-    ]  # fmt: skip
-
-    def usable() -> bool:
-        done = subprocess.run(check, capture_output=True, text=True)
-        return done.returncode == 0 and done.stdout.strip() == pinned_trl()
-
-    if python.exists() and usable():
-        return python
-    print(f"setting up the TRL venv {venv}: pip, {REQUIREMENTS.name}, torch pinned by {CONSTRAINTS.name}", flush=True)
-    if not python.exists():
-        run_logged([sys.executable, "-m", "venv", str(venv)], log_dir / "venv.log", "python -m venv")
-    pip = [str(python), "-m", "pip", "install", "--quiet"]
-    run_logged(
-        [*pip, "--constraint", str(CONSTRAINTS), "-r", str(REQUIREMENTS)], log_dir / "pip.log", "pip install TRL"
-    )
-    run_logged([*pip, "--no-deps", "-e", str(REPO)], log_dir / "pip-pacs.log", "pip install pacs --no-deps")
-    if not usable():
-        done = subprocess.run(check, capture_output=True, text=True)
-        sys.exit(f"{python} does not import trl=={pinned_trl()} and pacs.rewards:\n{done.stdout}{done.stderr}")
-    return python
-
-
 def pacs_run(algorithm: str, model_dir: Path, steps: int, work: Path) -> tuple[list[float], list[float]]:
     pacs = Path(sys.executable).parent / "pacs"
     output_dir = work / f"pacs-{algorithm}"
@@ -230,9 +195,9 @@ def pacs_run(algorithm: str, model_dir: Path, steps: int, work: Path) -> tuple[l
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        epilog="The TRL side runs in its own venv (--trl-venv): reused when it imports trl and pacs.rewards, else "
-        f"made with `python -m venv` and `pip install --constraint constraints-cpu.txt -r {REQUIREMENTS.name}` "
-        "plus `pip install --no-deps -e .` (this repository) for the reward and data code.",
+        epilog="The TRL side runs in its own venv (--trl-venv), made on first use with `python -m venv` and "
+        f"`pip install --constraint constraints-cpu.txt -r {REQUIREMENTS.name}` plus `pip install --no-deps -e .` "
+        "(this repository) for the reward and data code; see benchmarks/peer_venvs.py.",
     )
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     parser.add_argument("--trl-venv", type=Path, default=DEFAULT_TRL_VENV, help="the TRL venv (default %(default)s)")
@@ -255,7 +220,7 @@ def main() -> None:
     model_dir = warm_started_tiny(0, show_progress=False)
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = Path(tmp)
-        python = trl_python(args.trl_venv.resolve(), work)
+        python = peer_python(args.trl_venv.resolve(), REQUIREMENTS)
         trl_out = work / "trl.json"
         run_logged(
             [str(python), __file__, "--trl-worker", "--model-dir", str(model_dir), "--steps", str(args.steps),

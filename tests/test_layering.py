@@ -19,6 +19,7 @@ LAYERS = [
     {"pacs.plots"},
     {"pacs.compare", "pacs.demo"},
     {"pacs.cli"},
+    {"pacs.integrations"},
 ]
 """Bottom to top: a unit (a subpackage, or a top-level module) imports only from its own unit
 and from units of lower layers."""

@@ -1,0 +1,31 @@
+"""Running a checks script in a peer venv (TRL, verl; see benchmarks/peer_venvs.py) for the
+integration tests: one subprocess that writes a JSON of results, which the tests assert on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+from peer_venvs import PEER_VENVS, PeerVenvError, peer_python  # noqa: E402
+
+
+def run_in_peer_venv(name: str, requirements: str, checks: str, arguments: list[str], out: Path, **build) -> dict:
+    """Run tests/`checks` with `arguments` and `out` in the peer venv `name`, built on first use from
+    benchmarks/`requirements` (and `build`'s no_deps): the JSON it wrote. A venv that cannot be built
+    (no package index) fails the test, saying so."""
+    try:
+        python = peer_python(PEER_VENVS / name, REPOSITORY / "benchmarks" / requirements, **build)
+    except PeerVenvError as error:
+        pytest.fail(f"the {name} venv {PEER_VENVS / name} could not be built (it needs the package index):\n{error}")
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY / "src"), "OMP_NUM_THREADS": "1"}
+    script = REPOSITORY / "tests" / checks
+    done = subprocess.run([str(python), str(script), *arguments, str(out)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, f"{checks} failed in {python}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return json.loads(out.read_text())
