@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 # One stamp per choice of extra: changing VLLM_EXTRA installs again.
 STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 
-.PHONY: install demo test clean
+.PHONY: install peer-venvs demo test clean
 
 install: $(STAMP)
 
@@ -32,8 +32,13 @@ demo: install
 # shared fixtures are made once): `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= auto --maxprocesses 4
 
-test: install
+# The TRL and verl venvs the integration tests run in (.peer-venvs/, about 3 GB; benchmarks/peer_venvs.py
+# rebuilds one only when its requirements change): built here, before the suite, on first use.
+peer-venvs: install
+	$(BIN)/python benchmarks/peer_venvs.py
+
+test: install peer-venvs
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .peer-venvs runs .pytest_cache

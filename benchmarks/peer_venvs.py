@@ -9,6 +9,9 @@ constraint keeps pip on the local CPU torch wheel), then the packages `no_deps` 
 from (the requirements, the constraints, `no_deps`); a venv whose stamp matches is reused as is, any
 other is built again. A lock file serialises concurrent builders. The venvs live in `.peer-venvs/`
 (gitignored) at the repository's root unless a caller passes another folder.
+
+`PEERS` names the venvs the integration tests use; `python benchmarks/peer_venvs.py [NAME ...]`
+builds them (all by default) ahead of the tests, as `make test` does.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ REPO = Path(__file__).resolve().parent.parent
 PEER_VENVS = REPO / ".peer-venvs"
 CONSTRAINTS = REPO / "constraints-cpu.txt"
 STAMP = ".pacs-peer-stamp"
+
+
+PEERS = {
+    "trl": ("requirements-trl.txt", ()),
+    "verl": ("requirements-verl.txt", ("verl==0.9.1",)),
+}
+"""name -> (its requirements file in benchmarks/, the packages installed without their dependencies):
+verl goes in with --no-deps, see requirements-verl.txt."""
 
 
 class PeerVenvError(RuntimeError):
@@ -83,3 +94,19 @@ def peer_python(venv: Path, requirements: Path, *, no_deps: Sequence[str] = ()) 
         _run([*pip, "--no-deps", "-e", str(REPO)], log_dir / "pacs.log", "pip install --no-deps -e . (pacs)")
         stamp_path.write_text(stamp)
     return python
+
+
+def peer(name: str) -> Path:
+    """The python of the peer venv `name` of `PEERS`, in `PEER_VENVS`, built on first use."""
+    requirements, no_deps = PEERS[name]
+    return peer_python(PEER_VENVS / name, REPO / "benchmarks" / requirements, no_deps=no_deps)
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or PEERS:
+        if name not in PEERS:
+            sys.exit(f"unknown peer venv {name!r}; valid: {', '.join(PEERS)}")
+        try:
+            print(peer(name))
+        except PeerVenvError as error:
+            sys.exit(str(error))

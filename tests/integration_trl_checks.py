@@ -5,10 +5,10 @@ which asserts on the JSON this writes: `python integration_trl_checks.py MODEL_D
   shuffled micro-batches of 4 (gradient_accumulation_steps = steps_per_generation = 2), against
   `pacs.algos.pacs_loss` on the same 8 rows held whole, at the same parameters: the gradients TRL
   accumulated (read before the optimizer step) and the loss.
-- train: 8 steps of 16 prompts x 8 completions on builtin:arithmetic from the warm-started tiny model:
+- train: 16 steps of 16 prompts x 8 completions on builtin:arithmetic from the warm-started tiny model:
   the logged rewards and losses, and the mean log-probability of the correct answers (`\\boxed{N}`)
   on 64 of the training prompts before and after (a low-noise measure of learning the task; the
-  reward of 128 samples per step moves by a few points over 8 steps, within its noise).
+  reward of 128 samples per step moves by a few points over 16 steps, within its noise).
 - refusals: the messages of the errors `PACSConfig` raises for settings it cannot compute exactly.
 """
 
@@ -43,9 +43,10 @@ def arithmetic_reward(completions, ground_truth, **_) -> list[float]:
     return [arithmetic_score(completion[-1]["content"], truth) for completion, truth in zip(completions, ground_truth)]
 
 
-def parity_reward(completions, **_) -> list[float]:
-    """1 for a completion of an even number of characters: mixed rewards within a group."""
-    return [float(len(completion[-1]["content"]) % 2 == 0) for completion in completions]
+def alternating_reward(completions, **_) -> list[float]:
+    """1, 0, 1, 0, ... in generation order, where a group's completions are adjacent: every group
+    gets both outcomes whatever the model samples (a group of one outcome has no PACS gradient)."""
+    return [float(index % 2 == 0) for index in range(len(completions))]
 
 
 def config(output_dir: str, **overrides) -> PACSConfig:
@@ -113,7 +114,7 @@ def exact_check(model_dir: str, scratch: str) -> dict:
     )  # fmt: skip
     recorder = Recorder(model)
     trainer = RecordingTrainer(
-        model=model, reward_funcs=parity_reward, args=args, train_dataset=arithmetic_dataset(8),
+        model=model, reward_funcs=alternating_reward, args=args, train_dataset=arithmetic_dataset(8),
         processing_class=tokenizer, callbacks=[recorder],
     )  # fmt: skip
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -157,8 +158,8 @@ def train_check(model_dir: str, scratch: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = config(
-        scratch, max_steps=8, per_device_train_batch_size=64, gradient_accumulation_steps=2, num_generations=8,
-        max_grad_norm=1.0,
+        scratch, max_steps=16, per_device_train_batch_size=64, gradient_accumulation_steps=2, num_generations=8,
+        max_grad_norm=1.0, learning_rate=1e-4,
     )  # fmt: skip
     recorder = Recorder(model)
     trainer = PACSTrainer(

@@ -13,15 +13,15 @@ import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
-from peer_venvs import PEER_VENVS, PeerVenvError, peer_python  # noqa: E402
+from peer_venvs import PEER_VENVS, PeerVenvError, peer  # noqa: E402
 
 
-def run_in_peer_venv(name: str, requirements: str, checks: str, arguments: list[str], out: Path, **build) -> dict:
-    """Run tests/`checks` with `arguments` and `out` in the peer venv `name`, built on first use from
-    benchmarks/`requirements` (and `build`'s no_deps): the JSON it wrote. A venv that cannot be built
-    (no package index) fails the test, saying so."""
+def run_in_peer_venv(name: str, checks: str, arguments: list[str], out: Path) -> dict:
+    """Run tests/`checks` with `arguments` and `out` in the peer venv `name` (`peer_venvs.PEERS`),
+    built on first use (`make test` builds it before the suite): the JSON it wrote. A venv that
+    cannot be built (no package index) fails the test, saying so."""
     try:
-        python = peer_python(PEER_VENVS / name, REPOSITORY / "benchmarks" / requirements, **build)
+        python = peer(name)
     except PeerVenvError as error:
         pytest.fail(f"the {name} venv {PEER_VENVS / name} could not be built (it needs the package index):\n{error}")
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY / "src"), "OMP_NUM_THREADS": "1"}

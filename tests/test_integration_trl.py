@@ -19,7 +19,7 @@ from peer_checks import run_in_peer_venv
 @pytest.fixture(scope="module")
 def checks(warm_model_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("trl-checks") / "checks.json"
-    return run_in_peer_venv("trl", "requirements-trl.txt", "integration_trl_checks.py", [str(warm_model_dir)], out)
+    return run_in_peer_venv("trl", "integration_trl_checks.py", [str(warm_model_dir)], out)
 
 
 def test_importing_the_module_needs_no_trl_and_its_classes_name_the_extra() -> None:
@@ -48,10 +48,10 @@ def test_the_optimizer_step_moves_the_parameters(checks) -> None:
 
 
 def test_a_short_run_on_builtin_arithmetic_trains(checks) -> None:
-    """8 steps raise the log-probability of the correct answers on training prompts (by 0.14 nats
-    when measured; the sampled reward is too noisy over 8 steps to assert on)."""
+    """16 steps raise the log-probability of the correct answers on training prompts (by 0.15 nats
+    on one warm model here, 8 steps gave +0.01 on another; the sampled reward is too noisy to assert on)."""
     train = checks["train"]
-    assert len(train["reward"]) == 8 and checks["finite"]
+    assert len(train["reward"]) == 16 and checks["finite"]
     assert train["answer_logprob_after"] > train["answer_logprob_before"] + 0.05, train
 
 
