@@ -34,7 +34,7 @@ sent to each rank as its shard (`from_writer_like`).
 Collectives. Every collective pacs calls is a method of `World`, and each one hands the backend
 its tensors on the device that backend serves (`communication_device`): NCCL serves CUDA tensors
 only, gloo CPU ones, so a caller may build its counts on the CPU whatever the backend.
-`tests/test_distributed.py` keeps it so: a 2-process training run fails if pacs calls a
+`tests/test_distributed_runs.py` keeps it so: a 2-process training run fails if pacs calls a
 `torch.distributed` collective from anywhere else.
 
 Several nodes. Nodes may share nothing but the network (node-local disks). Rank 0 alone reads

@@ -1,0 +1,116 @@
+"""Several nodes that share nothing but the network: one torchrun agent per node, each in its own
+working directory with its own model cache, on this machine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from killing import kill_job
+from torchrun_jobs import EXACT, final_tensors, max_difference, process_env
+
+TWO_NODES = ["model.path=builtin:tiny", "model.dtype=float64", "output_dir=run", "rollout.n=4", "train.batch_size=8",
+             "train.mini_batch_size=4", "train.save_every=1", "data.val=null", "reward.num_workers=0",
+             "train.distributed_timeout_s=120"]
+"""Cheap runs (`builtin:tiny`, 8 prompts x 4 samples a step) in float64, each node in its own
+working directory with its own model cache (`PACS_CACHE_DIR`) and a relative output_dir."""
+NODE_TIMEOUT_S = 360
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def pacs_on_two_nodes(nodes: list[Path], *args: str) -> list[tuple[int, str]]:
+    """(exit code, output) of one torchrun agent per node (`--nnodes 2`, one process each), each
+    in its own working directory with its own model cache, started together; a job that outlives
+    `NODE_TIMEOUT_S` is killed and fails the test."""
+    port = free_port()
+    jobs, logs = [], []
+    for node_rank, node in enumerate(nodes):
+        node.mkdir(exist_ok=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node_rank),
+                   "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                   "-m", "pacs.cli", *args]
+        env = {**process_env(), "PACS_CACHE_DIR": str(node / "cache")}
+        logs.append(node.parent / f"{node.name}.log")
+        with open(logs[-1], "w") as log:
+            jobs.append(subprocess.Popen(command, cwd=node, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True))
+    try:
+        return [(job.wait(timeout=NODE_TIMEOUT_S), log.read_text()) for job, log in zip(jobs, logs)]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                kill_job(job)  # its workers too: torchrun starts each in a session of its own
+
+
+def train_on_two_nodes(nodes: list[Path], *overrides: str) -> None:
+    for exit_code, output in pacs_on_two_nodes(nodes, "train", *TWO_NODES, *overrides):
+        assert exit_code == 0, output[-4000:]
+
+
+def train_on_one_node(directory: Path, *overrides: str) -> Path:
+    """The run of 2 processes on one node, in `directory` with its own model cache: its output_dir."""
+    directory.mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "pacs.cli", "train", *TWO_NODES, *overrides]
+    env = {**process_env(), "PACS_CACHE_DIR": str(directory / "cache")}
+    subprocess.run(command, cwd=directory, env=env, check=True, capture_output=True, timeout=NODE_TIMEOUT_S)
+    return directory / "run"
+
+
+@pytest.mark.slow
+def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_path):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=2")
+    assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoint is on node 0 alone
+    train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=3", "resume=auto")
+
+    one_node = train_on_one_node(tmp_path / "one-node", "train.strategy=fsdp", "train.steps=3")
+    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(one_node)
+    assert resumed.keys() == expected.keys()
+    assert max_difference(resumed, expected) <= EXACT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy", [["train.strategy=ddp"], ["train.strategy=fsdp", "model.lora_rank=4"]], ids=["ddp", "fsdp-lora"]
+)
+def test_a_checkpoint_on_rank_0s_disk_alone_resumes_on_two_nodes(strategy, tmp_path):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    straight = train_on_one_node(nodes[0], *strategy, "train.steps=3")
+    uninterrupted = tmp_path / "uninterrupted"
+    (uninterrupted / "checkpoints").mkdir(parents=True)
+    shutil.move(straight / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
+    shutil.rmtree(straight / "checkpoints" / "step_3")  # node 0 now holds the run as it was after step 2
+    train_on_two_nodes(nodes, *strategy, "train.steps=3", "resume=auto")
+    assert not (nodes[1] / "run").exists()
+    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(uninterrupted)
+    assert resumed.keys() == expected.keys()
+    assert max_difference(resumed, expected) <= EXACT
+
+
+@pytest.mark.slow
+def test_a_node_without_the_data_file_stops_every_node_with_one_error_naming_it(tmp_path):
+    from pacs.data.loading import load_rows
+
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    nodes[0].mkdir()
+    rows = load_rows("builtin:arithmetic?size=8", default_split="train")
+    (nodes[0] / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    outcomes = pacs_on_two_nodes(nodes, "train", *TWO_NODES, "train.strategy=ddp", "train.steps=1",
+                                 "data.train=train.jsonl")
+    for exit_code, output in outcomes:
+        assert exit_code != 0
+        assert "node 1 (host" in output and "Data file train.jsonl does not exist" in output, output[-4000:]
+        assert "at the same paths" in output
+    assert not (nodes[0] / "run").exists()  # stopped before rank 0 claimed the output folder
