@@ -25,7 +25,7 @@ from pacs.train.batch import response_logprobs
 from pacs.train.distributed import World
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
-from test_distributed import EXACT, WORKER, max_difference, torchrun
+from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
 from test_train_logprobs import CHUNK_TOKENS, full_logits_reference, gradients, make_group_batch
 from test_train_loop import max_weight_difference
 from tiny_architectures import ARCHITECTURES, LOGIT_MAP_VARIANTS, save_tiny_model, tiny_causal_lm

@@ -11,7 +11,6 @@ and compare each case's weights after one step with the same step in this proces
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +18,9 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from distributed_update import run_case
-from torchrun_jobs import EXACT, max_difference, torchrun
+from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
 from pacs.train.distributed import DistributedConfigError, World, communication_device
 
-WORKER = Path(__file__).with_name("distributed_update.py")
 ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 DDP_CASES = [f"{name}:{agg}" for name in ALGORITHMS for agg in LOSS_AGGS]

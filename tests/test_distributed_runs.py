@@ -15,9 +15,8 @@ import pytest
 
 from killing import kill_once_checkpointed
 from running import run
-from torchrun_jobs import TESTS, final_tensors, max_difference, process_env, read_jsonl, torchrun
+from torchrun_jobs import AUDIT, TESTS, final_tensors, max_difference, process_env, read_jsonl, torchrun
 
-AUDIT = TESTS / "collective_audit.py"
 ACCEPTANCE = [
     "rollout.n=4",
     "train.steps=4",

