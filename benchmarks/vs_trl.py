@@ -44,11 +44,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from peer_venvs import PEER_VENVS, peer_python
+from peer_venvs import PEER_VENVS, PEERS, peer_python
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRL_VENV = PEER_VENVS / "trl"
-REQUIREMENTS = REPO / "benchmarks" / "requirements-trl.txt"
+REQUIREMENTS = REPO / "benchmarks" / PEERS["trl"][0]
 DATA = "builtin:arithmetic?max_operand=19"
 PROMPTS, N, MAX_NEW_TOKENS, LR = 32, 8, 16, 1e-4
 FIRST_TIMED_STEP, LAST_STEPS = 4, 5
