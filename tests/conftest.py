@@ -29,9 +29,13 @@ BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 @pytest.fixture(scope="session", autouse=True)
 def private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built-in models are built into a fresh cache, never the user's ~/.cache/pacs; one cache for
-    the session, shared by its xdist workers (each worker's basetemp is a folder of the session's)."""
-    session_root = tmp_path_factory.getbasetemp().parent if XDIST_WORKER else tmp_path_factory.getbasetemp()
-    cache = session_root / "pacs-cache"
+    the session, shared by its xdist workers (each worker's basetemp is a folder of the session's),
+    or the folder `PACS_TEST_CACHE_DIR` names (`make test` gives its two pytest runs one)."""
+    if shared := os.environ.get("PACS_TEST_CACHE_DIR"):
+        cache = Path(shared)
+    else:
+        session_root = tmp_path_factory.getbasetemp().parent if XDIST_WORKER else tmp_path_factory.getbasetemp()
+        cache = session_root / "pacs-cache"
     cache.mkdir(exist_ok=True)
     previous = os.environ.get("PACS_CACHE_DIR")
     os.environ["PACS_CACHE_DIR"] = str(cache)

