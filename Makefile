@@ -49,11 +49,13 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints-cpu.txt
 	touch $@
 
 # Two pytest runs, the vLLM tests in their venv after the rest, sharing one model cache (a folder
-# made for this `make test` and removed after it) so that the warm-started model is built once. The
-# second runs on one xdist worker too, so that it uses one thread per process like the first (torch's
-# thread pool slows down badly when its threads outnumber free cores).
+# made for this `make test` and removed after it). The warm-started model most tests use is built
+# into it first, on every core (about 75 s), rather than by one single-threaded xdist worker while
+# the others wait for it (about 140 s). The second run is on one xdist worker too, so that it uses
+# one thread per process like the first (torch's threads slow down badly when they outnumber free cores).
 test: install peer-venvs vllm-venv
 	cache=$$(mktemp -d) && \
+	PACS_CACHE_DIR=$$cache $(BIN)/python -c "from pacs.train.builtin_models import warm_started_tiny; warm_started_tiny(0)" && \
 	PACS_TEST_CACHE_DIR=$$cache $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore tests/test_rollout_vllm.py && \
 	PACS_TEST_CACHE_DIR=$$cache $(VLLM_VENV)/bin/python -m pytest -n 1 tests/test_rollout_vllm.py; \
 	status=$$?; rm -rf $$cache; exit $$status
