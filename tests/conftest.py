@@ -1,7 +1,7 @@
 """Shared fixtures: a private model cache per test session, and small random models; float64
 models normalise in float64 (see exact_float64.py).
 
-Under pytest-xdist (`make test` runs `pytest -n 2`), the workers share the session's model cache,
+Under pytest-xdist (as `make test` runs it), the workers share the session's model cache,
 so the warm-started model is built once, and each worker and every process it starts uses one
 thread: the workers already fill the cores."""
 
