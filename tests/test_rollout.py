@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import transformers
 from transformers import GenerationConfig
+from transformers.cache_utils import DynamicCache, StaticCache
 
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.rollout.base import SamplingParams
+from pacs.rollout import hf
 from pacs.rollout.hf import TransformersEngine
 from pacs.train.batch import PolicyBatch, response_logprobs
 
@@ -45,6 +48,30 @@ def test_response_mask_ends_at_the_first_end_token(engine):
             assert ids[length - 1] == eos
     assert (lengths < 12).any(), "a random tiny model should emit the end token within 12 tokens sometimes"
 
+
+
+def test_a_preallocated_cache_samples_what_a_growing_cache_samples(engine, monkeypatch):
+    """The tiny Qwen2 model generates on a `StaticCache`; with the growing cache instead, the
+    same seed draws the same responses with the same log-probs."""
+    params = SamplingParams(n=4, temperature=0.7, max_new_tokens=10, return_logprobs=True)
+    torch.manual_seed(5)
+    preallocated = engine.generate(prompt_ids(engine) * 3, params)
+    monkeypatch.setattr(hf, "_preallocated", lambda cache, config, max_length: cache)
+    torch.manual_seed(5)
+    growing = engine.generate(prompt_ids(engine) * 3, params)
+    assert torch.equal(preallocated.response_ids, growing.response_ids)
+    assert torch.allclose(preallocated.response_logprobs, growing.response_logprobs, atol=1e-10)
+
+
+def test_only_full_attention_layers_get_a_preallocated_cache(tiny_model_dir):
+    """Qwen2's layers get a `StaticCache`; a sliding-window model (Mistral) keeps its own cache."""
+    from tiny_architectures import ARCHITECTURES
+
+    qwen2 = load_causal_lm(str(tiny_model_dir), dtype="float32")
+    mistral = transformers.AutoModelForCausalLM.from_config(ARCHITECTURES["mistral"]())
+    for model, expected in ((qwen2, StaticCache), (mistral, DynamicCache)):
+        cache = model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+        assert type(hf._preallocated(cache, model.config, 8)) is expected
 
 def recomputed_logprobs(engine, rollouts, temperature):
     batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float64)

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, DynamicLayer, StaticCache, StaticLayer
 
 from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts, SamplingParams, pad_rows, rollouts_from_rows
@@ -123,6 +124,12 @@ class TransformersEngine:
         sampling distribution is the one of `generate` with `num_return_sequences=n`, which runs
         every prompt n times; here the prompt costs 1/n of that.
 
+        For a model whose every layer attends to the whole sequence, the repeated cache is copied
+        into a preallocated `StaticCache` of P + max_new_tokens positions (`_preallocated`): each
+        new token is then written in place, where a growing cache copies itself once per token
+        (a quarter of the demo's generation time). Other layer kinds (sliding windows, hybrid
+        models) keep the growing cache.
+
         Each process generates on its own (`synced_gpus=False`): transformers would otherwise
         switch it on for a model that FSDP shards and add a collective after every token, which
         hangs as soon as one rank generates while another does not.
@@ -144,10 +151,24 @@ class TransformersEngine:
         return self.model.generate(
             input_ids=rows_ids,
             attention_mask=rows_mask,
-            past_key_values=cache,
+            past_key_values=_preallocated(cache, self.model.config, input_ids.shape[1] + generation_config.max_new_tokens),
             generation_config=generation_config,
             synced_gpus=False,
         )
+
+
+def _preallocated(cache: Cache, config: PretrainedConfig, max_length: int) -> Cache:
+    """`cache`'s keys and values (B, heads, L, head_dim) per layer, copied into a `StaticCache`
+    of `max_length` positions when every layer of both is a plain full-attention layer; otherwise
+    `cache` itself."""
+    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return cache
+    static = StaticCache(config=config, max_cache_len=max_length)
+    if len(static.layers) != len(cache.layers) or not all(type(layer) is StaticLayer for layer in static.layers):
+        return cache
+    for index, layer in enumerate(cache.layers):
+        static.update(layer.keys, layer.values, index)
+    return static
 
 
 def _lengths_through_first_end(responses: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:

@@ -289,7 +289,12 @@ def _checkpoints_activations(model: torch.nn.Module) -> bool:
 
 
 def response_logprobs(
-    model: PreTrainedModel, batch: PolicyBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: PreTrainedModel,
+    batch: PolicyBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    prompts_shared: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(response_t | prompt, response_<t) for every response position: (B, R); with
     `with_entropy`, also the policy's entropy at each position, (B, R). Padding positions hold
@@ -307,8 +312,11 @@ def response_logprobs(
     most of a step's tokens when prompts are long and responses short, then cost 1/n of the
     plain way, in forward and backward, with the same result. The plain way, a forward over
     [prompt | response] per length bucket, is taken when activation checkpointing (which drops
-    caches) is on. Either way the number of forwards depends only on B and the checkpointing
-    setting, as the ranks of DDP and FSDP need (each forward is a collective there).
+    caches) is on, and when the caller says that no two rows share a prompt
+    (`prompts_shared=False`: supervised pairs, where a prompt cache would only cost an extra
+    forward and the copies of its keys and values). Either way the number of forwards depends
+    only on B, the checkpointing setting and `prompts_shared`, which every rank of DDP and FSDP
+    must pass alike (each forward is a collective there).
 
     The model's logits are f(lm_head(h)), f the elementwise map its config declares (`LogitMap`:
     Gemma 2's softcapping, Granite's and Cohere's scaling; the identity for most models), and
@@ -320,7 +328,7 @@ def response_logprobs(
     inner = unwrap_model(model)
     if inner.get_output_embeddings() is None:
         raise ValueError(f"{type(inner).__name__} has no output embedding (lm_head); a causal LM is needed")
-    if _checkpoints_activations(inner):
+    if _checkpoints_activations(inner) or not prompts_shared:
         terms = _plain_terms(model, batch, temperature, with_entropy)
     else:
         terms = _shared_prompt_terms(model, batch, shared_prompt_runs(batch), temperature, with_entropy)

@@ -67,7 +67,8 @@ def supervised_warm_start(
             old_logprobs=torch.zeros_like(response_mask),
             entropy=torch.zeros_like(response_mask),
         )
-        loss = -masked_sum(response_logprobs(model, batch), batch.response_mask).sum() / response_mask.sum()
+        logprobs = response_logprobs(model, batch, prompts_shared=False)  # one answer per prompt
+        loss = -masked_sum(logprobs, batch.response_mask).sum() / response_mask.sum()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
