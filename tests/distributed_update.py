@@ -17,7 +17,8 @@ A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapt
 every linear projection; the reference is the policy with its adapters disabled); "NAME/" before
 either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
 `--checks OUT.json` then runs `distributed_checks.observe` on the model in MODEL_DIR, in the same
-launch, and writes what it saw to OUT.json.
+launch, and writes what it saw to OUT.json; after `World.close`, rank 0 writes beside it
+after_close.json: how many wrapped models are still waiting for the garbage collector.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 
 from batches import policy_batch
 from distributed_checks import observe
@@ -203,6 +207,19 @@ def main() -> None:
         world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()
+    if args.checks is not None and world.is_writer:
+        args.checks.with_name("after_close.json").write_text(json.dumps({"wrapped_models_left": wrapped_models_left()}))
+
+
+def wrapped_models_left() -> int:
+    """FSDP- or DDP-wrapped modules that are unreachable but not yet freed: what interpreter exit
+    would free (`World.close`)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    gc.collect()
+    left = sum(isinstance(thing, (FSDPModule, DistributedDataParallel)) for thing in gc.garbage)
+    gc.set_debug(0)
+    gc.garbage.clear()
+    return left
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ def two_process_weights(tiny_model_dir, tmp_path_factory):
     return out
 
 
+def test_closing_the_world_leaves_no_wrapped_model_for_interpreter_exit_to_free(two_process_weights):
+    """`World.close` frees the FSDP- and DDP-wrapped models that reference cycles keep (the
+    launch wrapped dozens) before the process group goes: freed at interpreter exit instead,
+    they can abort the process (pytorch/pytorch#179291)."""
+    after_close = json.loads((two_process_weights / "after_close.json").read_text())
+    assert after_close == {"wrapped_models_left": 0}
+
 
 @pytest.fixture(scope="module")
 def one_process_results(tiny_model_dir):

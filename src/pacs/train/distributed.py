@@ -51,6 +51,7 @@ identity.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from datetime import timedelta
@@ -324,7 +325,13 @@ class World:
             dist.barrier()
 
     def close(self) -> None:
+        """Tear the process group down, after freeing what is unreachable: a model that FSDP or
+        DDP wrapped sits in reference cycles (modules, hooks, device meshes that hold the group)
+        that would otherwise be freed at interpreter exit, which aborts a process when a
+        communication thread then needs the interpreter to free a tensor (pytorch/pytorch#179291).
+        Call it once the models are out of reach."""
         if self.world_size > 1 and dist.is_initialized():
+            gc.collect()
             dist.destroy_process_group()
 
     # ----- models ------------------------------------------------------------------------------

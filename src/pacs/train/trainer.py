@@ -134,13 +134,18 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
     process and every other one the launcher started."""
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        trainer = Trainer.setup(config, world)
-        with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
-            result = trainer.run(show_progress=show_progress)
-            world.barrier()  # no rank tears its process group down while another still uses it
-        return result
+        return run_to_the_end(config, world, show_progress)
     finally:
-        world.close()
+        world.close()  # the trainer and its models are out of reach by now (World.close)
+
+
+def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainResult:
+    """Set the trainer up and run every step; every rank leaves after the last one's barrier."""
+    trainer = Trainer.setup(config, world)
+    with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
+        result = trainer.run(show_progress=show_progress)
+        world.barrier()  # no rank tears its process group down while another still uses it
+    return result
 
 
 @dataclass
