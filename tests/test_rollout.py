@@ -49,7 +49,6 @@ def test_response_mask_ends_at_the_first_end_token(engine):
     assert (lengths < 12).any(), "a random tiny model should emit the end token within 12 tokens sometimes"
 
 
-
 def test_a_preallocated_cache_samples_what_a_growing_cache_samples(engine, monkeypatch):
     """The tiny Qwen2 model generates on a `StaticCache`; with the growing cache instead, the
     same seed draws the same responses with the same log-probs."""
@@ -72,6 +71,7 @@ def test_only_full_attention_layers_get_a_preallocated_cache(tiny_model_dir):
     for model, expected in ((qwen2, StaticCache), (mistral, DynamicCache)):
         cache = model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
         assert type(hf._preallocated(cache, model.config, 8)) is expected
+
 
 def recomputed_logprobs(engine, rollouts, temperature):
     batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float64)

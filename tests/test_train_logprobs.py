@@ -314,7 +314,6 @@ def test_with_activation_checkpointing_each_row_runs_whole_in_its_length_bucket(
         torch.testing.assert_close(bucketed[name], gradient, rtol=0, atol=1e-11, msg=name)
 
 
-
 def test_rows_said_not_to_share_prompts_run_whole_in_their_length_buckets(model, monkeypatch):
     """`prompts_shared=False` (supervised pairs): no prompt forward, each row once as
     [prompt | response] in its bucket, and the values of the full logits."""
@@ -330,6 +329,7 @@ def test_rows_said_not_to_share_prompts_run_whole_in_their_length_buckets(model,
     expected_logprobs, expected_entropy = full_logits_reference(model, batch, 1.0)
     torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-12)
     torch.testing.assert_close(entropy, expected_entropy, rtol=0, atol=1e-12)
+
 
 def test_the_number_of_forwards_depends_on_the_rows_alone_not_their_lengths(tied_model, monkeypatch):
     """DDP and FSDP ranks must run as many forwards as each other (each one is a collective)."""
