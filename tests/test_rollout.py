@@ -73,6 +73,15 @@ def test_only_full_attention_layers_get_a_preallocated_cache(tiny_model_dir):
         assert type(hf._preallocated(cache, model.config, 8)) is expected
 
 
+def test_a_float32_model_generates_under_bf16_autocast(engine, tiny_model_dir):
+    """Mixed precision (`model.dtype=bfloat16`: float32 weights, bf16 autocast) gives new tokens'
+    values another dtype than the prompt's; generation takes both (a growing cache)."""
+    mixed = TransformersEngine(load_causal_lm(str(tiny_model_dir), dtype="float32"), engine.tokenizer)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rollouts = mixed.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=6))
+    assert len(rollouts.response_texts) == 2 * len(prompt_ids(engine))
+
+
 def recomputed_logprobs(engine, rollouts, temperature):
     batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float64)
     return response_logprobs(engine.model, batch, temperature=temperature), batch.response_mask.bool()

@@ -159,9 +159,13 @@ class TransformersEngine:
 
 def _preallocated(cache: Cache, config: PretrainedConfig, max_length: int) -> Cache:
     """`cache`'s keys and values (B, heads, L, head_dim) per layer, copied into a `StaticCache`
-    of `max_length` positions when every layer of both is a plain full-attention layer; otherwise
-    `cache` itself."""
+    of `max_length` positions when every layer of both is a plain full-attention layer and no
+    autocast is on; otherwise `cache` itself. Under bf16 autocast the prompt's keys and values
+    come out in float32 and each new token's values in bfloat16: a growing cache's `torch.cat`
+    promotes them, a static cache's in-place copy refuses them."""
     if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return cache
+    if torch.is_autocast_enabled(cache.layers[0].keys.device.type):
         return cache
     static = StaticCache(config=config, max_cache_len=max_length)
     if len(static.layers) != len(cache.layers) or not all(type(layer) is StaticLayer for layer in static.layers):
