@@ -116,6 +116,19 @@ def test_first_update_after_rollout_skips_the_no_grad_pass(setup, monkeypatch):
     assert len(calls) == 1, "the second mini-batch is off-policy and needs one no-grad pass"
 
 
+def test_a_minibatch_that_is_one_micro_batch_takes_one_forward_per_update(setup, monkeypatch):
+    model, batch = setup
+    passes = {"with_grad": 0, "no_grad": 0}
+
+    def counted(name, function):
+        return lambda *a, **k: passes.__setitem__(name, passes[name] + 1) or function(*a, **k)
+
+    monkeypatch.setattr(update_module, "response_logprobs", counted("with_grad", response_logprobs))
+    monkeypatch.setattr(update_module, "response_logprobs_no_grad", counted("no_grad", response_logprobs_no_grad))
+    run_trainer_update(model, batch, 2 * GROUP_SIZE, mini_batch_size=2, epochs=2)
+    assert passes == {"with_grad": 4, "no_grad": 0}, "4 updates of one micro-batch each"
+
+
 def test_update_with_non_finite_loss_is_skipped_and_counted(setup):
     model, batch = setup
     broken = copy.deepcopy(batch)

@@ -2,7 +2,9 @@
 
 The mini-batch loss of any algorithm is applied exactly at any micro-batch size: the algorithm
 sees the whole mini-batch once without gradient (`prepare_update`), then each micro-batch
-back-propagates its own rows (see `pacs.algos.base`). A mini-batch whose loss or gradient norm is
+back-propagates its own rows (see `pacs.algos.base`). When a mini-batch is a single micro-batch,
+the forward that gives `prepare_update` the current log-probs keeps its graph and is the one
+that back-propagates: one forward per update instead of two. A mini-batch whose loss or gradient norm is
 not finite is skipped (no optimizer step) and counted. The same loop updates PPO's critic.
 
 With several processes each rank holds its share of every mini-batch (`pacs.train.distributed`):
@@ -171,11 +173,25 @@ def update_policy(
             f"rows_without_old_logprobs={rows_without_old_logprobs} exceeds one update's {rows_per_update} rows"
         )
 
-    def current_logprobs(minibatch: PolicyBatch) -> torch.Tensor:
+    forwards_kept: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+    """A single-micro-batch mini-batch's forward from `current_logprobs`, by (start, stop) rows,
+    until its `micro_loss` back-propagates it."""
+
+    def forward(micro: PolicyBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) log-probs with gradient, and the (B, R) entropy when this pass fills in the old
+        log-probs or the algorithm uses it (else None)."""
+        if not old_logprobs_known[rows].all() or "entropy" in algorithm.needs:
+            return response_logprobs(model, micro, temperature=settings.temperature, with_entropy=True)
+        return response_logprobs(model, micro, temperature=settings.temperature), None
+
+    def current_logprobs(minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
         with settings.autocast():
-            return response_logprobs_no_grad(
-                model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
-            )
+            if len(minibatch) > settings.micro_batch_size:
+                return response_logprobs_no_grad(
+                    model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
+                )
+            forwards_kept[rows.start, rows.stop] = forward(minibatch, rows)
+            return forwards_kept[rows.start, rows.stop][0].detach()
 
     def prepare(minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
         tensors = minibatch.tensors()
@@ -183,7 +199,7 @@ def update_policy(
             del tensors["old_logprobs"]
         row_terms, metrics = algorithm.prepare_update(
             tensors,
-            lambda: current_logprobs(minibatch),
+            lambda: current_logprobs(minibatch, rows),
             policy_is_rollout_policy=not policy_changed,
             totals=totals,
         )
@@ -191,10 +207,7 @@ def update_policy(
 
     def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
         sets_old_logprobs = not old_logprobs_known[rows].all()
-        if sets_old_logprobs or "entropy" in algorithm.needs:
-            logprobs, entropy = response_logprobs(model, micro, temperature=settings.temperature, with_entropy=True)
-        else:
-            logprobs = response_logprobs(model, micro, temperature=settings.temperature)
+        logprobs, entropy = forwards_kept.pop((rows.start, rows.stop), None) or forward(micro, rows)
         if sets_old_logprobs:
             micro.old_logprobs = logprobs.detach()
             width = micro.response_ids.shape[1]
