@@ -1,9 +1,10 @@
 """`builtin:tiny-arithmetic`: the built-in tiny model warm-started on `builtin:arithmetic`.
 
-Built on first use (95 s on this project's two CPU cores on a slow day) and cached under
+Built on first use (77–112 s on this project's two CPU cores) and cached under
 `pacs.paths.cache_dir()`; no weights live in git. The warm-start is deliberately short: the model
-solves some problems but not all, so RL sees groups with both outcomes. Processes that ask for it at once (test workers,
-runs sharing a cache) build it once: the others wait on a lock file beside it.
+solves some problems but not all, so RL sees groups with both outcomes. Processes that ask for it
+at once (test workers, runs sharing a cache) build it once: the others wait on a lock file beside
+it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pacs.paths import cache_dir
 from pacs.train.sft import supervised_warm_start
 
 WARM_START = {"task": "builtin:arithmetic?max_operand=19", "steps": 450, "batch_size": 64, "lr": 1e-3}
-"""95–97 s on this project's 2-core machine on a slow day (450 steps of 0.21 s), after which
+"""77–112 s on this project's 2-core machine (450 steps of 0.17–0.25 s), after which
 pass@1 on the held-out split (temperature 0.6) is roughly 12-30% (the demo's 10-seed table in
 the README)."""
 
