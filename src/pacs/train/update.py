@@ -4,8 +4,9 @@ The mini-batch loss of any algorithm is applied exactly at any micro-batch size:
 sees the whole mini-batch once without gradient (`prepare_update`), then each micro-batch
 back-propagates its own rows (see `pacs.algos.base`). When a mini-batch is a single micro-batch,
 the forward that gives `prepare_update` the current log-probs keeps its graph and is the one
-that back-propagates: one forward per update instead of two. A mini-batch whose loss or gradient norm is
-not finite is skipped (no optimizer step) and counted. The same loop updates PPO's critic.
+that back-propagates: one forward per update instead of two. A mini-batch whose loss or
+gradient norm is not finite is skipped (no optimizer step) and counted. The same loop updates
+PPO's critic.
 
 With several processes each rank holds its share of every mini-batch (`pacs.train.distributed`):
 the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
