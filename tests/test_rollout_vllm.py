@@ -80,6 +80,22 @@ def test_greedy_vllm_gives_each_prompt_n_identical_rows_after_its_prompt(instruc
         assert torch.equal(rollouts.response_ids[row], rollouts.response_ids[row - row % 3])
 
 
+def test_an_engine_without_sampler_logprobs_generates_and_refuses_to_return_them(instruct_style_model_dir):  # noqa: F811
+    """Evaluation's engine (`sampler_logprobs=False`: vLLM's faster default log-prob mode)."""
+    tokenizer = load_tokenizer(str(instruct_style_model_dir))
+    engine = VllmEngine(
+        str(instruct_style_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=256,
+        seed=0, sampler_logprobs=False,
+    )
+    try:
+        rollouts = engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4))
+        assert len(rollouts.response_texts) == 2 * len(PROMPTS) and rollouts.response_logprobs is None
+        with pytest.raises(ValueError, match="sampler_logprobs=False"):
+            engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4, return_logprobs=True))
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module")
 def untied_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with an output head of its own (Qwen2.5-3B and 7B do not tie theirs)."""

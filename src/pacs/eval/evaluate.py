@@ -490,7 +490,7 @@ def load_engine(
     """`pacs eval`'s engine `name` ("hf", its model on `device`, or "vllm") on the model at
     `model_path`, and the model's context length (`max_position_embeddings`; None if it declares
     none). vLLM, alone in the process, may take 90% of a GPU's memory; it computes in float32 or
-    bfloat16 only."""
+    bfloat16 only, and returns no log-probs (faster; evaluation needs none)."""
     if name == "hf":
         model = load_causal_lm(model_path, dtype=dtype).to(device)
         return TransformersEngine(model, tokenizer), getattr(model.config, "max_position_embeddings", None)
@@ -499,6 +499,12 @@ def load_engine(
     path = resolve_model_path(model_path)
     context_length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
     engine = VllmEngine(
-        path, tokenizer, VllmConfig(gpu_memory_utilization=0.9), dtype=dtype, max_model_len=context_length, seed=seed
+        path,
+        tokenizer,
+        VllmConfig(gpu_memory_utilization=0.9),
+        dtype=dtype,
+        max_model_len=context_length,
+        seed=seed,
+        sampler_logprobs=False,
     )
     return engine, context_length
