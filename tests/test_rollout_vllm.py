@@ -133,10 +133,12 @@ CASES = {
     "untied-full-T0.6": ("untied_model_dir", "rollout.temperature=0.6"),
     "untied-lora-T1": ("untied_model_dir", "rollout.temperature=1.0", "model.lora_rank=4"),
     "untied-lora-T0.6": ("untied_model_dir", "rollout.temperature=0.6", "model.lora_rank=4"),
+    "tied-full-T0.6-compiled": ("tiny_model_dir", "rollout.temperature=0.6", "rollout.vllm.enforce_eager=false"),
 }
 """With the two-process runs below (a tied model, full fine-tuning, at temperature 1 under DDP and
 0.6 under FSDP), every model × fine-tuning × temperature (2 × 2 × 2) the sampler must match after
-3 updates."""
+3 updates; and vLLM's compiled mode (torch.compile, about 10 s more here), whose graphs must see
+the weights each sync writes in place."""
 
 
 @pytest.mark.slow
