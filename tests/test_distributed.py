@@ -11,14 +11,17 @@ and compare each case's weights after one step with the same step in this proces
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
+from transformers import Qwen2ForCausalLM
 
 from distributed_update import run_case
 from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
+from pacs.models.tiny import build_char_tokenizer, tiny_model_config
 from pacs.train.distributed import DistributedConfigError, World, communication_device
 
 ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
@@ -30,11 +33,27 @@ LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:s
 
 
 @pytest.fixture(scope="module")
-def two_process_weights(tiny_model_dir, tmp_path_factory):
+def narrow_model_dir(tmp_path_factory) -> Path:
+    """A random Qwen2 like `builtin:tiny` (its tokenizer, 2 layers, 4 heads, tied embeddings) at a
+    quarter of its width: hidden 32, MLP 64. What the exactness tests check does not depend on
+    the width, and a float64 step of this model takes about half as long (0.7-1.3 s a case in
+    one process against 1.6-2.3 s)."""
+    tokenizer = build_char_tokenizer()
+    config = tiny_model_config(len(tokenizer), hidden_size=32, intermediate_size=64,
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("narrow") / "model"
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def two_process_weights(narrow_model_dir, tmp_path_factory):
     """Directory per mode ("ddp", "fsdp", "ddp-local-totals") of CASE.safetensors from 2 processes,
     and checks.json of `distributed_checks.observe`: every mode and the checks in one launch."""
     out = tmp_path_factory.mktemp("two-process")
-    torchrun(str(WORKER), str(tiny_model_dir), str(out), "ddp", *DDP_CASES, *LORA_CASES, "fsdp", *FSDP_CASES,
+    torchrun(str(WORKER), str(narrow_model_dir), str(out), "ddp", *DDP_CASES, *LORA_CASES, "fsdp", *FSDP_CASES,
              *LORA_CASES, "ddp-local-totals", *LOCAL_TOTALS_CASES, "--checks", str(out / "checks.json"),
              timeout=1200)  # the four launches' limits it replaces, 300 s each: a busy machine slows it alike
     return out
@@ -49,12 +68,12 @@ def test_closing_the_world_leaves_no_wrapped_model_for_interpreter_exit_to_free(
 
 
 @pytest.fixture(scope="module")
-def one_process_results(tiny_model_dir):
+def one_process_results(narrow_model_dir):
     cache: dict[str, tuple[dict[str, torch.Tensor], dict[str, float]]] = {}
 
     def results(case: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         if case not in cache:
-            cache[case] = run_case(World.single(), str(tiny_model_dir), case)
+            cache[case] = run_case(World.single(), str(narrow_model_dir), case)
         return cache[case]
 
     return results
@@ -81,9 +100,9 @@ def two_process_metrics(two_process_weights) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.parametrize("case", DDP_CASES)
-def test_two_ddp_processes_update_exactly_like_one(case, two_process_weights, one_process_weights, tiny_model_dir):
+def test_two_ddp_processes_update_exactly_like_one(case, two_process_weights, one_process_weights, narrow_model_dir):
     expected = one_process_weights(case)
-    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    initial = load_file(str(narrow_model_dir / "model.safetensors"))
     assert max(float((expected[key] - initial[key]).abs().max()) for key in initial) > 1e-3  # the step moved the weights
     assert max_difference(load_file(str(two_process_weights / "ddp" / f"{case}.safetensors")), expected) <= EXACT
 
