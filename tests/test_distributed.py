@@ -17,11 +17,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from transformers import Qwen2ForCausalLM
 
 from distributed_update import run_case
+from tiny_architectures import save_tiny_model
 from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
-from pacs.models.tiny import build_char_tokenizer, tiny_model_config
 from pacs.train.distributed import DistributedConfigError, World, communication_device
 
 ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
@@ -34,18 +33,9 @@ LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:s
 
 @pytest.fixture(scope="module")
 def narrow_model_dir(tmp_path_factory) -> Path:
-    """A random Qwen2 like `builtin:tiny` (its tokenizer, 2 layers, 4 heads, tied embeddings) at a
-    quarter of its width: hidden 32, MLP 64. What the exactness tests check does not depend on
-    the width, and a float64 step of this model takes about half as long (0.7-1.3 s a case in
-    one process against 1.6-2.3 s)."""
-    tokenizer = build_char_tokenizer()
-    config = tiny_model_config(len(tokenizer), hidden_size=32, intermediate_size=64,
-                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("narrow") / "model"
-    Qwen2ForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    """`tiny_architectures.NARROW`'s Qwen2: what the exactness tests check does not depend on the
+    model's width, and a float64 step of this one takes about half as long as `builtin:tiny`'s."""
+    return save_tiny_model("qwen2-narrow", tmp_path_factory.mktemp("narrow") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -57,12 +57,20 @@ LOGIT_MAP_VARIANTS = {
 }
 """More logit maps, checked by the log-prob tests: Gemma 3 with its softcapping set, Cohere's scale."""
 
+NARROW = {
+    "qwen2-narrow": lambda: transformers.Qwen2Config(
+        **{**COMMON, "hidden_size": 32, "intermediate_size": 64, "num_key_value_heads": 4}, tie_word_embeddings=True
+    ),
+}
+"""A Qwen2 like `builtin:tiny` (tied embeddings, 4 key/value heads) at a quarter of its width: the
+model of the distributed exactness tests, whose float64 steps it makes about twice as fast."""
+
 
 def tiny_causal_lm(name: str, *, seed: int = 0) -> transformers.PreTrainedModel:
     """A randomly initialised (seed `seed`) float32 causal LM of architecture `name` (a key of
-    ARCHITECTURES or LOGIT_MAP_VARIANTS), in eval mode."""
+    ARCHITECTURES, LOGIT_MAP_VARIANTS or NARROW), in eval mode."""
     torch.manual_seed(seed)
-    config = {**ARCHITECTURES, **LOGIT_MAP_VARIANTS}[name]()
+    config = {**ARCHITECTURES, **LOGIT_MAP_VARIANTS, **NARROW}[name]()
     return transformers.AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
 
 
