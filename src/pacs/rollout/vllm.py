@@ -10,8 +10,9 @@ samples share its key/value cache through vLLM's prefix cache.
 
 Log-probabilities are those of the distribution sampled from (`logprobs_mode=processed_logprobs`:
 after temperature and top-p), so they compare with the trainer's recomputed log-probs at the
-same temperature. That mode costs generation speed even when no request asks for log-probs
-(8–17% on a 100 M-parameter model here), so an engine built with `sampler_logprobs=False`
+same temperature. That mode costs generation speed (a 100 M-parameter model here: 2–10% with
+the log-probs returned on an AVX-512 CPU, 8–17% with none asked for on an AVX2 one), so an
+engine built with `sampler_logprobs=False`
 (evaluation) keeps vLLM's default and refuses `return_logprobs`. The engine holds its own copy
 of the weights: `load_weights` replaces them in place (vLLM's `reload_weights`) and empties the
 prefix cache, whose keys and values came from the old weights. Seeds are engine-wide (`seed`):
