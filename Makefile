@@ -50,14 +50,15 @@ vllm-venv:
 # `make test` stops them too. (One after the other, the vLLM run left a core idle for about two
 # minutes.) The warm-started model most tests use is built into the cache first, on every core
 # (about 75 s), rather than by one single-threaded worker while the others wait for it (about 140 s),
-# with OpenMP's threads spinning 1,000 rounds at most before they sleep (GOMP_SPINCOUNT; libgomp's
-# default is 300,000): beside a busy process 3.0-3.2 steps/s instead of 2.0-2.1, 5% slower on a quiet
-# machine (2026-11-25, 2 cores).
+# with OpenMP's threads spinning 1,000 rounds at most before they sleep, unless GOMP_SPINCOUNT says
+# otherwise (libgomp's default, 300,000, lets torch's two threads wait on each other whenever another
+# process holds a core): 2026-11-25, 2 cores, 3.0-3.2 steps/s instead of 2.0-2.1 beside a busy loop,
+# 5% slower quiet.
 # Every worker runs one thread per process (torch's threads slow down badly when they outnumber free cores).
 test: install peer-venvs vllm-venv
 	cache=$$(mktemp -d) && \
 	trap 'kill -TERM -$$vllm_tests 2>/dev/null; rm -rf $$cache; exit 130' INT TERM && \
-	GOMP_SPINCOUNT=1000 PACS_CACHE_DIR=$$cache $(BIN)/python -c "from pacs.train.builtin_models import warm_started_tiny; warm_started_tiny(0)" && \
+	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} PACS_CACHE_DIR=$$cache $(BIN)/python -c "from pacs.train.builtin_models import warm_started_tiny; warm_started_tiny(0)" && \
 	{ PACS_TEST_CACHE_DIR=$$cache setsid $(VLLM_VENV)/bin/python -m pytest -n 1 tests/test_rollout_vllm.py > $$cache/vllm-tests.log 2>&1 & \
 	  vllm_tests=$$!; \
 	  PACS_TEST_CACHE_DIR=$$cache $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore tests/test_rollout_vllm.py; \
