@@ -116,6 +116,16 @@ def test_builtin_tiny_is_built_once_into_the_cache(tmp_path: Path, monkeypatch: 
     assert resolve_model_path("builtin:tiny") == resolved
 
 
+def test_building_a_builtin_model_leaves_torchs_random_state_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else a run's draws (new LoRA adapters, samples) would depend on whether its model was cached."""
+    monkeypatch.setenv("PACS_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(1)
+    before = torch.random.get_rng_state()
+    resolve_model_path("builtin:tiny")  # built: the cache is empty
+    assert (tmp_path / "models" / "tiny-v2" / "config.json").is_file()
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_unknown_builtin_model_lists_valid_names() -> None:
     with pytest.raises(ValueError, match="builtin:tiny"):
         resolve_model_path("builtin:huge")

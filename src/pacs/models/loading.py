@@ -112,10 +112,13 @@ def check_model_path(path: str) -> None:
 
 def resolve_model_path(path: str) -> str:
     """Turn a model path (built-in name, local directory or hub id) into a ``from_pretrained``
-    argument (`check_model_path` says which paths are valid)."""
+    argument (`check_model_path` says which paths are valid). Building a built-in model on first
+    use leaves torch's random state as it was: a run's random draws (its new LoRA adapters, its
+    samples) are then the same whether its model was built or found in the cache."""
     check_model_path(path)
     if path.startswith(BUILTIN_PREFIX):
-        return str(BUILTIN_MODELS[path]())
+        with torch.random.fork_rng(devices=[]):
+            return str(BUILTIN_MODELS[path]())
     local = Path(path).expanduser()
     return str(local) if local.is_dir() else path
 

@@ -513,19 +513,23 @@ def with_training_options(
     model: torch.nn.Module, config: Config, *, lora: bool, adapter: SavedAdapter | None = None
 ) -> torch.nn.Module:
     """`model` as the run trains it: activation checkpointing with `train.gradient_checkpointing`,
-    and with `lora` the `model.lora_*` adapters (new, or the saved `adapter`)."""
+    and with `lora` the `model.lora_*` adapters (new, or the saved `adapter`). New adapters are
+    drawn from `seed` alone, leaving torch's random state as it was: the same on every rank
+    whatever loading drew on each (FSDP keeps each rank's shard of its own draw, no broadcast)."""
     if config.train.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if not lora:
         return model
-    return add_lora(
-        model,
-        rank=config.model.lora_rank,
-        alpha=config.model.lora_alpha,
-        dropout=config.model.lora_dropout,
-        target_modules=config.model.lora_target_modules,
-        adapter=adapter,
-    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return add_lora(
+            model,
+            rank=config.model.lora_rank,
+            alpha=config.model.lora_alpha,
+            dropout=config.model.lora_dropout,
+            target_modules=config.model.lora_target_modules,
+            adapter=adapter,
+        )
 
 
 def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
