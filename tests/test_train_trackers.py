@@ -59,16 +59,33 @@ def logged_names(output_dir: Path) -> set[str]:
     return {name for row in read_metrics(output_dir) for name, value in row.items() if name != "step" and value is not None}
 
 
+# ----- one run reported to both, killed and resumed ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def killed_tracked_run(tmp_path_factory) -> tuple[Path, str]:
+    """(output_dir, MLflow tracking URI) of one run reported to W&B (offline) and MLflow (a SQLite
+    store) at once, killed (-9) once step 2 is checkpointed and resumed to step 4: each launch of
+    `pacs train` costs seconds, so both trackers are checked on the same run."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    root = tmp_path_factory.mktemp("tracked")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    # W&B writes its offline log every 15 s by default; a kill -9 would lose the steps before it
+    offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.05"}
+    killed_and_resumed(root / "run", "train.report_to=[wandb,mlflow]", f"train.mlflow_tracking_uri={uri}",
+                       "train.mlflow_experiment=tiny-runs", env=offline)
+    return root / "run", uri
+
+
 # ----- MLflow ------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_a_killed_mlflow_run_resumes_into_the_same_run_without_repeating_a_step(tmp_path):
-    mlflow = pytest.importorskip("mlflow")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    output_dir = tmp_path / "run"
-    killed_and_resumed(output_dir, "train.report_to=[mlflow]", f"train.mlflow_tracking_uri={uri}", "train.mlflow_experiment=tiny-runs")
+def test_a_killed_mlflow_run_resumes_into_the_same_run_without_repeating_a_step(killed_tracked_run):
+    import mlflow
 
+    output_dir, uri = killed_tracked_run
     client = mlflow.tracking.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("tiny-runs").experiment_id])
     assert run.info.run_name == "tiny"
@@ -132,13 +149,8 @@ def wandb_sessions(output_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_killed_wandb_run_resumes_into_the_same_run_rewound_to_its_checkpoint(tmp_path):
-    pytest.importorskip("wandb")
-    output_dir = tmp_path / "run"
-    # W&B writes its offline log every 15 s by default; a kill -9 would lose the steps before it
-    offline = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.05"}
-    killed_and_resumed(output_dir, "train.report_to=[wandb]", env=offline)
-
+def test_a_killed_wandb_run_resumes_into_the_same_run_rewound_to_its_checkpoint(killed_tracked_run):
+    output_dir, _ = killed_tracked_run
     first, resumed = wandb_sessions(output_dir)
     assert resumed["id"] == first["id"] and (first["rewound_to"], resumed["rewound_to"]) == (None, 2)
     kept = [row for row in first["history"] if row["_step"] <= 2] + resumed["history"]
