@@ -29,9 +29,12 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 demo: install
 	$(BIN)/pacs demo
 
-# The suite on one pytest-xdist worker per core, 4 at most (one file per worker at a time, so a file's
-# shared fixtures are made once): `make test PYTEST_WORKERS=0` runs it in one process.
-PYTEST_WORKERS ?= auto --maxprocesses 4
+# The suite on 4 pytest-xdist workers, also on fewer cores (one file per worker at a time, so a file's
+# shared fixtures are made once): many tests wait on subprocesses or on a scoring limit, so 4 keep 2
+# cores busier than 2 do, and get more of them beside another busy process (2026-11-25, 2 cores,
+# beside a busy loop: the main run in 413 s on 4 workers, 458 s on 2). `make test PYTEST_WORKERS=0`
+# runs it in one process.
+PYTEST_WORKERS ?= 4
 
 # The TRL and verl venvs the integration tests run in (.peer-venvs/, about 3 GB; benchmarks/peer_venvs.py
 # rebuilds one only when its requirements change): built here, before the suite, on first use.
