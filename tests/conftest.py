@@ -54,14 +54,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_builtin_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `warm_start` every test that asks for `warm_model_dir`, itself or through a fixture:
-    `make test` runs the others while it builds that model."""
-    for item in items:
-        if "warm_model_dir" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.warm_start)
-
-
 @pytest.fixture(scope="session")
 def warm_model_dir() -> Path:
     """The warm-started `builtin:tiny-arithmetic` model, built once per test session."""
