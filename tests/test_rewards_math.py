@@ -17,6 +17,10 @@ SLACK_S = 5.0
 """How far past the limit a cut-off call may return: a busy machine (a fresh-clone suite at load
 average 15 took 1.6 s for a 1 s limit) delays the return, not the cut-off. Unbounded, each
 pathological answer below runs for more than 30 s, so the bound still fails a missing limit."""
+UNDER_LOAD_S = 60.0
+"""The limit in the tests of what scores 1 and what 0, not of the limit: in a fresh clone's suite
+beside a busy loop (4 workers, the warm-start and the vLLM tests on 2 cores), calls that take 0.1 s
+quiet passed the default 1 s and correct answers scored 0 (9 tests of this file failed)."""
 
 PATHOLOGICAL_ANSWERS = {
     "huge factorial": "\\boxed{(10^{10^{10}})!}",
@@ -63,7 +67,7 @@ def math_verify_judgement(ground_truth: str, solution: str) -> float:
 @pytest.fixture(scope="module", autouse=True)
 def warm_symbolic_worker() -> None:
     """Start the module's worker once, so timings below measure scoring, not process start-up."""
-    math_score("\\boxed{0.5}", "\\frac{1}{2}")
+    math_score("\\boxed{0.5}", "\\frac{1}{2}", timeout_s=UNDER_LOAD_S)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +87,7 @@ def warm_symbolic_worker() -> None:
     ],
 )
 def test_equivalent_answers_score_one(ground_truth: str, solution: str) -> None:
-    assert math_score(solution, ground_truth) == 1.0
+    assert math_score(solution, ground_truth, timeout_s=UNDER_LOAD_S) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -99,19 +103,19 @@ def test_equivalent_answers_score_one(ground_truth: str, solution: str) -> None:
     ],
 )
 def test_different_answers_score_zero(ground_truth: str, solution: str) -> None:
-    assert math_score(solution, ground_truth) == 0.0
+    assert math_score(solution, ground_truth, timeout_s=UNDER_LOAD_S) == 0.0
 
 
 def test_a_final_plain_number_without_a_box_is_read_by_math_verify() -> None:
-    assert math_score("Janet makes 9 * 2 = 18 dollars every day.", "18") == 1.0
+    assert math_score("Janet makes 9 * 2 = 18 dollars every day.", "18", timeout_s=UNDER_LOAD_S) == 1.0
 
 
 def test_a_response_without_any_answer_scores_zero() -> None:
-    assert math_score("I am not sure how to solve this.", "18") == 0.0
+    assert math_score("I am not sure how to solve this.", "18", timeout_s=UNDER_LOAD_S) == 0.0
 
 
 def test_two_boxed_answers_are_read_together_as_math_verify_does() -> None:
-    assert math_score("\\boxed{5}, wait, no: \\boxed{6}", "6") == 0.0
+    assert math_score("\\boxed{5}, wait, no: \\boxed{6}", "6", timeout_s=UNDER_LOAD_S) == 0.0
 
 
 def test_a_sole_boxed_answer_equal_to_the_truth_skips_symbolic_work(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,7 +123,7 @@ def test_a_sole_boxed_answer_equal_to_the_truth_skips_symbolic_work(monkeypatch:
         raise AssertionError("the symbolic step ran")
 
     monkeypatch.setattr(math_rewards, "_verifies_within", no_symbolic_work)
-    assert math_score("Thus $m+n = \\boxed{025}$.", "25.0") == 1.0
+    assert math_score("Thus $m+n = \\boxed{025}$.", "25.0", timeout_s=UNDER_LOAD_S) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -143,7 +147,7 @@ def test_normalize_answer_removes_only_markup_math_verify_ignores(answer: str, n
 
 @pytest.mark.parametrize(("ground_truth", "solution"), AGREEMENT_PAIRS)
 def test_math_score_agrees_with_math_verify(ground_truth: str, solution: str) -> None:
-    assert math_score(solution, ground_truth) == math_verify_judgement(ground_truth, solution)
+    assert math_score(solution, ground_truth, timeout_s=UNDER_LOAD_S) == math_verify_judgement(ground_truth, solution)
 
 
 @pytest.mark.parametrize("solution", PATHOLOGICAL_ANSWERS.values(), ids=PATHOLOGICAL_ANSWERS.keys())
