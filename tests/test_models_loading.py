@@ -1,12 +1,14 @@
 """Hub ids that the hub cannot serve fail fast; cached hub models load without the network.
 
-Each case runs in a subprocess because huggingface_hub reads HF_ENDPOINT, HF_HUB_CACHE and
-HF_HUB_OFFLINE when it is imported. HF_ENDPOINT points at a closed local port (or a tiny local
-server), so nothing here depends on the real hub.
+The loads run in a subprocess because huggingface_hub reads HF_ENDPOINT, HF_HUB_CACHE and
+HF_HUB_OFFLINE when it is imported: one subprocess per hub setting, loading every id its tests
+ask about (each process pays seconds of imports). HF_ENDPOINT points at a closed local port (or a
+tiny local server), so nothing here depends on the real hub.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,45 +24,65 @@ import pytest
 from pacs.models import loading
 
 CLOSED_PORT_ENDPOINT = "http://127.0.0.1:9"
+MISSING = "nobody-here/no-such-model"
+GATED = "nobody-here/gated-model"
+CACHED = "pacs-test/tiny"
 
 LOAD_AND_REPORT = """
-import sys, time
+import json, sys, time
 from pacs.models.loading import load_causal_lm, load_tokenizer
-start = time.monotonic()
-try:
-    tokenizer = load_tokenizer(sys.argv[1])
-    model = load_causal_lm(sys.argv[1])
-except FileNotFoundError as error:
-    print(f"ERROR after {time.monotonic() - start:.2f} s: {error}")
-else:
-    print(f"LOADED {type(model).__name__} vocab={len(tokenizer)} after {time.monotonic() - start:.2f} s")
+for model_id in sys.argv[1:]:
+    start = time.monotonic()
+    try:
+        tokenizer = load_tokenizer(model_id)
+        model = load_causal_lm(model_id)
+    except FileNotFoundError as error:
+        report = f"ERROR after {time.monotonic() - start:.2f} s: {error}"
+    else:
+        report = f"LOADED {type(model).__name__} vocab={len(tokenizer)} after {time.monotonic() - start:.2f} s"
+    print(json.dumps([model_id, report]))
 """
 
 
-def _load_in_subprocess(model_id: str, hub_cache: Path, *, endpoint: str, offline: bool = False) -> str:
+def _load_in_subprocess(model_ids: list[str], hub_cache: Path, *, endpoint: str, offline: bool = False) -> dict[str, str]:
+    """model id -> what loading it reported, each load timed by the child around the load call
+    alone, not its start-up; the ids are loaded one after the other in one process."""
     env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT=endpoint, HF_HUB_CACHE=str(hub_cache), HF_HOME=str(hub_cache.parent / "hf-home"))
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     result = subprocess.run(
-        [sys.executable, "-c", LOAD_AND_REPORT, model_id], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", LOAD_AND_REPORT, *model_ids], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
-    return result.stdout  # timed by the child around the load call alone, not its start-up
+    return dict(json.loads(line) for line in result.stdout.splitlines() if line.startswith("["))
 
 
-@pytest.mark.parametrize("offline", [False, True], ids=["closed-port", "HF_HUB_OFFLINE"])
-def test_unreachable_hub_id_not_in_cache_fails_fast_with_advice(tmp_path: Path, offline: bool) -> None:
-    output = _load_in_subprocess(
-        "nobody-here/no-such-model", tmp_path / "hub", endpoint=CLOSED_PORT_ENDPOINT, offline=offline
-    )
+@pytest.fixture(scope="module", params=[False, True], ids=["closed-port", "HF_HUB_OFFLINE"])
+def unreachable_hub_reports(request, tmp_path_factory, tiny_model_dir: Path) -> tuple[bool, dict[str, str]]:
+    """(offline, model id -> report) with the hub unreachable (a closed port, or HF_HUB_OFFLINE):
+    an id that is not in the local hub cache, then one that is."""
+    hub_cache = tmp_path_factory.mktemp("unreachable") / "hub"
+    # The hub cache layout: models--ORG--NAME/refs/main holds a commit hash, whose files lie in
+    # models--ORG--NAME/snapshots/HASH/ (as `hf download` leaves them).
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_cache = hub_cache / "models--pacs-test--tiny"
+    shutil.copytree(tiny_model_dir, repo_cache / "snapshots" / commit)
+    (repo_cache / "refs").mkdir()
+    (repo_cache / "refs" / "main").write_text(commit)
+    return request.param, _load_in_subprocess([MISSING, CACHED], hub_cache, endpoint=CLOSED_PORT_ENDPOINT, offline=request.param)
+
+
+def test_unreachable_hub_id_not_in_cache_fails_fast_with_advice(unreachable_hub_reports) -> None:
+    offline, reports = unreachable_hub_reports
+    output = reports[MISSING]
     assert output.startswith("ERROR after"), output
     assert float(output.split()[2]) < 2.0, output  # the load call itself, without imports
     for expected in (
-        "'nobody-here/no-such-model'",
+        f"'{MISSING}'",
         "Could not reach the Hugging Face Hub",
         "not in the local hub cache",
-        "hf download nobody-here/no-such-model",
+        f"hf download {MISSING}",
         "local model directory",
         "builtin:tiny",
     ):
@@ -68,29 +90,19 @@ def test_unreachable_hub_id_not_in_cache_fails_fast_with_advice(tmp_path: Path, 
     assert ("HF_HUB_OFFLINE" if offline else "Connection refused") in output
 
 
-@pytest.mark.parametrize("offline", [False, True], ids=["closed-port", "HF_HUB_OFFLINE"])
-def test_hub_model_in_local_cache_loads_when_hub_is_unreachable(
-    tmp_path: Path, tiny_model_dir: Path, offline: bool
-) -> None:
-    # The hub cache layout: models--ORG--NAME/refs/main holds a commit hash, whose files lie in
-    # models--ORG--NAME/snapshots/HASH/ (as `hf download` leaves them).
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo_cache = tmp_path / "hub" / "models--pacs-test--tiny"
-    shutil.copytree(tiny_model_dir, repo_cache / "snapshots" / commit)
-    (repo_cache / "refs").mkdir()
-    (repo_cache / "refs" / "main").write_text(commit)
-    output = _load_in_subprocess("pacs-test/tiny", tmp_path / "hub", endpoint=CLOSED_PORT_ENDPOINT, offline=offline)
-    assert output.startswith("LOADED Qwen2ForCausalLM vocab=101"), output
+def test_hub_model_in_local_cache_loads_when_hub_is_unreachable(unreachable_hub_reports) -> None:
+    _, reports = unreachable_hub_reports
+    assert reports[CACHED].startswith("LOADED Qwen2ForCausalLM vocab=101"), reports[CACHED]
 
 
 class _HubAnswering(BaseHTTPRequestHandler):
-    """Answers every request as the hub does for a missing (or gated) repo."""
-
-    error_code = "RepoNotFound"
+    """Answers every request as the hub does for a missing repo, or a gated one when the
+    request's path names the gated id."""
 
     def do_HEAD(self) -> None:  # noqa: N802 - the http.server API
-        self.send_response(404 if self.error_code == "RepoNotFound" else 401)
-        self.send_header("X-Error-Code", self.error_code)
+        gated = GATED in self.path
+        self.send_response(401 if gated else 404)
+        self.send_header("X-Error-Code", "GatedRepo" if gated else "RepoNotFound")
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -100,29 +112,27 @@ class _HubAnswering(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def fake_hub() -> Iterator[tuple[str, type[_HubAnswering]]]:
-    handler = type("Handler", (_HubAnswering,), {})
-    server = HTTPServer(("127.0.0.1", 0), handler)
+@pytest.fixture(scope="module")
+def reachable_hub_reports(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
+    """(endpoint, model id -> report) from a local server that answers as the hub does for a
+    missing repo and for a gated one."""
+    server = HTTPServer(("127.0.0.1", 0), _HubAnswering)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", handler
-    server.shutdown()
-    server.server_close()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    try:
+        yield endpoint, _load_in_subprocess([MISSING, GATED], tmp_path_factory.mktemp("reachable") / "hub", endpoint=endpoint)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
-@pytest.mark.parametrize(
-    ("error_code", "expected"),
-    [("RepoNotFound", "is not a model on"), ("GatedRepo", "is a gated repo on")],
-)
-def test_reachable_hub_that_lacks_the_repo_says_so(
-    tmp_path: Path, fake_hub: tuple[str, type[_HubAnswering]], error_code: str, expected: str
-) -> None:
-    endpoint, handler = fake_hub
-    handler.error_code = error_code
-    output = _load_in_subprocess("nobody-here/no-such-model", tmp_path / "hub", endpoint=endpoint)
+@pytest.mark.parametrize(("model_id", "expected"), [(MISSING, "is not a model on"), (GATED, "is a gated repo on")])
+def test_reachable_hub_that_lacks_the_repo_says_so(reachable_hub_reports, model_id: str, expected: str) -> None:
+    endpoint, reports = reachable_hub_reports
+    output = reports[model_id]
     assert output.startswith("ERROR after"), output
-    assert f"'nobody-here/no-such-model' {expected} {endpoint}" in output
+    assert f"'{model_id}' {expected} {endpoint}" in output
     assert "hf auth login" in output
 
 
