@@ -1,12 +1,29 @@
-"""The `pacs` command's own options: version, help with defaults, and refusals of `pacs sft` and
-`pacs eval` arguments before any work."""
+"""The `pacs` command's own options: version, help with defaults, refusals of `pacs sft` and
+`pacs eval` arguments before any work, and a `pacs prepare` that starts without torch."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import pacs
 from running import run
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
+
+
+def test_prepare_imports_neither_torch_nor_transformers(tmp_path):
+    """`pacs prepare` only reads and writes data files: it does not pay seconds of imports."""
+    script = "import sys\nfrom pacs.cli import main\nmain(sys.argv[1:])\nprint(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = tmp_path / "amc23.parquet"
+    result = subprocess.run([sys.executable, "-c", script, "prepare", "--input", str(BENCHMARKS / "amc23.jsonl"), "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert out.is_file() and result.stdout.splitlines()[-1] == "[]"
 
 
 def test_version_is_printed(capsys):

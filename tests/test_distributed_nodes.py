@@ -1,8 +1,9 @@
 """Several nodes that share nothing but the network: one torchrun agent per node, each in its own
-working directory with its own model cache, on this machine. Between them, the resume tests cover
-both strategies and both kinds of checkpoint (full weights, LoRA adapters) and both writers (one
-node, two nodes), each launch costing seconds of start-up: FSDP with LoRA written by two nodes, DDP
-with full weights written by one."""
+working directory with its own model cache, on this machine, under the collective audit
+(tests/collective_audit.py). Between them, the resume tests cover both strategies and both kinds
+of checkpoint (full weights with PPO's critic, LoRA adapters) and both writers (one node, two
+nodes), each launch costing seconds of start-up: FSDP with LoRA written by two nodes, DDP with
+full weights and a critic written by one."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from killing import kill_job
-from torchrun_jobs import EXACT, final_tensors, max_difference, process_env
+from torchrun_jobs import AUDIT, EXACT, final_tensors, max_difference, process_env
 
 TWO_NODES = ["model.path=builtin:tiny", "model.dtype=float64", "output_dir=run", "rollout.n=4", "train.batch_size=8",
              "train.mini_batch_size=4", "train.save_every=1", "data.val=null", "reward.num_workers=0",
@@ -24,6 +25,7 @@ TWO_NODES = ["model.path=builtin:tiny", "model.dtype=float64", "output_dir=run",
 """Cheap runs (`builtin:tiny`, 8 prompts x 4 samples a step) in float64, each node in its own
 working directory with its own model cache (`PACS_CACHE_DIR`) and a relative output_dir."""
 FSDP_LORA = ["train.strategy=fsdp", "model.lora_rank=4"]
+DDP_CRITIC = ["train.strategy=ddp", "algorithm.name=ppo"]
 NODE_TIMEOUT_S = 360
 
 
@@ -34,16 +36,16 @@ def free_port() -> int:
 
 
 def pacs_on_two_nodes(nodes: list[Path], *args: str) -> list[tuple[int, str]]:
-    """(exit code, output) of one torchrun agent per node (`--nnodes 2`, one process each), each
-    in its own working directory with its own model cache, started together; a job that outlives
-    `NODE_TIMEOUT_S` is killed and fails the test."""
+    """(exit code, output) of one torchrun agent per node (`--nnodes 2`, one process each) running
+    `pacs ARGS` under the collective audit, each in its own working directory with its own model
+    cache, started together; a job that outlives `NODE_TIMEOUT_S` is killed and fails the test."""
     port = free_port()
     jobs, logs = [], []
     for node_rank, node in enumerate(nodes):
         node.mkdir(exist_ok=True)
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node_rank),
                    "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                   "-m", "pacs.cli", *args]
+                   str(AUDIT), *args]
         env = {**process_env(), "PACS_CACHE_DIR": str(node / "cache")}
         logs.append(node.parent / f"{node.name}.log")
         with open(logs[-1], "w") as log:
@@ -88,14 +90,15 @@ def test_two_nodes_with_their_own_disks_write_on_node_0_alone_and_resume_to_the_
 
 @pytest.mark.slow
 def test_a_checkpoint_one_node_wrote_resumes_on_two_nodes_from_rank_0s_disk_alone(tmp_path):
-    """DDP: a run of one node, stopped after step 2, goes on with a second node that has no copy of it."""
+    """DDP with PPO's critic: a run of one node, stopped after step 2, goes on with a second node
+    that has no copy of it (policy, critic and their optimizers from rank 0's disk alone)."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
-    straight = train_on_one_node(nodes[0], "train.strategy=ddp", "train.steps=3")
+    straight = train_on_one_node(nodes[0], *DDP_CRITIC, "train.steps=3")
     uninterrupted = tmp_path / "uninterrupted"
     (uninterrupted / "checkpoints").mkdir(parents=True)
     shutil.move(straight / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
     shutil.rmtree(straight / "checkpoints" / "step_3")  # node 0 now holds the run as it was after step 2
-    train_on_two_nodes(nodes, "train.strategy=ddp", "train.steps=3", "resume=auto")
+    train_on_two_nodes(nodes, *DDP_CRITIC, "train.steps=3", "resume=auto")
     assert not (nodes[1] / "run").exists()
     resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(uninterrupted)
     assert resumed.keys() == expected.keys()

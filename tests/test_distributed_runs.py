@@ -38,7 +38,7 @@ PATHS = {
     "pacs-lora-kl": ["model.lora_rank=8", "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k2"],
 }
 """Between them: validation, checkpoints every step, PPO with critic warmup, the KL reference,
-LoRA, bf16 mixed precision and activation checkpointing (`KILLED_RUNS` also resume after kill -9)."""
+LoRA, bf16 mixed precision and activation checkpointing."""
 
 
 def train_command(output_dir: Path, model_dir: Path, *overrides: str) -> list[str]:
@@ -51,11 +51,10 @@ def audited_train(output_dir: Path, model_dir: Path, *overrides: str) -> subproc
     return torchrun(str(AUDIT), *train_command(output_dir, model_dir, *overrides)[2:], timeout=360)
 
 
-RUNS = [(strategy, path) for strategy in ("ddp", "fsdp") for path in PATHS]
-KILLED_RUNS = [("fsdp", "ppo-warmup-kl-bf16-checkpointing"), ("ddp", "pacs-lora-kl")]
-"""The runs that are also killed and resumed here: FSDP with a critic, bf16 and activation
-checkpointing, and DDP with LoRA; FSDP with LoRA and DDP without it also resume on two nodes
-(test_distributed_nodes.py)."""
+RUNS = [("fsdp", "ppo-warmup-kl-bf16-checkpointing"), ("ddp", "pacs-lora-kl")]
+"""Both strategies, both paths, each run also killed and resumed here, each launch costing seconds
+of start-up. The other two pairings run audited in test_distributed_nodes.py: FSDP with LoRA on two
+nodes, and DDP with PPO's critic resumed on two nodes from one node's checkpoint."""
 
 
 def run_id(run: tuple[str, str]) -> str:
@@ -113,7 +112,7 @@ def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", KILLED_RUNS, ids=run_id)
+@pytest.mark.parametrize("run", RUNS, ids=run_id)
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(run, finished_runs, tmp_path, warm_model_dir):
     straight, overrides, _ = finished_runs(*run)
     killed = tmp_path / "killed"

@@ -127,7 +127,7 @@ def reachable_hub_reports(tmp_path_factory) -> Iterator[tuple[str, dict[str, str
         server.server_close()
 
 
-@pytest.mark.parametrize(("model_id", "expected"), [(MISSING, "is not a model on"), (GATED, "is a gated repo on")])
+@pytest.mark.parametrize(("model_id", "expected"), [(MISSING, "is not a model on"), (GATED, "is a gated repo on")], ids=["missing", "gated"])
 def test_reachable_hub_that_lacks_the_repo_says_so(reachable_hub_reports, model_id: str, expected: str) -> None:
     endpoint, reports = reachable_hub_reports
     output = reports[model_id]

@@ -11,10 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transformers.utils import logging as transformers_logging
-
 import pacs
-from pacs.config import ConfigError
 from pacs.outputs import claim_output_dir, claim_output_file
 
 
@@ -40,6 +37,9 @@ NON_NEGATIVE = _checked(float, "a finite number >= 0", lambda value: math.isfini
 NUCLEUS = _checked(float, "a number in (0, 1]", lambda value: 0 < value <= 1)
 SMOOTHING = _checked(float, "a smoothing weight in [0, 1)", lambda value: 0 <= value < 1)
 OVERWRITE_HELP = "move a previous output at --out aside (to NAME.superseded) instead of refusing"
+COMMANDS_WITHOUT_TORCH = {"prepare"}
+"""Commands that import neither torch nor transformers: they start in a fraction of a second
+rather than seconds."""
 
 
 def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list]:
@@ -277,10 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    transformers_logging.disable_progress_bar()
+    if args.command not in COMMANDS_WITHOUT_TORCH:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     try:
         args.run(args)
-    except (ConfigError, ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # pacs.config.ConfigError is a ValueError
         print(f"pacs {args.command}: error: {error}", file=sys.stderr)
         sys.exit(2)
 
