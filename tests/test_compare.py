@@ -19,6 +19,7 @@ TINY = [
     "rollout.n=4",
     "data.train=builtin:arithmetic?max_operand=19&size=32",
     "data.val=builtin:arithmetic?max_operand=19&size=8",
+    "reward.num_workers=0",  # scored in-process: a pool of scoring processes costs each run about a core-second
 ]
 
 

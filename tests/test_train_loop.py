@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def small_config(output_dir, model_dir, *extra):
+    """A 4-step run of the demo recipe, scored in-process (`reward.num_workers=0`: a pool of
+    scoring processes costs each run about a core-second, and these tests are about the loop; the
+    first test runs the default pool)."""
     return load_config(
         "builtin:demo",
         [
@@ -33,6 +36,7 @@ def small_config(output_dir, model_dir, *extra):
             "train.eval_every=0",
             "rollout.n=4",
             "eval.n=2",
+            "reward.num_workers=0",
             *extra,
         ],
     )
@@ -43,7 +47,7 @@ def weights(checkpoint):
 
 
 def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_model_dir):
-    result = train(small_config(tmp_path / "run", warm_model_dir), show_progress=False)
+    result = train(small_config(tmp_path / "run", warm_model_dir, "reward.num_workers=2"), show_progress=False)
     run = tmp_path / "run"
     assert load_config(str(run / "config.yaml")).train.steps == 4
     rows = read_metrics(run)
