@@ -3,7 +3,8 @@ working directory with its own model cache, on this machine, under the collectiv
 (tests/collective_audit.py). Between them, the resume tests cover both strategies and both kinds
 of checkpoint (full weights with PPO's critic, LoRA adapters) and both writers (one node, two
 nodes), each launch costing seconds of start-up: FSDP with LoRA written by two nodes, DDP with
-full weights and a critic written by one."""
+full weights and a critic written by one. Each run goes to step 3; its step-3 and final
+checkpoints are then put aside, and the run resumed from step 2 must reach the same weights."""
 
 from __future__ import annotations
 
@@ -59,9 +60,12 @@ def pacs_on_two_nodes(nodes: list[Path], *args: str) -> list[tuple[int, str]]:
                 kill_job(job)  # its workers too: torchrun starts each in a session of its own
 
 
-def train_on_two_nodes(nodes: list[Path], *overrides: str) -> None:
-    for exit_code, output in pacs_on_two_nodes(nodes, "train", *TWO_NODES, *overrides):
+def train_on_two_nodes(nodes: list[Path], *overrides: str) -> str:
+    """`pacs train` on two nodes; node 0's output."""
+    outcomes = pacs_on_two_nodes(nodes, "train", *TWO_NODES, *overrides)
+    for exit_code, output in outcomes:
         assert exit_code == 0, output[-4000:]
+    return outcomes[0][1]
 
 
 def train_on_one_node(directory: Path, *overrides: str) -> Path:
@@ -74,18 +78,29 @@ def train_on_one_node(directory: Path, *overrides: str) -> Path:
     return directory / "run"
 
 
+def rewind_to_step_2(run: Path, uninterrupted: Path) -> None:
+    """Move the final checkpoint of a finished 3-step `run` to `uninterrupted` and remove its
+    step-3 checkpoint: `run` now holds the run as it was after step 2."""
+    (uninterrupted / "checkpoints").mkdir(parents=True)
+    shutil.move(run / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
+    shutil.rmtree(run / "checkpoints" / "step_3")
+
+
+def assert_same_final_weights(resumed: Path, uninterrupted: Path) -> None:
+    resumed_tensors, expected = final_tensors(resumed), final_tensors(uninterrupted)
+    assert resumed_tensors.keys() == expected.keys()
+    assert max_difference(resumed_tensors, expected) <= EXACT
+
+
 @pytest.mark.slow
-def test_two_nodes_with_their_own_disks_write_on_node_0_alone_and_resume_to_the_weights_of_one_node(tmp_path):
+def test_two_nodes_with_their_own_disks_write_on_node_0_alone_and_resume_to_the_uninterrupted_weights(tmp_path):
     """FSDP with LoRA adapters: the checkpoint two nodes write (on node 0 alone) resumes on two nodes."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
-    train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=2")
-    assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoint is on node 0 alone
-    train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3", "resume=auto")
-
-    one_node = train_on_one_node(tmp_path / "one-node", *FSDP_LORA, "train.steps=3")
-    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(one_node)
-    assert resumed.keys() == expected.keys()
-    assert max_difference(resumed, expected) <= EXACT
+    train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3")
+    assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoints are on node 0 alone
+    rewind_to_step_2(nodes[0] / "run", tmp_path / "uninterrupted")
+    assert "resuming from run/checkpoints/step_2 (step 2)" in train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3", "resume=auto")
+    assert_same_final_weights(nodes[0] / "run", tmp_path / "uninterrupted")
 
 
 @pytest.mark.slow
@@ -93,16 +108,10 @@ def test_a_checkpoint_one_node_wrote_resumes_on_two_nodes_from_rank_0s_disk_alon
     """DDP with PPO's critic: a run of one node, stopped after step 2, goes on with a second node
     that has no copy of it (policy, critic and their optimizers from rank 0's disk alone)."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
-    straight = train_on_one_node(nodes[0], *DDP_CRITIC, "train.steps=3")
-    uninterrupted = tmp_path / "uninterrupted"
-    (uninterrupted / "checkpoints").mkdir(parents=True)
-    shutil.move(straight / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
-    shutil.rmtree(straight / "checkpoints" / "step_3")  # node 0 now holds the run as it was after step 2
-    train_on_two_nodes(nodes, *DDP_CRITIC, "train.steps=3", "resume=auto")
+    rewind_to_step_2(train_on_one_node(nodes[0], *DDP_CRITIC, "train.steps=3"), tmp_path / "uninterrupted")
+    assert "resuming from run/checkpoints/step_2 (step 2)" in train_on_two_nodes(nodes, *DDP_CRITIC, "train.steps=3", "resume=auto")
     assert not (nodes[1] / "run").exists()
-    resumed, expected = final_tensors(nodes[0] / "run"), final_tensors(uninterrupted)
-    assert resumed.keys() == expected.keys()
-    assert max_difference(resumed, expected) <= EXACT
+    assert_same_final_weights(nodes[0] / "run", tmp_path / "uninterrupted")
 
 
 @pytest.mark.slow
