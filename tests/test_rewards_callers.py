@@ -3,7 +3,9 @@
 Each calling form runs as its own Python process: a script without a main guard, a script read
 from standard input, ``python -c``, a notebook-style ``exec`` of a cell, a worker thread, and a
 process that already runs torch's threads. Each scores a correct answer 1.0, a wrong one 0.0, and
-an answer whose symbolic check never ends 0.0 within 1.5 s at ``timeout_s=1``.
+an answer whose symbolic check never ends 0.0 within 1.5 s at ``timeout_s=1``. The correct and
+wrong answers are scored under a 60 s limit (the default function's under its own 1 s): on a
+loaded machine a fresh worker's first call can pass 1 s, which would score a correct answer 0.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ SCORING = textwrap.dedent(
     from pacs.rewards import ScoringPool, default_compute_score, math_score
 
     RIGHT, WRONG, ENDLESS = r"so \boxed{\frac{1}{2}}", r"\boxed{3}", r"\boxed{9^{9^{9^{9}}}}"
+    UNDER_LOAD_S = 60
     report = {
-        "math_score": [math_score(RIGHT, "0.5", timeout_s=1), math_score(WRONG, "0.5", timeout_s=1)],
+        "math_score": [math_score(RIGHT, "0.5", timeout_s=UNDER_LOAD_S), math_score(WRONG, "0.5", timeout_s=UNDER_LOAD_S)],
         "compute_score": [default_compute_score("math500", answer, "0.5") for answer in (RIGHT, WRONG)],
     }
     start = time.perf_counter()
@@ -33,13 +36,14 @@ SCORING = textwrap.dedent(
     report["compute_score"].append(default_compute_score("math500", ENDLESS, "0.5"))
     report["compute_score_seconds"] = time.perf_counter() - start
     rows = [{"data_source": "math500", "reward_model": {"ground_truth": "0.5"}}] * 3
-    with ScoringPool(num_workers=2, timeout_s=1) as pool:
-        pool.score(rows[:1], [WRONG])
+    with ScoringPool(num_workers=2, timeout_s=UNDER_LOAD_S) as pool:
+        answered = pool.score(rows[:2], [RIGHT, WRONG])
+        pool.timeout_s = 1
         start = time.perf_counter()
-        batch = pool.score(rows, [RIGHT, WRONG, ENDLESS])
+        endless = pool.score(rows[2:], [ENDLESS])
         report["pool_seconds"] = time.perf_counter() - start
-    report["pool"] = batch.scores
-    report["pool_timed_out"] = batch.timed_out
+    report["pool"] = [*answered.scores, *endless.scores]
+    report["pool_timed_out"] = answered.timed_out + endless.timed_out
     print("REPORT " + json.dumps(report))
     """
 )
