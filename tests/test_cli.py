@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import pacs
+from conftest import BENCHMARK_DATA
 from running import run
-
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 
 
 def test_prepare_imports_neither_torch_nor_transformers(tmp_path):
     """`pacs prepare` only reads and writes data files: it does not pay seconds of imports."""
     script = "import sys\nfrom pacs.cli import main\nmain(sys.argv[1:])\nprint(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = tmp_path / "amc23.parquet"
-    result = subprocess.run([sys.executable, "-c", script, "prepare", "--input", str(BENCHMARKS / "amc23.jsonl"), "--out", str(out)],
+    result = subprocess.run([sys.executable, "-c", script, "prepare", "--input", str(BENCHMARK_DATA / "amc23.jsonl"), "--out", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert out.is_file() and result.stdout.splitlines()[-1] == "[]"

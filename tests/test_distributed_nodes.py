@@ -28,6 +28,9 @@ working directory with its own model cache (`PACS_CACHE_DIR`) and a relative out
 FSDP_LORA = ["train.strategy=fsdp", "model.lora_rank=4"]
 DDP_CRITIC = ["train.strategy=ddp", "algorithm.name=ppo"]
 NODE_TIMEOUT_S = 360
+RESUMED_FROM_STEP_2 = "resuming from run/checkpoints/step_2 (step 2)"
+"""What node 0 prints when a run resumes from its step-2 checkpoint (an uninterrupted rerun would
+reach the same weights, so the tests check that it resumed)."""
 
 
 def free_port() -> int:
@@ -99,7 +102,7 @@ def test_two_nodes_with_their_own_disks_write_on_node_0_alone_and_resume_to_the_
     train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3")
     assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoints are on node 0 alone
     rewind_to_step_2(nodes[0] / "run", tmp_path / "uninterrupted")
-    assert "resuming from run/checkpoints/step_2 (step 2)" in train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3", "resume=auto")
+    assert RESUMED_FROM_STEP_2 in train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3", "resume=auto")
     assert_same_final_weights(nodes[0] / "run", tmp_path / "uninterrupted")
 
 
@@ -109,7 +112,7 @@ def test_a_checkpoint_one_node_wrote_resumes_on_two_nodes_from_rank_0s_disk_alon
     that has no copy of it (policy, critic and their optimizers from rank 0's disk alone)."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     rewind_to_step_2(train_on_one_node(nodes[0], *DDP_CRITIC, "train.steps=3"), tmp_path / "uninterrupted")
-    assert "resuming from run/checkpoints/step_2 (step 2)" in train_on_two_nodes(nodes, *DDP_CRITIC, "train.steps=3", "resume=auto")
+    assert RESUMED_FROM_STEP_2 in train_on_two_nodes(nodes, *DDP_CRITIC, "train.steps=3", "resume=auto")
     assert not (nodes[1] / "run").exists()
     assert_same_final_weights(nodes[0] / "run", tmp_path / "uninterrupted")
 

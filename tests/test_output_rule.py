@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BENCHMARK_DATA
 from pacs.outputs import MARKER, OutputRefused, claim_output_dir, claim_output_file
 from pacs.train.checkpoint import TRAINER_STATE
 from running import run
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 
 
 def tree_hash(root: Path) -> str:
@@ -60,7 +59,7 @@ COMMANDS_WITH_A_BAD_INPUT = {
     "eval": lambda out: ["eval", "--model", "builtin:tiny", "--data", "builtin:arithmetic", "--n", "1", "--out", str(out),
                          "--reward-function", "no_such_module:compute_score"],
     "compare": lambda out: ["compare", "--config", "builtin:compare-demo", "--out", str(out), "train.steps=abc"],
-    "prepare": lambda out: ["prepare", "--input", str(BENCHMARKS / "math500.jsonl"), "--source", "math5000",
+    "prepare": lambda out: ["prepare", "--input", str(BENCHMARK_DATA / "math500.jsonl"), "--source", "math5000",
                             "--out", str(out / "math500.parquet")],
     "plot": lambda out: ["plot", str(out / "no_such_run"), "--out", str(out)],
 }
@@ -122,7 +121,7 @@ def test_prepare_keeps_an_existing_file_unless_asked_then_moves_it_aside(tmp_pat
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "math500.parquet"
     out.write_bytes(b"an earlier file")
-    arguments = ["prepare", "--input", str(BENCHMARKS / "math500.jsonl"), "--out", str(out)]
+    arguments = ["prepare", "--input", str(BENCHMARK_DATA / "math500.jsonl"), "--out", str(out)]
     assert run(arguments) != 0
     assert out.read_bytes() == b"an earlier file"
     assert run([*arguments, "--overwrite"]) == 0

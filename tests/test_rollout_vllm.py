@@ -156,8 +156,11 @@ def test_unsynced_sampler_drifts_from_the_trainer(tiny_model_dir, tmp_path):
     assert distance > TOLERANCE
 
 
-TWO_PROCESS_RUNS = {"ddp-killed-and-resumed": ("ddp", "rollout.temperature=1.0"), "fsdp": ("fsdp", "rollout.temperature=0.6")}
-"""DDP killed (-9) once step 2 is checkpointed and resumed; FSDP straight through (each launch of
+TWO_PROCESS_RUNS = {
+    "ddp-killed-and-resumed": ("ddp", "rollout.temperature=1.0", True),
+    "fsdp": ("fsdp", "rollout.temperature=0.6", False),
+}
+"""(strategy, temperature, killed): DDP killed (-9) once step 2 is checkpointed and resumed; FSDP straight through (each launch of
 2 vLLM processes costs seconds of start-up): the weight sync after a resume is the same code under
 either strategy, and FSDP's gathering of the weights it syncs runs at every step."""
 
@@ -166,7 +169,7 @@ either strategy, and FSDP's gathering of the weights it syncs runs at every step
 def two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
     """A 2-process `pacs train` with vLLM (the tied tiny model, full fine-tuning) to step 4, its
     last launch under the collective audit; (output_dir, that launch's stdout)."""
-    strategy, temperature = TWO_PROCESS_RUNS[request.param]
+    strategy, temperature, killed = TWO_PROCESS_RUNS[request.param]
     output_dir = tmp_path_factory.mktemp(f"vllm-{strategy}") / "run"
     command = [
         "-m", "pacs.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={output_dir}",
@@ -175,7 +178,7 @@ def two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, st
         "train.save_rollouts=true", "algorithm.entropy_coef=1.0", "train.lr=0.01", "data.val=null",
         "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120",
     ]
-    if request.param.endswith("killed-and-resumed"):
+    if killed:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command],
                                env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         kill_once_checkpointed(job, output_dir)
