@@ -41,8 +41,7 @@ from batches import policy_batch
 from distributed_checks import observe
 from exact_float64 import normalise_float64_in_float64
 from pacs.algos.base import MiniBatchTotals
-from pacs.algos.registry import build_algorithm
-from pacs.config import AlgorithmConfig
+from pacs.config import ALGORITHM_CONFIGS
 from pacs.models.loading import load_causal_lm, load_value_model
 from pacs.models.lora import add_lora
 from pacs.train import update as update_module
@@ -94,10 +93,8 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
     model_dir = str(Path(model_dir) / model_name)
     name, loss_agg, *variant = case.split(":")
     lora = variant == ["lora"]
-    options = AlgorithmConfig(
-        name=name, loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01, beta=1.0
-    ).model_dump()
-    algorithm = build_algorithm(group_size=GROUP_SIZE, horizon=8, **options)
+    options = ALGORITHM_CONFIGS[name](loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01)
+    algorithm = options.build(group_size=GROUP_SIZE, horizon=8)
     torch.manual_seed(0)
     model = load_causal_lm(model_dir, dtype="float64")
     reference = None if lora else copy.deepcopy(model).eval()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from batches import policy_batch
-from pacs.algos.registry import build_algorithm
+from pacs.config import ALGORITHM_CONFIGS, PacsConfig
 from pacs.models.loading import load_causal_lm
 from pacs.train import update as update_module
 from pacs.train.batch import fill_rollout_logprobs
@@ -68,7 +68,7 @@ def updated(model, batch, algorithm, rows_without_old_logprobs: int, micro_batch
 @pytest.mark.parametrize("micro_batch_size", [3, 8])
 @pytest.mark.parametrize("options", ALGORITHMS.values(), ids=ALGORITHMS.keys())
 def test_the_first_update_without_a_rollout_pass_equals_the_long_way(model, options, micro_batch_size):
-    algorithm = build_algorithm(group_size=GROUP_SIZE, horizon=6, **options)
+    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, horizon=6)
     long_way = step_batch(model, algorithm)
     fill_rollout_logprobs(model, long_way, slice(None), micro_batch_size=5, temperature=1.0)
     shortcut = step_batch(model, algorithm)
@@ -89,7 +89,7 @@ def test_the_first_update_without_a_rollout_pass_equals_the_long_way(model, opti
 
 
 def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
-    algorithm = build_algorithm(group_size=GROUP_SIZE, name="pacs")
+    algorithm = PacsConfig().build(group_size=GROUP_SIZE, horizon=6)
     batch = step_batch(model, algorithm)
     calls = []
     original = update_module.response_logprobs_no_grad
@@ -102,7 +102,7 @@ def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
 
 
 def test_more_rows_than_one_update_are_refused(model):
-    algorithm = build_algorithm(group_size=GROUP_SIZE, name="pacs")
+    algorithm = PacsConfig().build(group_size=GROUP_SIZE, horizon=6)
     batch = step_batch(model, algorithm)
     settings = UpdateSettings(mini_batch_size=2, micro_batch_size=5, epochs=1, grad_clip=1.0)
     with pytest.raises(ValueError, match="exceeds one update's 8 rows"):

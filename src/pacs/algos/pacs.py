@@ -36,6 +36,8 @@ prompt ``g``.
 from __future__ import annotations
 
 import math
+import typing
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -59,10 +61,12 @@ from pacs.algos.core import (
     weighted_token_sum,
 )
 
-PROXIES = ("logratio", "mean_logprob")
-ESTIMATORS = ("rloo", "grpo", "naive")
-WEIGHTINGS = ("question", "none", "only_positive", "only_negative")
-
+Proxy = Literal["logratio", "mean_logprob"]
+PROXIES: tuple[str, ...] = typing.get_args(Proxy)
+Estimator = Literal["rloo", "grpo", "naive"]
+ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
+Weighting = Literal["question", "none", "only_positive", "only_negative"]
+WEIGHTINGS: tuple[str, ...] = typing.get_args(Weighting)
 
 
 def reward_proxy(

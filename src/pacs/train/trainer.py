@@ -26,7 +26,6 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.algos.core import mixed_group_fraction
 from pacs.algos.base import Algorithm
-from pacs.algos.registry import build_algorithm
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
@@ -201,9 +200,7 @@ class Trainer:
         resume_from = world.decided_by_writer(lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
-        algorithm = build_algorithm(
-            group_size=config.rollout.n, horizon=config.data.max_response_length, **config.algorithm.model_dump()
-        )
+        algorithm = config.algorithm.build(group_size=config.rollout.n, horizon=config.data.max_response_length)
         policy = load_policy(config, world, resume_from, console)
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
