@@ -197,6 +197,13 @@ def test_another_algorithms_option_is_refused_naming_the_option_and_the_algorith
         load_config(None, overrides)
 
 
+def test_an_override_that_switches_the_algorithm_keeps_the_options_it_shares_with_the_recipes():
+    algorithm = load_config("builtin:paper-grpo-qwen2.5-7b", ["algorithm.name=ppo", "algorithm.gamma=0.9"]).algorithm
+    assert (algorithm.name, algorithm.dual_clip, algorithm.loss_scale, algorithm.gamma) == ("ppo", 3.0, 8.0, 0.9)
+    with pytest.raises(ConfigError, match=r"algorithm.beta: an option of pacs, not of algorithm.name='ppo'"):
+        load_config("builtin:demo", ["algorithm.name=ppo", "algorithm.beta=2"])
+
+
 def test_a_misspelled_option_of_another_algorithm_is_suggested_with_its_algorithms():
     with pytest.raises(ConfigError, match=r"algorithm.clip_lo: unknown key \(did you mean 'clip_low', an option of grpo, rloo or ppo\?\)"):
         load_config(None, ["algorithm.clip_lo=0.1"])

@@ -655,11 +655,20 @@ def load_config(source: str | None, overrides: list[str] = (), *, algorithm: str
     """Read a YAML file (or `builtin:NAME`; None for all defaults), apply overrides, validate, and
     import `reward.function` (so that a misspelled one fails before any model is loaded).
 
+    An override `algorithm.name=NAME` that switches the file's algorithm to another one runs the
+    recipe with that algorithm: of the file's `algorithm` section it keeps the options NAME has
+    (those every algorithm shares, and its own), not those only other algorithms take. Options
+    given as overrides are always NAME's own or refused.
+
     With `algorithm` (one of `ALGORITHM_CONFIGS`), the config as `pacs compare` runs it for that
     algorithm: `algorithm.name` set to it, and the options of other algorithms in the `algorithm`
-    section left out (a comparison's config holds the options of every algorithm it compares);
-    a key that is no algorithm's option is refused as ever."""
+    section, overrides included, left out (a comparison's config and overrides hold the options of
+    every algorithm it compares). A key that is no algorithm's option is refused either way."""
     data = _read_yaml(source) if source else {}
+    switched_to = _algorithm_override(overrides)
+    section = data.get("algorithm")
+    if isinstance(section, dict) and switched_to in ALGORITHM_CONFIGS and switched_to != _algorithm_name(section):
+        data["algorithm"] = _options_of(switched_to, section)
     apply_overrides(data, list(overrides))
     if algorithm is not None:
         data["algorithm"] = _options_of(algorithm, data.get("algorithm") or {})
@@ -670,6 +679,12 @@ def load_config(source: str | None, overrides: list[str] = (), *, algorithm: str
         except ValueError as error:
             raise ConfigError(f"invalid configuration ({source or 'defaults'}):\n  reward.function: {error}") from None
     return config
+
+
+def _algorithm_override(overrides: list[str]) -> object:
+    """The value of the last `algorithm.name=...` among `overrides` (None without one)."""
+    values = [value for key, _, value in (override.partition("=") for override in overrides) if key == "algorithm.name"]
+    return yaml.safe_load(values[-1]) if values else None
 
 
 def _options_of(algorithm: str, section: object) -> object:
