@@ -13,7 +13,7 @@ from pacs.config import ALGORITHM_CONFIGS, PacsConfig
 from pacs.models.loading import load_causal_lm
 from pacs.train import update as update_module
 from pacs.train.batch import fill_rollout_logprobs
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.update import UpdateSettings, update_policy
 
 GROUP_SIZE = 4

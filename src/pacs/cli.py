@@ -81,7 +81,8 @@ def _train(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     import pacs.train.builtin_models  # noqa: F401  (makes builtin:tiny-arithmetic loadable)
     from pacs.eval.evaluate import evaluate_model
-    from pacs.train.distributed import World
+    from pacs.train.distributed import collectives
+    from pacs.train.distributed.world import World
 
     world = World.from_environment()  # under torchrun: every process takes its share of the problems
     try:
@@ -100,6 +101,7 @@ def _eval(args: argparse.Namespace) -> None:
             reward_workers=args.reward_workers,
             overwrite=args.overwrite,
             engine=args.engine,
+            collectives=collectives,
         )
     finally:
         world.close()

@@ -52,7 +52,7 @@ from pacs.eval.significance import excludes_zero, paired_bootstrap_interval
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train

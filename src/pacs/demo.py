@@ -14,7 +14,7 @@ from pacs.config import Config, load_config
 from pacs.eval.evaluate import evaluate_model
 from pacs.outputs import claim_output_dir
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
 

@@ -101,7 +101,7 @@ class Algorithm(Protocol):
         """For each metric of `prepare_update` that is a mean over this share's response tokens
         or over some of its rows, how many it is a mean over (metrics absent here are means over
         all the share's rows, which every rank holds equally many of): the weights that make the
-        ranks' metrics the global mini-batch's (`World.mean_over_ranks`)."""
+        ranks' metrics the global mini-batch's (`pacs.train.distributed.collectives.mean_over_ranks`)."""
         ...
 
     def micro_batch_loss(self, logprobs: torch.Tensor, micro: Tensors, row_terms: Tensors) -> torch.Tensor:

@@ -77,8 +77,8 @@ MERGE_RULE = (
 
 
 class Processes(Protocol):
-    """The processes that one evaluation runs on, as `pacs.train.distributed.World` describes them
-    (one process: `World.single()`; under torchrun: `World.from_environment()`)."""
+    """The processes that one evaluation runs on, as `pacs.train.distributed.world.World` describes
+    them (one process: `World.single()`; under torchrun: `World.from_environment()`)."""
 
     rank: int
     world_size: int
@@ -87,13 +87,34 @@ class Processes(Protocol):
     @property
     def is_writer(self) -> bool: ...
 
-    def decided_by_writer(self, decide: Callable[[], T]) -> T: ...
 
-    def on_every_rank(self, action: Callable[[], T], *, remedy: str = "") -> T: ...
+class Collectives(Protocol):
+    """The collectives an evaluation on several processes takes part in: those of
+    `pacs.train.distributed.collectives`, a layer above evaluation, whose callers hand the module in."""
 
-    def on_every_node(self, load: Callable[[], T], *, remedy: str = "") -> T: ...
+    def run_on_every_rank(
+        self, world: Processes, action: Callable[[], T], *, how_to_fix: str = "", node_leader_first: bool = False
+    ) -> T: ...
 
-    def gather_on_writer(self, value: Any) -> list[Any] | None: ...
+    def run_on_rank0(self, world: Processes, action: Callable[[], T]) -> T: ...
+
+    def gather_objects_on_rank0(self, world: Processes, value: Any) -> list[Any] | None: ...
+
+
+class _OneProcess:
+    """The collectives of one process: each the identity."""
+
+    @staticmethod
+    def run_on_every_rank(world: Processes, action: Callable[[], T], **_: object) -> T:
+        return action()
+
+    @staticmethod
+    def run_on_rank0(world: Processes, action: Callable[[], T]) -> T:
+        return action()
+
+    @staticmethod
+    def gather_objects_on_rank0(world: Processes, value: Any) -> list[Any]:
+        return [value]
 
 
 @dataclass(frozen=True)
@@ -397,11 +418,13 @@ def evaluate_model(
     overwrite: bool = False,
     show_progress: bool = True,
     engine: str = "hf",
+    collectives: Collectives | None = None,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
     `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
-    Every one of `processes` takes its share of the problems (module docstring); the whole
+    Every one of `processes` takes its share of the problems (module docstring), taking part in
+    `collectives` (`pacs.train.distributed.collectives`; None: one process); the whole
     result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
     (transformers' generate) or `vllm` (`load_engine`, one process only); temperature 0 decodes
     greedily with either.
@@ -418,8 +441,14 @@ def evaluate_model(
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
     if engine == "vllm" and processes.world_size > 1:
         raise ValueError("pacs eval --engine vllm runs in one process; under torchrun use --engine hf")
-    processes.on_every_rank(lambda: _check_inputs(model_path, specs, reward_function), remedy=SAME_INPUTS_EVERYWHERE)
-    processes.decided_by_writer(lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
+    if collectives is None:
+        if processes.world_size > 1:
+            raise ValueError(f"an evaluation on {processes.world_size} processes needs their collectives")
+        collectives = _OneProcess()
+    collectives.run_on_every_rank(
+        processes, lambda: _check_inputs(model_path, specs, reward_function), how_to_fix=SAME_INPUTS_EVERYWHERE
+    )
+    collectives.run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
         model_path=model_path,
         specs=list(specs),
@@ -449,8 +478,8 @@ def evaluate_model(
             locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
         return tokenizer, rollout_engine, context_length, rows, locations
 
-    tokenizer, rollout_engine, context_length, rows, locations = processes.on_every_node(
-        load, remedy=SAME_INPUTS_EVERYWHERE
+    tokenizer, rollout_engine, context_length, rows, locations = collectives.run_on_every_rank(
+        processes, load, how_to_fix=SAME_INPUTS_EVERYWHERE, node_leader_first=True
     )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
@@ -465,7 +494,7 @@ def evaluate_model(
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
         )
-    shares = processes.gather_on_writer(share)
+    shares = collectives.gather_objects_on_rank0(processes, share)
     if shares is None:
         return None
     result = EvalResult.merge(shares)

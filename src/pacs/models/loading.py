@@ -328,7 +328,7 @@ def _critic_class_over(backbone_class: type[PreTrainedModel]) -> type[PreTrained
 
 def __getattr__(name: str) -> type[PreTrainedModel]:
     """A critic class `token_classification_class` builds, by its name, in any process: what lets
-    a critic pickled in one process (an FSDP skeleton, `pacs.train.distributed.World.load_once`)
+    a critic pickled in one process (an FSDP skeleton, `pacs.train.distributed.wrapping.load_on_rank0`)
     be unpickled in another."""
     backbone_name = name.removesuffix("ForTokenClassification") + "Model"
     if name.endswith("ForTokenClassification"):

@@ -5,7 +5,7 @@ with the verifier -> recompute the rollout policy's log-probs (except for the fi
 whose first update takes them from its own forward pass) -> `train.epochs` passes of optimizer
 updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint.
 Launched by torchrun or `accelerate launch`, each process takes its share of every mini-batch
-(a prompt's whole group stays on one rank) and `pacs.train.distributed.World` says who does
+(a prompt's whole group stays on one rank) and `pacs.train.distributed` says who does
 what; one process is the trivial case.
 """
 
@@ -40,14 +40,25 @@ from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import (
+    barrier,
+    gather_objects,
+    gather_rows,
+    run_on_every_rank,
+    run_on_rank0,
+    slowest_timings,
+    sum_over_ranks,
+)
+from pacs.train.distributed.generation import unsharded_for_generation
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
 from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
-NODE_INPUTS_REMEDY = (
+NODE_INPUTS_HOW_TO_FIX = (
     "Every node runs the same command and reads model.path, the data files and the reward function from its own "
     "disk, at the same paths (a relative path from its own working directory): put what a node lacks there. "
     "Only rank 0 needs the output_dir and its checkpoints."
@@ -143,7 +154,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
     trainer = Trainer.setup(config, world)
     with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
         result = trainer.run(show_progress=show_progress)
-        world.barrier()  # no rank tears its process group down while another still uses it
+        barrier(world)  # no rank tears its process group down while another still uses it
     return result
 
 
@@ -196,8 +207,8 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
-        world.on_every_rank(lambda: check_node_inputs(config), remedy=NODE_INPUTS_REMEDY)
-        resume_from = world.decided_by_writer(lambda: open_run(config))
+        run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
+        resume_from = run_on_rank0(world, lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
         algorithm = config.algorithm.build(group_size=config.rollout.n, horizon=config.data.max_response_length)
@@ -205,13 +216,13 @@ class Trainer:
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
         reference = load_reference(config, world) if needs_reference else None
-        train_prompts, val_prompts = world.on_every_rank(
-            lambda: load_train_and_val_prompts(config, policy.tokenizer, console), remedy=NODE_INPUTS_REMEDY
+        train_prompts, val_prompts = run_on_every_rank(
+            world, lambda: load_train_and_val_prompts(config, policy.tokenizer, console), how_to_fix=NODE_INPUTS_HOW_TO_FIX
         )
         sampler, start_step, tracker_runs = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
-        engine = build_engine(config, world, language_model(world.unwrap(policy.model)), policy.tokenizer)
+        engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
         scorer = ScoringPool(
             config.reward.function,
             num_workers=config.reward.num_workers,
@@ -290,7 +301,7 @@ class Trainer:
             "time/weight_sync_s": synced - started,
             "time/generate_s": generated - synced,
         }
-        metrics.update(self.world.slowest(timings))
+        metrics.update(slowest_timings(self.world, timings))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
@@ -316,13 +327,13 @@ class Trainer:
         """Push the policy's weights into an engine that holds its own copy (vLLM) if they
         changed since it last got them (`pacs.train.rollout_engine.policy_weights`)."""
         if not self.engine_has_policy_weights:
-            self.engine.load_weights(policy_weights(self.world, self.policy.model))
+            self.engine.load_weights(policy_weights(self.policy.model))
             self.engine_has_policy_weights = True
 
     def generation(self) -> contextlib.AbstractContextManager:
         """The context an engine generates in: for transformers' generate on the policy itself,
-        the whole policy gathered (`World.generation`); vLLM holds its own weights."""
-        return contextlib.nullcontext() if self.engine.holds_own_weights else self.world.generation(self.policy.model)
+        the whole policy gathered (`unsharded_for_generation`); vLLM holds its own weights."""
+        return contextlib.nullcontext() if self.engine.holds_own_weights else unsharded_for_generation(self.policy.model)
 
     def fill_step_terms(self, batch: PolicyBatch, first_update_rows: int) -> None:
         """The rollout policy's log-probs (but for the first update's rows, whose update takes
@@ -345,7 +356,7 @@ class Trainer:
             for name, value in batch.tensors().items()
             if name != "old_logprobs" or "step_old_logprobs" in self.algorithm.needs
         }
-        batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=self.world.sum))
+        batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=functools.partial(sum_over_ranks, self.world)))
 
     def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int) -> dict[str, float]:
         """The critic's updates (PPO), then the policy's (none while the critic warms up)."""
@@ -379,7 +390,7 @@ class Trainer:
         if self.reference is not None:
             yield self.reference
             return
-        with self.world.unwrap(self.policy.model).disable_adapter():
+        with unwrap(self.policy.model).disable_adapter():
             yield self.policy.model
 
     # ----- validation and checkpoints ----------------------------------------------------------
@@ -411,7 +422,7 @@ class Trainer:
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
-        result = EvalResult.merge(world.gather_objects(share.without_records()))
+        result = EvalResult.merge(gather_objects(world, share.without_records()))
         metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
@@ -478,28 +489,30 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     """The policy, wrapped for the strategy, with its optimizer over the trainable parameters.
     Its tokenizer comes from `model.path` on every node (a checkpoint may be on rank 0's disk
     alone). The full model (from the checkpoint, or `model.path`) is read by rank 0 alone and
-    sent to every rank (`World.load_once`); with LoRA every rank loads the base from `model.path`
+    sent to every rank (`load_on_rank0`); with LoRA every rank loads the base from `model.path`
     in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
     which every rank receives."""
     lora = config.model.lora_rank > 0
-    tokenizer = world.on_every_node(lambda: load_tokenizer(config.model.path), remedy=NODE_INPUTS_REMEDY)
+    tokenizer = run_on_every_rank(
+        world, lambda: load_tokenizer(config.model.path), how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True
+    )
     adapter = None
     if lora:
         load_base = functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype)
-        model, aside = world.on_every_node(load_base, remedy=NODE_INPUTS_REMEDY), None
+        model = run_on_every_rank(world, load_base, how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True)
+        rank0_weights = None
         if resume_from:
-            adapter = world.decided_by_writer(lambda: read_adapter(resume_from / ADAPTER_DIR))
+            adapter = run_on_rank0(world, lambda: read_adapter(resume_from / ADAPTER_DIR))
     else:
-        model, aside = world.load_once(
-            functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
-        )
+        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
+        model, rank0_weights = load_on_rank0(world, load_full)
     model = with_training_options(model, config, lora=lora, adapter=adapter)
     sizes = parameter_counts(model)
     console.print(
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
     )
-    model = world.wrap(model, compute_dtype=bf16_compute(config), aside=aside)
+    model = wrap_model(world, model, compute_dtype=bf16_compute(config), rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
@@ -533,9 +546,9 @@ def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple
     """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
     the policy, and its optimizer."""
     source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-    critic, aside = world.load_once(functools.partial(load_value_model, source, dtype=weights_dtype(config)))
+    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=weights_dtype(config)))
     critic = with_training_options(critic, config, lora=False)
-    critic = world.wrap(critic, compute_dtype=bf16_compute(config), aside=aside)
+    critic = wrap_model(world, critic, compute_dtype=bf16_compute(config), rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
     return critic, optimizer
 
@@ -543,8 +556,8 @@ def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple
 def load_reference(config: Config, world: World) -> torch.nn.Module:
     """The frozen initial policy for the KL penalty, from `model.path` (in bfloat16 under mixed
     precision: it is never trained), sharded under FSDP like the policy."""
-    reference, aside = world.load_once(functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype))
-    return world.shard_frozen(reference, aside=aside)
+    reference, rank0_weights = load_on_rank0(world, functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype))
+    return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
 
 
 def load_train_and_val_prompts(config: Config, tokenizer, console: Console) -> tuple[EncodedPrompts, EncodedPrompts | None]:
@@ -599,8 +612,8 @@ def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_siz
         ],
         dim=1,
     )
-    rewards, lengths, entropy, prompt_lengths = world.gather_rows(per_row.double()).unbind(dim=1)
-    timeouts, crashes = world.sum(torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
+    rewards, lengths, entropy, prompt_lengths = gather_rows(world, per_row.double()).unbind(dim=1)
+    timeouts, crashes = sum_over_ranks(world, torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
     return {
         **rollout_metrics(rewards, lengths, entropy, group_size),
         "reward/timeouts": timeouts,

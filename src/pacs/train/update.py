@@ -10,7 +10,7 @@ PPO's critic.
 
 With several processes each rank holds its share of every mini-batch (`pacs.train.distributed`):
 the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
-by `world.loss_scale` so that the synchronised gradient is the sum over ranks, and only the last
+by `World.loss_scale` so that the synchronised gradient is the sum over ranks, and only the last
 micro-batch of an update synchronises gradients.
 """
 
@@ -27,7 +27,9 @@ from torch.distributed.tensor import DTensor
 from pacs.algos.base import Algorithm, MiniBatchTotals
 from pacs.algos.ppo import PPO
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad, response_values
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import mean_over_ranks, sum_over_ranks
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import gradient_sync
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def run_updates(
             for micro_start in micro_starts:
                 micro_rows = slice(micro_start, min(micro_start + settings.micro_batch_size, len(minibatch)))
                 micro = minibatch.rows(micro_rows)
-                with world.gradient_sync(model, sync=micro_start == micro_starts[-1]):
+                with gradient_sync(world, model, sync=micro_start == micro_starts[-1]):
                     with settings.autocast():
                         loss = micro_batch_loss(micro, slice(start + micro_rows.start, start + micro_rows.stop))
                     (loss * world.loss_scale).backward()
@@ -125,17 +127,17 @@ _LOSS_NOT_FINITE = "loss is not finite"
 
 
 def _over_ranks(world: World, metrics: dict[str, float], weights: dict[str, float]) -> tuple[dict[str, float], bool]:
-    """An update's metrics over every rank (`World.mean_over_ranks`) and whether every rank's
+    """An update's metrics over every rank (`mean_over_ranks`) and whether every rank's
     loss is finite, in one collective: each rank adds a flag, 1.0 when its loss is not finite,
     whose unweighted mean over the ranks is 0 only when no rank's is."""
     flag = 0.0 if math.isfinite(metrics.get("loss", 0.0)) else 1.0
-    reduced = world.mean_over_ranks({**metrics, _LOSS_NOT_FINITE: flag}, weights)
+    reduced = mean_over_ranks(world, {**metrics, _LOSS_NOT_FINITE: flag}, weights)
     return reduced, reduced.pop(_LOSS_NOT_FINITE) == 0.0
 
 
 def global_totals(minibatch: PolicyBatch, world: World) -> MiniBatchTotals:
     """Rows and response tokens of the global mini-batch whose share `minibatch` is."""
-    counts = world.sum(torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
+    counts = sum_over_ranks(world, torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
     return MiniBatchTotals(num_rows=int(counts[0]), num_tokens=max(float(counts[1]), 1.0))
 
 
