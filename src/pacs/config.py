@@ -367,6 +367,13 @@ class TrainConfig(_Section):
     it) before the job ends with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of storing them."""
+    old_logprobs_from_first_update: bool = True
+    """Take the step's first mini-batch's rollout-policy log-probs (π_old) from its first update's
+    own forward pass, where the policy is still the rollout policy, saving one no-grad pass over
+    those rows (`pacs.train.update.FirstUpdateOldLogprobs`); false: a separate pass over every row
+    first (the plain path). Both give the same update up to float rounding. Algorithms whose step
+    terms need every row's old log-probs (a KL penalty in the reward, `algorithm.rollout_is_cap`)
+    always take the plain path."""
     save_rollouts: bool = False
     """Write every step's prompts, responses, rewards and producing rank to
     `output_dir/rollouts/step_N.jsonl`."""

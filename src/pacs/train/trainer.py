@@ -2,7 +2,8 @@
 
 Each step: draw `train.batch_size` prompts -> sample `rollout.n` responses each -> score them
 with the verifier -> recompute the rollout policy's log-probs (except for the first mini-batch,
-whose first update takes them from its own forward pass) -> `train.epochs` passes of optimizer
+whose first update takes them from its own forward pass; `train.old_logprobs_from_first_update`)
+-> the algorithm's step terms -> `train.epochs` passes of optimizer
 updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint.
 Launched by torchrun or `accelerate launch`, each process takes its share of every mini-batch
 (a prompt's whole group stays on one rank) and `pacs.train.distributed` says who does
@@ -277,7 +278,8 @@ class Trainer:
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
-        → old log-probs (and reference log-probs, values) → updates; its global metrics."""
+        → old log-probs → step terms (reference log-probs, values, advantages) → updates; its
+        global metrics."""
         started = time.perf_counter()
         self.sync_engine_weights()
         synced = time.perf_counter()
@@ -288,9 +290,9 @@ class Trainer:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
         batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), self.compute_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
-        takes_first_old_logprobs = updates_policy and "step_old_logprobs" not in self.algorithm.needs
-        first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if takes_first_old_logprobs else 0
-        self.fill_step_terms(batch, first_update_rows)
+        first_update_rows = self.rows_from_first_update(len(batch), updates_policy)
+        self.fill_old_logprobs(batch, slice(first_update_rows, None))
+        self.fill_step_terms(batch, old_logprobs_known=first_update_rows == 0)
         train = self.config.train
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
         metrics = {"lr": lr, **self.update(batch, updates_policy, first_update_rows)}
@@ -335,15 +337,31 @@ class Trainer:
         the whole policy gathered (`unsharded_for_generation`); vLLM holds its own weights."""
         return contextlib.nullcontext() if self.engine.holds_own_weights else unsharded_for_generation(self.policy.model)
 
-    def fill_step_terms(self, batch: PolicyBatch, first_update_rows: int) -> None:
-        """The rollout policy's log-probs (but for the first update's rows, whose update takes
-        them from its own forward pass), the reference's log-probs and the critic's values the
-        algorithm needs, then the algorithm's step terms (advantages)."""
-        micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
+    def rows_from_first_update(self, batch_rows: int, updates_policy: bool) -> int:
+        """How many of the step's first rows take their old log-probs from the first update's own
+        forward pass (`pacs.train.update.FirstUpdateOldLogprobs`): one update's, when the policy
+        updates this step, `train.old_logprobs_from_first_update` is on and the algorithm can wait
+        for them (`Algorithm.first_update_may_supply_old_logprobs`); else 0, the plain path."""
+        shortcut = self.config.train.old_logprobs_from_first_update and self.algorithm.first_update_may_supply_old_logprobs
+        return min(batch_rows, self.settings.mini_batch_size * self.config.rollout.n) if updates_policy and shortcut else 0
+
+    def fill_old_logprobs(self, batch: PolicyBatch, rows: slice) -> None:
+        """The rollout policy's log-probs and entropy at `rows` of `batch` (no gradient)."""
         with self.settings.autocast():
             fill_rollout_logprobs(
-                self.policy.model, batch, slice(first_update_rows, None), micro_batch_size=micro, temperature=temperature
+                self.policy.model,
+                batch,
+                rows,
+                micro_batch_size=self.config.train.micro_batch_size,
+                temperature=self.config.rollout.temperature,
             )
+
+    def fill_step_terms(self, batch: PolicyBatch, *, old_logprobs_known: bool) -> None:
+        """The reference's log-probs and the critic's values the algorithm needs, then the
+        algorithm's step terms (advantages), from every row's old log-probs if `old_logprobs_known`
+        (else the first update gives some, and the algorithm sees none)."""
+        micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
+        with self.settings.autocast():
             if "ref_logprobs" in self.algorithm.needs:
                 with self.reference_policy() as reference:
                     batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
@@ -351,11 +369,9 @@ class Trainer:
                     )
             if self.critic is not None:
                 batch.row_terms["values"] = response_values_no_grad(self.critic[0], batch, micro_batch_size=micro)
-        step_inputs = {
-            name: value
-            for name, value in batch.tensors().items()
-            if name != "old_logprobs" or "step_old_logprobs" in self.algorithm.needs
-        }
+        step_inputs = batch.tensors()
+        if not old_logprobs_known:
+            del step_inputs["old_logprobs"]
         batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=functools.partial(sum_over_ranks, self.world)))
 
     def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int) -> dict[str, float]:

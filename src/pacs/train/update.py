@@ -148,6 +148,103 @@ def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
+class FirstUpdateOldLogprobs:
+    """The first update's shortcut to the rollout policy's log-probs (π_old), owned by
+    `update_policy` for one step.
+
+    The step's first `rows` rows (at most one update's) come without old log-probs: the trainer's
+    rollout-policy pass left them out (`Trainer.rows_from_first_update`), because the first update's
+    own forward pass gives them: the policy has not changed since the rollout, so its log-probs
+    there, detached, are π_old, and its entropy is the rollout policy's. That saves a no-grad pass
+    over those rows. Until they are given, the algorithm sees no "old_logprobs" for their
+    mini-batch (`prepare_update` calls `current_logprobs()` for values it needs before, see
+    `pacs.algos.base`). `rows=0` is the plain path: every row's old log-probs came first.
+    """
+
+    def __init__(self, batch: PolicyBatch, rows: int, rows_per_update: int):
+        if rows > rows_per_update:
+            raise ValueError(f"rows_without_old_logprobs={rows} exceeds one update's {rows_per_update} rows")
+        self.batch = batch
+        self.missing = torch.zeros(len(batch), dtype=torch.bool)
+        """Which rows of `batch` have no old log-probs yet."""
+        self.missing[:rows] = True
+
+    def lacks(self, rows: slice) -> bool:
+        """Whether some of `rows` (of the step's batch) have no old log-probs yet."""
+        return bool(self.missing[rows].any())
+
+    def algorithm_inputs(self, minibatch: PolicyBatch, rows: slice) -> dict[str, torch.Tensor]:
+        """What the algorithm sees of the mini-batch at `rows`: its tensors, without
+        "old_logprobs" while some of its rows have none."""
+        tensors = minibatch.tensors()
+        if self.lacks(rows):
+            del tensors["old_logprobs"]
+        return tensors
+
+    def give(self, micro: PolicyBatch, rows: slice, logprobs: torch.Tensor, entropy: torch.Tensor) -> None:
+        """The old log-probs and entropy of the micro-batch at `rows`, (b, R) from its forward pass
+        with gradient, into `micro` and into the step's batch."""
+        micro.old_logprobs = logprobs.detach()
+        width = micro.response_ids.shape[1]
+        self.batch.old_logprobs[rows, :width] = micro.old_logprobs.to(self.batch.old_logprobs.dtype)
+        self.batch.entropy[rows, :width] = entropy.detach().to(self.batch.entropy.dtype)
+        self.missing[rows] = False
+
+
+class PolicyPasses:
+    """The policy's forward passes during one step's updates, for `run_updates`: `prepare` gives
+    the algorithm a mini-batch (and its current log-probs, when it asks), `micro_batch_loss` a
+    micro-batch's loss. A mini-batch that is a single micro-batch is forwarded once: the pass that
+    gives `prepare_update` its current log-probs keeps its graph and is the one that
+    back-propagates. The first update's forward passes give the old log-probs `first_update` lacks."""
+
+    def __init__(
+        self, model: torch.nn.Module, algorithm: Algorithm, settings: UpdateSettings, first_update: FirstUpdateOldLogprobs
+    ):
+        self.model, self.algorithm, self.settings, self.first_update = model, algorithm, settings, first_update
+        self.kept: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        """A single-micro-batch mini-batch's forward from `current_logprobs`, by (start, stop) rows,
+        until its `micro_batch_loss` back-propagates it."""
+
+    def forward(self, micro: PolicyBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(b, R) log-probs with gradient, and the (b, R) entropy when this pass gives the old
+        log-probs or the algorithm uses it (else None)."""
+        temperature = self.settings.temperature
+        if self.first_update.lacks(rows) or "entropy" in self.algorithm.needs:
+            return response_logprobs(self.model, micro, temperature=temperature, with_entropy=True)
+        return response_logprobs(self.model, micro, temperature=temperature), None
+
+    def current_logprobs(self, minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
+        """(B, R) log-probs of the current policy over the mini-batch at `rows`, without gradient."""
+        settings = self.settings
+        with settings.autocast():
+            if len(minibatch) > settings.micro_batch_size:
+                return response_logprobs_no_grad(
+                    self.model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
+                )
+            self.kept[rows.start, rows.stop] = self.forward(minibatch, rows)
+            return self.kept[rows.start, rows.stop][0].detach()
+
+    def prepare(self, minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
+        tensors = self.first_update.algorithm_inputs(minibatch, rows)
+        row_terms, metrics = self.algorithm.prepare_update(
+            tensors,
+            lambda: self.current_logprobs(minibatch, rows),
+            policy_is_rollout_policy=not policy_changed,
+            totals=totals,
+        )
+        return row_terms, metrics, self.algorithm.metric_weights(tensors)
+
+    def micro_batch_loss(self, micro: PolicyBatch, rows: slice) -> torch.Tensor:
+        logprobs, entropy = self.kept.pop((rows.start, rows.stop), None) or self.forward(micro, rows)
+        if self.first_update.lacks(rows):
+            self.first_update.give(micro, rows, logprobs, entropy)
+        inputs = micro.tensors()
+        if "entropy" in self.algorithm.needs:
+            inputs["entropy"] = entropy
+        return self.algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
+
+
 def update_policy(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -163,66 +260,13 @@ def update_policy(
 
     batch: B = prompts * group_size rows with the algorithm's step terms filled in; rows of one
     prompt are contiguous. `old_logprobs` and `entropy` are filled in for every row but the first
-    `rows_without_old_logprobs` (at most one mini-batch): the first update takes those from its
-    own forward pass, π_old = π_θ detached (the policy has not changed since the rollout), and
-    writes them into `batch`, so the step needs no separate rollout-policy pass for them. On
-    that update the algorithm's `prepare_update` sees no "old_logprobs" (`pacs.algos.base`).
+    `rows_without_old_logprobs` (at most one mini-batch), which the first update's own forward
+    pass gives (`FirstUpdateOldLogprobs`; 0: the plain path).
     """
-    old_logprobs_known = torch.ones(len(batch), dtype=torch.bool)
-    old_logprobs_known[:rows_without_old_logprobs] = False
     rows_per_update = settings.mini_batch_size * algorithm.group_size
-    if rows_without_old_logprobs > rows_per_update:
-        raise ValueError(
-            f"rows_without_old_logprobs={rows_without_old_logprobs} exceeds one update's {rows_per_update} rows"
-        )
-
-    forwards_kept: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
-    """A single-micro-batch mini-batch's forward from `current_logprobs`, by (start, stop) rows,
-    until its `micro_loss` back-propagates it."""
-
-    def forward(micro: PolicyBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, R) log-probs with gradient, and the (B, R) entropy when this pass fills in the old
-        log-probs or the algorithm uses it (else None)."""
-        if not old_logprobs_known[rows].all() or "entropy" in algorithm.needs:
-            return response_logprobs(model, micro, temperature=settings.temperature, with_entropy=True)
-        return response_logprobs(model, micro, temperature=settings.temperature), None
-
-    def current_logprobs(minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
-        with settings.autocast():
-            if len(minibatch) > settings.micro_batch_size:
-                return response_logprobs_no_grad(
-                    model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
-                )
-            forwards_kept[rows.start, rows.stop] = forward(minibatch, rows)
-            return forwards_kept[rows.start, rows.stop][0].detach()
-
-    def prepare(minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
-        tensors = minibatch.tensors()
-        if not old_logprobs_known[rows].all():
-            del tensors["old_logprobs"]
-        row_terms, metrics = algorithm.prepare_update(
-            tensors,
-            lambda: current_logprobs(minibatch, rows),
-            policy_is_rollout_policy=not policy_changed,
-            totals=totals,
-        )
-        return row_terms, metrics, algorithm.metric_weights(tensors)
-
-    def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
-        sets_old_logprobs = not old_logprobs_known[rows].all()
-        logprobs, entropy = forwards_kept.pop((rows.start, rows.stop), None) or forward(micro, rows)
-        if sets_old_logprobs:
-            micro.old_logprobs = logprobs.detach()
-            width = micro.response_ids.shape[1]
-            batch.old_logprobs[rows, :width] = micro.old_logprobs.to(batch.old_logprobs.dtype)
-            batch.entropy[rows, :width] = entropy.detach().to(batch.entropy.dtype)
-            old_logprobs_known[rows] = True
-        inputs = micro.tensors()
-        if "entropy" in algorithm.needs:
-            inputs["entropy"] = entropy
-        return algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
-
-    return run_updates(model, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)
+    first_update = FirstUpdateOldLogprobs(batch, rows_without_old_logprobs, rows_per_update)
+    passes = PolicyPasses(model, algorithm, settings, first_update)
+    return run_updates(model, optimizer, world, batch, rows_per_update, settings, passes.prepare, passes.micro_batch_loss)
 
 
 def update_critic(
