@@ -366,3 +366,28 @@ def test_length_buckets_halve_rows_of_equal_lengths():
 
 def test_fewer_rows_than_buckets_make_a_bucket_each():
     assert [bucket.tolist() for bucket in batch_module.length_buckets(torch.tensor([5, 2]))] == [[1], [0]]
+
+
+def test_gradients_through_shared_prompts_are_the_same_bits_on_every_pass_at_several_threads(tiny_model_dir):
+    """The prompt's key/value cache reaches each of its responses' rows through an index with
+    repeats. Its backward must not depend on thread scheduling: float32, 4 threads, 8 responses of
+    one length per prompt (so each length bucket repeats a prompt 8 times: the sum of 3 or more
+    terms depends on their order), and prompts long enough that torch's CPU kernels would split
+    an accumulating index over threads."""
+    model = load_causal_lm(str(tiny_model_dir), dtype="float32")
+    generator = torch.Generator().manual_seed(2)
+    prompts, responses = [], []
+    for _ in range(8):
+        prompt = torch.randint(0, 101, (40,), generator=generator)
+        for _ in range(8):
+            prompts.append(prompt)
+            responses.append(torch.randint(0, 101, (4,), generator=generator))
+    batch = policy_batch(prompts, responses, [1.0] * len(prompts), dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        passes = [gradients(model, response_logprobs(model, batch).sum()) for _ in range(4)]
+    finally:
+        torch.set_num_threads(threads)
+    for name, gradient in passes[0].items():
+        assert all(torch.equal(gradient, other[name]) for other in passes[1:]), name

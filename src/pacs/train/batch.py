@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
@@ -433,11 +434,42 @@ def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperat
 
 def _cache_rows(cache, rows: torch.Tensor):
     """A key/value cache holding `cache`'s rows `rows` (K,) in that order (repeats allowed), for
-    one forward to extend; `cache` itself is left unchanged (the autograd graph reaches it)."""
+    one forward to extend; `cache` itself is left unchanged (the autograd graph reaches it). The
+    layers select their rows as transformers defines for each kind of layer, by `index_select`
+    (`_RowsByIndexSelect`), so that the gradient reaching the prompt's cache is the same bits on
+    every run."""
     selected = copy.copy(cache)
     selected.layers = [copy.copy(layer) for layer in cache.layers]
-    selected.batch_select_indices(rows)
+    with _RowsByIndexSelect(rows):
+        selected.batch_select_indices(rows)
     return selected
+
+
+class _RowsByIndexSelect(TorchFunctionMode):
+    """`tensor[..., rows, ...]` (full slices before `rows`) run as `tensor.index_select(dim, rows)`.
+
+    Why: the backward of indexing with repeated rows is an accumulating `index_put`, which torch's
+    CPU kernel runs on several threads with atomic float adds, in an order that changes from run
+    to run: with 2 threads, two identical runs of the demo recipe ended 1.2e-7 apart in their
+    weights, the only operation that made them differ. `index_select`'s backward (`index_add`)
+    adds the repeats in index order: the same bits on every run, at any thread count."""
+
+    def __init__(self, rows: torch.Tensor):
+        super().__init__()
+        self.rows = rows
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__ and isinstance(args[1], tuple):
+            key = args[1]
+            dim = next((position for position, part in enumerate(key) if part is self.rows), None)
+            if dim is not None and all(_whole(part) for part in key[:dim]) and all(part is Ellipsis or _whole(part) for part in key[dim + 1 :]):
+                return args[0].index_select(dim, self.rows)
+        return func(*args, **(kwargs or {}))
+
+
+def _whole(part) -> bool:
+    """Whether an index part is `:`."""
+    return isinstance(part, slice) and part == slice(None)
 
 
 MAX_BUCKETS = 4
