@@ -13,6 +13,7 @@ from typing import Any
 
 import pacs
 from pacs.outputs import claim_output_dir, claim_output_file
+from pacs.train.determinism import reproducible_math_environment
 
 
 def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
@@ -279,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    reproducible_math_environment()  # before torch computes: MKL reads its mode once
     if args.command not in COMMANDS_WITHOUT_TORCH:
         from transformers.utils import logging as transformers_logging
 

@@ -356,6 +356,13 @@ class TrainConfig(_Section):
     """Each update's gradient is clipped to this global L2 norm."""
     save_every: int = Field(0, ge=0)
     """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """Keep the newest this many `step_N` checkpoints, each older one removed once a newer one is
+    in place (`final` is always kept); None: keep every one."""
+    deterministic: bool = False
+    """Ask the GPU libraries for run-to-run identical results, at some speed: torch's
+    deterministic algorithms, cuBLAS's fixed workspace, cuDNN without autotuning, and vLLM's
+    batch-invariant kernels (`pacs.train.determinism`). CPU runs are deterministic without it."""
     eval_every: int = Field(0, ge=0)
     """Validate every this many steps (0: only after the last step)."""
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
@@ -431,8 +438,10 @@ class Config(_Section):
     seed: int = 0
     """Seed of the prompt sampler, of the rollouts and of new LoRA adapters."""
     resume: Literal["never", "auto"] = "never"
-    """`auto`: continue from the newest checkpoint in `output_dir` (a new run when there is none);
-    `never`: refuse an `output_dir` that holds checkpoints."""
+    """`auto`: continue from the newest whole checkpoint in `output_dir` (a new run when there is
+    none; a finished run with more `train.steps` goes on from `final`); `never`: refuse an
+    `output_dir` that holds checkpoints. A process that torchrun restarted (`--max-restarts`)
+    continues as with `auto`."""
     model: ModelConfig = ModelConfig()
     """The policy to train."""
     data: DataConfig = DataConfig()

@@ -19,8 +19,9 @@ Every tensor is written as it is gathered: a sharded (FSDP) model or optimizer s
 0 one tensor at a time and is written in files of at most `MODEL_FILE_BYTES` /
 `OPTIMIZER_FILE_BYTES`, so rank 0 never holds a whole model or optimizer state in memory.
 
-A checkpoint is assembled in a hidden temporary directory and renamed into place, so a crash
-mid-write leaves no `step_N` directory for `resume=auto` to pick up.
+A checkpoint is assembled in a hidden staging folder, fsynced, given a manifest and renamed into
+place (`pacs.train.checkpoint_dirs`), so neither a kill nor a machine crash mid-write leaves a
+partial `step_N` for `resume=auto` to pick up.
 
 Resuming never unpickles arbitrary objects: a crafted `trainer_state.pt` could otherwise run code
 on `resume=auto`. The state is loaded with `weights_only=True`, which admits tensors and plain
@@ -30,11 +31,8 @@ arrays into it) is refused with `CheckpointError`.
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import re
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -46,14 +44,13 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
 from pacs.models.saving import save_streamed, write_safetensors_files
-from pacs.outputs import MARKER, is_pacs_output
+from pacs.train.checkpoint_dirs import TRAINER_STATE, put_in_place, seal, staging_directory
 from pacs.train.distributed.collectives import barrier, gather_rows, run_on_rank0
 from pacs.train.distributed.state_dict import from_rank0_like, full_tensors_on_rank0, named_state, parameters_by_name
 from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import unwrap
 from pacs.train.sampler import PromptSampler
 
-TRAINER_STATE = "trainer_state.pt"
 TRAINER_STATE_FORMAT = 3
 """Written into every trainer state as "format"; bumped when its layout changes."""
 CRITIC_DIR = "critic"
@@ -63,7 +60,6 @@ OPTIMIZER_FILE_BYTES = 1 << 30
 """Largest optimizer-state file rank 0 holds in memory while writing a checkpoint."""
 MODEL_FILE_BYTES = 1 << 30
 """Largest model-weights file rank 0 holds in memory while writing a checkpoint."""
-_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def save_checkpoint(
@@ -77,12 +73,12 @@ def save_checkpoint(
     staging: Path | None = None,
 ) -> Path:
     """Write model, tokenizer, `trainer_state` (and PPO's critic, in `critic/`) to `directory`,
-    replacing it atomically; every rank of `world` (None: this process alone) must call it, and
-    rank 0 writes. The models are written one tensor at a time (`save_model`), whatever wraps
-    them. `staging`: a directory from `staging_directory` that already holds other files of the
-    checkpoint (rank 0). An existing `directory` is replaced only if it is a checkpoint or empty
-    (a `pacs.outputs.MARKER` in it is kept); anything else raises FileExistsError before a file
-    is written."""
+    replacing it atomically once every file is on disk (`seal`, `put_in_place`); every rank of
+    `world` (None: this process alone) must call it, and rank 0 writes. The models are written
+    one tensor at a time (`save_model`), whatever wraps them. `staging`: a directory from
+    `staging_directory` that already holds other files of the checkpoint (rank 0). An existing
+    `directory` is replaced only if it is a checkpoint or empty (a `pacs.outputs.MARKER` in it is
+    kept); anything else raises FileExistsError before a file is written."""
     world = world or World.single()
     if world.is_writer:
         staging = staging or staging_directory(directory)
@@ -93,16 +89,8 @@ def save_checkpoint(
         return directory
     tokenizer.save_pretrained(staging)
     torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
-    if directory.exists():
-        if is_pacs_output(directory):
-            shutil.copy2(directory / MARKER, staging / MARKER)
-        retired = directory.parent / f".old-{directory.name}-{os.getpid()}"
-        os.replace(directory, retired)
-        os.replace(staging, directory)
-        shutil.rmtree(retired)
-    else:
-        os.replace(staging, directory)
-    return directory
+    seal(staging, trainer_state.get("step"))
+    return put_in_place(staging, directory)
 
 
 def save_model(world: World, model: torch.nn.Module, directory: Path | None) -> None:
@@ -134,18 +122,6 @@ def _written_on_writer(world: World, tensors: Iterator[tuple[str, torch.Tensor]]
         return
     for _ in tensors:
         pass
-
-
-def staging_directory(directory: Path) -> Path:
-    """A fresh hidden directory beside `directory` to assemble its checkpoint in; refuses a
-    `directory` that is neither a checkpoint nor empty (`_check_replaceable`)."""
-    if directory.is_dir():
-        _check_replaceable(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    return staging
 
 
 def _optimized_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
@@ -195,29 +171,6 @@ def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 """torch dtypes of safetensors' dtype names, for the floating-point optimizer states."""
-
-
-def _check_replaceable(directory: Path) -> None:
-    """Refuse to replace `directory` unless it is a checkpoint (it holds `TRAINER_STATE`) or holds
-    nothing but pacs's output marker: a checkpoint swaps only its own directory."""
-    others = sorted(entry.name for entry in directory.iterdir() if entry.name != MARKER)
-    if others and not (directory / TRAINER_STATE).is_file():
-        raise FileExistsError(
-            f"{directory} holds files that are not a pacs checkpoint ({', '.join(others[:5])}); a checkpoint "
-            "replaces only a previous checkpoint or an empty folder. Choose another output folder"
-        )
-
-
-def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
-    """The complete `step_N` directory with the largest N, or None."""
-    if not checkpoints_dir.is_dir():
-        return None
-    steps = [
-        (int(match.group(1)), path)
-        for path in checkpoints_dir.iterdir()
-        if (match := _STEP_DIR.fullmatch(path.name)) and (path / TRAINER_STATE).is_file()
-    ]
-    return max(steps)[1] if steps else None
 
 
 class CheckpointError(ValueError):
