@@ -96,7 +96,8 @@ def open_trackers(config: Config, output_dir: Path, resume_step: int, resumed_ru
 
 
 class TensorBoardTracker:
-    """Event files in output_dir/tensorboard; on resume, what was logged after `resume_step` is purged."""
+    """Event files in output_dir/tensorboard; what was logged after `resume_step` (0: a new run) is
+    purged, so that a run restarted before its first checkpoint does not log its steps twice."""
 
     name = "tensorboard"
     run_id = None
@@ -104,7 +105,7 @@ class TensorBoardTracker:
     def __init__(self, output_dir: Path, resume_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for metric, value in metrics.items():

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 import numpy as np
 import torch
@@ -27,20 +28,21 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.algos.core import mixed_group_fraction
 from pacs.algos.base import Algorithm
-from pacs.config import Config, ConfigError, dump_config
+from pacs.config import Config, ConfigError
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
-from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
 from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
+from pacs.train.checkpoint import CRITIC_DIR, restore_training_state, write_checkpoint
+from pacs.train.checkpoint_dirs import FINAL, link_checkpoint, remove_older_checkpoints
+from pacs.train.determinism import use_deterministic_kernels
 from pacs.train.distributed.collectives import (
     barrier,
     gather_objects,
@@ -54,7 +56,8 @@ from pacs.train.distributed.generation import unsharded_for_generation
 from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
 from pacs.train.metrics import MetricsLogger
-from pacs.train.preflight import check_node_inputs, check_run_inputs
+from pacs.train.preflight import check_node_inputs
+from pacs.train.resume import RunStart, claim_for_node_record, node_records, open_run, record_checkpoint, records_checkpoints
 from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
@@ -74,6 +77,8 @@ class TrainResult:
     skipped_updates: int
     is_writer: bool = True
     """False on every rank but 0 of a multi-process run (which reports the same global metrics)."""
+    finished_before: bool = False
+    """The run had already done its `train.steps`: nothing was trained or written."""
 
 
 def seed_everything(seed: int) -> None:
@@ -128,21 +133,11 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
     }
 
 
-def check_resumable(checkpoint: Path, lora_rank: int) -> None:
-    """Refuse to resume a LoRA run from a full-model checkpoint and the other way round."""
-    has_adapter = (checkpoint / ADAPTER_DIR).is_dir()
-    if has_adapter != (lora_rank > 0):
-        written = "with LoRA (it holds adapter/)" if has_adapter else "without LoRA (no adapter/)"
-        raise ConfigError(
-            f"{checkpoint} was written {written} and cannot be resumed with model.lora_rank={lora_rank}; "
-            "resume with the run's own model.lora_rank, or start a new output_dir from its merged weights "
-            f"(model.path={checkpoint})"
-        )
-
-
 def train(config: Config, *, show_progress: bool = True) -> TrainResult:
-    """Run `config` to the end (or from its newest checkpoint with `resume=auto`), in this
-    process and every other one the launcher started."""
+    """Run `config` to the end (or from its newest checkpoint with `resume=auto`, or when torchrun
+    restarted the job), in this process and every other one the launcher started."""
+    if config.train.deterministic:
+        use_deterministic_kernels()  # before any GPU library computes
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
         return run_to_the_end(config, world, show_progress)
@@ -151,12 +146,52 @@ def train(config: Config, *, show_progress: bool = True) -> TrainResult:
 
 
 def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainResult:
-    """Set the trainer up and run every step; every rank leaves after the last one's barrier."""
-    trainer = Trainer.setup(config, world)
-    with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
-        result = trainer.run(show_progress=show_progress)
-        barrier(world)  # no rank tears its process group down while another still uses it
-    return result
+    """Check the inputs and decide where the run starts (`begin`), set the trainer up and run
+    every step; every rank leaves after the last one's barrier. A finished run ends at once."""
+    start, run_lock = begin(config, world)
+    try:
+        if start.finished:
+            return finished_result(config, world, start)
+        trainer = Trainer.setup(config, world, start)
+        with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
+            result = trainer.run(show_progress=show_progress)
+            barrier(world)  # no rank tears its process group down while another still uses it
+        return result
+    finally:
+        if run_lock is not None:
+            run_lock.close()
+
+
+def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
+    """What every rank checks before anything loads (the batch split, peft for LoRA, each node's
+    own inputs), then where the run starts: rank 0's decision (`pacs.train.resume.open_run`),
+    told on its console and sent to every rank, with rank 0's run lock (None elsewhere). Each
+    other node's first process claims its own output_dir for its record of the checkpoints."""
+    world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+    if config.model.lora_rank > 0:
+        try:
+            require_peft()
+        except ImportError as error:
+            raise ConfigError(str(error)) from None
+    run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
+    records = node_records(world, Path(config.output_dir))
+    locks: list[IO[str]] = []
+    start = run_on_rank0(world, lambda: open_run(config, records, locks.append))
+    console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
+    for note in start.notes:
+        console.print(note)
+    if not start.finished:
+        output_dir = Path(config.output_dir)
+        run_on_every_rank(world, lambda: claim_for_node_record(world, output_dir), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
+    return start, locks[0] if locks else None
+
+
+def finished_result(config: Config, world: World, start: RunStart) -> TrainResult:
+    """The result of a run that had already finished: its final checkpoint and last metrics."""
+    metrics_file = Path(config.output_dir) / "metrics.jsonl"
+    lines = metrics_file.read_text().splitlines() if world.is_writer and metrics_file.is_file() else []
+    last = {key: value for key, value in json.loads(lines[-1]).items() if key != "step"} if lines else {}
+    return TrainResult(Path(config.output_dir), start.checkpoint, last, 0, is_writer=world.is_writer, finished_before=True)
 
 
 @dataclass
@@ -195,21 +230,19 @@ class Trainer:
     engine_has_policy_weights: bool
     """False while an engine with its own copy of the weights (vLLM) holds others than the
     policy's: at the start, and after every update (with `rollout.vllm.sync_weights`)."""
+    writer_host: str
+    """The host rank 0 writes checkpoints on (named in other nodes' records)."""
+    last_step_checkpoint: Path | None
+    """A checkpoint of the state after the last step (`step_N`, N = train.steps), which `final`
+    links to instead of writing a second copy."""
 
     # ----- built once ----------------------------------------------------------------------------
 
     @classmethod
-    def setup(cls, config: Config, world: World) -> Trainer:
-        """Models, optimizers, prompts, scorer and engine, restored from the newest checkpoint
-        with `resume=auto`; every rank resumes the checkpoint rank 0 chose."""
-        world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
-        if config.model.lora_rank > 0:
-            try:
-                require_peft()
-            except ImportError as error:
-                raise ConfigError(str(error)) from None
-        run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
-        resume_from = run_on_rank0(world, lambda: open_run(config))
+    def setup(cls, config: Config, world: World, start: RunStart) -> Trainer:
+        """Models, optimizers, prompts, scorer and engine, restored from `start.checkpoint` when the
+        run resumes (`begin`: every rank resumes the checkpoint rank 0 chose)."""
+        resume_from = start.checkpoint
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
         algorithm = config.algorithm.build(group_size=config.rollout.n, horizon=config.data.max_response_length)
@@ -240,7 +273,8 @@ class Trainer:
         )
         return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
                    sampler, start_step, tracker_runs, settings, console,
-                   engine_has_policy_weights=not pushes_weights(engine, config))
+                   engine_has_policy_weights=not pushes_weights(engine, config), writer_host=start.writer_host,
+                   last_step_checkpoint=resume_from if resume_from and start_step == config.train.steps else None)
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -268,12 +302,12 @@ class Trainer:
                 skipped_updates += int(metrics["updates/skipped"])
                 steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if config.train.save_every and step % config.train.save_every == 0:
-                    self.save(f"step_{step}", step, logger.run_ids)
+                    self.save_step(step, logger.run_ids)
             steps.close()
         finally:
             logger.close()
             self.scorer.close()
-        final = self.save("final", config.train.steps, logger.run_ids)
+        final = self.save_final(logger.run_ids)
         return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
@@ -444,10 +478,32 @@ class Trainer:
         }
         return {**metrics, "val/reward_timeouts": float(result.timed_out)}
 
+    def save_step(self, step: int, tracker_runs: dict[str, str]) -> None:
+        """`checkpoints/step_N` (`save`), then, with `train.keep_checkpoints`, the older step
+        checkpoints beyond that many removed."""
+        checkpoint = self.save(f"step_{step}", step, tracker_runs)
+        keep = self.config.train.keep_checkpoints
+        if keep and self.world.is_writer:
+            remove_older_checkpoints(checkpoint.parent, keep)
+        if step == self.config.train.steps:
+            self.last_step_checkpoint = checkpoint
+
+    def save_final(self, tracker_runs: dict[str, str]) -> Path:
+        """`checkpoints/final`: links to the last step's checkpoint when there is one (the same
+        state: nothing draws between them), else written (`save`)."""
+        if self.last_step_checkpoint is None:
+            return self.save(FINAL, self.config.train.steps, tracker_runs)
+        final = self.last_step_checkpoint.parent / FINAL
+        if self.world.is_writer:
+            link_checkpoint(self.last_step_checkpoint, final)
+        barrier(self.world)
+        self.record(FINAL, self.config.train.steps)
+        return final
+
     def save(self, name: str, step: int, tracker_runs: dict[str, str]) -> Path:
         """`checkpoints/<name>`: every rank gathers its part, rank 0 writes (with the trackers' run
-        ids, which `resume=auto` continues)."""
-        return write_checkpoint(
+        ids, which `resume=auto` continues); the other nodes record it (`record`)."""
+        checkpoint = write_checkpoint(
             self.world,
             Path(self.config.output_dir) / "checkpoints" / name,
             self.policy.tokenizer,
@@ -457,6 +513,14 @@ class Trainer:
             critic=self.critic,
             tracker_runs=tracker_runs,
         )
+        self.record(name, step)
+        return checkpoint
+
+    def record(self, name: str, step: int) -> None:
+        """On each other node's first process, its record that rank 0 put `name` in place
+        (`pacs.train.resume.record_checkpoint`)."""
+        if records_checkpoints(self.world):
+            record_checkpoint(Path(self.config.output_dir), name, step, self.writer_host)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -464,35 +528,6 @@ class Trainer:
 
 
 # ----- what `Trainer.setup` builds ---------------------------------------------------------------
-
-
-def open_run(config: Config) -> Path | None:
-    """Rank 0's start of a run, before anything is loaded: every input checked
-    (`check_run_inputs`), the checkpoint to resume found (`resume_point`), `output_dir` claimed
-    (`pacs.outputs.claim_output_dir`: a new, empty or own folder) and `config.yaml` written."""
-    check_run_inputs(config)
-    resume_from = resume_point(config)
-    output_dir = Path(config.output_dir)
-    claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto")
-    dump_config(config, output_dir / "config.yaml")
-    return resume_from
-
-
-def resume_point(config: Config) -> Path | None:
-    """The checkpoint to resume (`resume=auto`: the newest `step_N`), as this process sees the
-    disk; refuses `resume=never` into a run that has checkpoints, and a checkpoint that the run's
-    LoRA setting cannot resume (`check_resumable`)."""
-    checkpoints_dir = Path(config.output_dir) / "checkpoints"
-    latest = latest_checkpoint(checkpoints_dir)
-    if config.resume == "never" and latest is not None:
-        raise ConfigError(
-            f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
-            "or choose another output_dir"
-        )
-    if config.resume != "auto" or latest is None:
-        return None
-    check_resumable(latest, config.model.lora_rank)
-    return latest
 
 
 def weights_dtype(config: Config) -> str:
