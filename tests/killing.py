@@ -27,6 +27,20 @@ def kill_once_checkpointed(
     assert (checkpoints / checkpoint).is_dir() and not (checkpoints / "final").exists()
 
 
+def kill_a_worker_once_checkpointed(job: subprocess.Popen, output_dir: Path, checkpoint: str = "step_2", timeout_s: float = 300) -> int:
+    """Wait until `output_dir/checkpoints/<checkpoint>` exists, then SIGKILL one worker of the
+    torchrun `job` (its agent's last child) and return its pid; the run must not have reached
+    `final`."""
+    checkpoints = output_dir / "checkpoints"
+    deadline = time.monotonic() + timeout_s
+    while not (checkpoints / checkpoint).is_dir() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = children(job.pid)
+    assert workers and (checkpoints / checkpoint).is_dir() and not (checkpoints / "final").exists()
+    os.kill(workers[-1], signal.SIGKILL)
+    return workers[-1]
+
+
 def kill_job(job: subprocess.Popen) -> None:
     """SIGKILL `job`'s process group and every process descended from it, and wait until all are
     gone. torchrun starts each worker in a session of its own, so killing the launcher's group
@@ -48,15 +62,21 @@ def descendants(pid: int) -> list[int]:
     """Every process descended from `pid` (Linux /proc), children before their own children."""
     found, frontier = [], [pid]
     while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(child) for child in (task / "children").read_text().split()]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            found.extend(children)
-            frontier.extend(children)
+        direct = children(frontier.pop())
+        found.extend(direct)
+        frontier.extend(direct)
     return found
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc), in the order they started."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found.extend(int(child) for child in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return sorted(found)
 
 
 def alive(pid: int) -> bool:

@@ -22,7 +22,7 @@ from distributed_update import run_case
 from tiny_architectures import save_tiny_model
 from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
 from pacs.train.distributed.collectives import communication_device, sum_over_ranks
-from pacs.train.distributed.world import DistributedConfigError, World
+from pacs.train.distributed.world import DistributedConfigError, World, check_restartable
 
 ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -219,3 +219,10 @@ def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(fs
     assert seen["all_gathers_per_forward_after_generation"] == seen["all_gathers_per_forward_before"]
     assert seen["sharded_gradients_between_micro_batches"]
     assert seen["reference_sharded"]
+
+
+def test_a_restartable_torchrun_job_whose_workers_share_torchruns_store_is_refused_naming_the_fix():
+    with pytest.raises(DistributedConfigError, match=r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --max-restarts"):
+        check_restartable({"TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    check_restartable({"TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_USE_AGENT_STORE": "False"})  # a store per attempt
+    check_restartable({"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"})  # never restarted

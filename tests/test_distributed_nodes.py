@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from killing import kill_job
+from pacs.outputs import MARKER
+from pacs.train.resume import NODE_RECORD
 from torchrun_jobs import AUDIT, EXACT, final_tensors, max_difference, process_env
 
 TWO_NODES = ["model.path=builtin:tiny", "model.dtype=float64", "output_dir=run", "rollout.n=4", "train.batch_size=8",
@@ -81,12 +83,16 @@ def train_on_one_node(directory: Path, *overrides: str) -> Path:
     return directory / "run"
 
 
-def rewind_to_step_2(run: Path, uninterrupted: Path) -> None:
+def rewind_to_step_2(run: Path, uninterrupted: Path, other_node_run: Path | None = None) -> None:
     """Move the final checkpoint of a finished 3-step `run` to `uninterrupted` and remove its
-    step-3 checkpoint: `run` now holds the run as it was after step 2."""
+    step-3 checkpoint: `run` now holds the run as it was after step 2, and so does the other
+    node's record of it (`other_node_run`, when it has one)."""
     (uninterrupted / "checkpoints").mkdir(parents=True)
     shutil.move(run / "checkpoints" / "final", uninterrupted / "checkpoints" / "final")
     shutil.rmtree(run / "checkpoints" / "step_3")
+    if other_node_run is not None:
+        record = json.loads((other_node_run / NODE_RECORD).read_text())
+        (other_node_run / NODE_RECORD).write_text(json.dumps({**record, "step": 2, "checkpoint": "step_2"}))
 
 
 def assert_same_final_weights(resumed: Path, uninterrupted: Path) -> None:
@@ -96,14 +102,23 @@ def assert_same_final_weights(resumed: Path, uninterrupted: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_nodes_with_their_own_disks_write_on_node_0_alone_and_resume_to_the_uninterrupted_weights(tmp_path):
-    """FSDP with LoRA adapters: the checkpoint two nodes write (on node 0 alone) resumes on two nodes."""
+def test_two_nodes_with_their_own_disks_checkpoint_on_node_0_resume_exactly_and_refuse_a_node_0_without_them(tmp_path):
+    """FSDP with LoRA adapters: the checkpoint two nodes write (on node 0 alone; node 1 records
+    which) resumes on two nodes; a node 0 whose disk lacks the run (a replaced machine) is refused,
+    naming node 1's record, instead of starting the run over."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3")
-    assert not (nodes[1] / "run").exists()  # rank 1 writes nothing; the checkpoints are on node 0 alone
-    rewind_to_step_2(nodes[0] / "run", tmp_path / "uninterrupted")
+    assert sorted(path.name for path in (nodes[1] / "run").iterdir()) == [MARKER, NODE_RECORD]
+    assert json.loads((nodes[1] / "run" / NODE_RECORD).read_text())["checkpoint"] == "final"
+    rewind_to_step_2(nodes[0] / "run", tmp_path / "uninterrupted", nodes[1] / "run")
     assert RESUMED_FROM_STEP_2 in train_on_two_nodes(nodes, *FSDP_LORA, "train.steps=3", "resume=auto")
     assert_same_final_weights(nodes[0] / "run", tmp_path / "uninterrupted")
+
+    (nodes[0] / "run").rename(tmp_path / "lost")
+    for exit_code, output in pacs_on_two_nodes(nodes, "train", *TWO_NODES, *FSDP_LORA, "train.steps=3", "resume=auto"):
+        assert exit_code != 0
+        assert "node 1 (host" in output and "recorded that this run's rank 0 put checkpoints/final (step 3)" in output, output[-4000:]
+    assert not (nodes[0] / "run").exists()
 
 
 @pytest.mark.slow
@@ -113,7 +128,7 @@ def test_a_checkpoint_one_node_wrote_resumes_on_two_nodes_from_rank_0s_disk_alon
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     rewind_to_step_2(train_on_one_node(nodes[0], *DDP_CRITIC, "train.steps=3"), tmp_path / "uninterrupted")
     assert RESUMED_FROM_STEP_2 in train_on_two_nodes(nodes, *DDP_CRITIC, "train.steps=3", "resume=auto")
-    assert not (nodes[1] / "run").exists()
+    assert sorted(path.name for path in (nodes[1] / "run").iterdir()) == [MARKER, NODE_RECORD]  # no checkpoint
     assert_same_final_weights(nodes[0] / "run", tmp_path / "uninterrupted")
 
 

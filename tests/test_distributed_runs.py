@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from killing import kill_once_checkpointed
+from pacs.train.distributed.world import SEPARATE_STORES
+from killing import kill_a_worker_once_checkpointed, kill_job, kill_once_checkpointed
 from running import run
-from torchrun_jobs import AUDIT, TESTS, final_tensors, max_difference, process_env, read_jsonl, torchrun
+from torchrun_jobs import AUDIT, TESTS, final_tensors, max_difference, process_env, read_jsonl, tensorboard_steps, torchrun
 
 ACCEPTANCE = [
     "rollout.n=4",
@@ -112,9 +113,9 @@ def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", RUNS, ids=run_id)
-def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(run, finished_runs, tmp_path, warm_model_dir):
-    straight, overrides, _ = finished_runs(*run)
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(finished_runs, tmp_path, warm_model_dir):
+    """FSDP with PPO's critic: the whole job killed, then launched again with resume=auto."""
+    straight, overrides, _ = finished_runs(*RUNS[0])
     killed = tmp_path / "killed"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                *train_command(killed, warm_model_dir, *overrides)]
@@ -124,6 +125,34 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(r
     audited_train(killed, warm_model_dir, *overrides, "resume=auto")
     assert [line["step"] for line in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3]
     resumed, expected = final_tensors(killed), final_tensors(straight)
+    assert resumed.keys() == expected.keys()
+    assert max_difference(resumed, expected) == 0.0
+
+
+@pytest.mark.slow
+def test_a_worker_killed_after_step_2_is_restarted_by_torchrun_and_resumes_to_the_uninterrupted_weights(
+    finished_runs, tmp_path, warm_model_dir
+):
+    """DDP with LoRA under `torchrun --max-restarts 1`: one worker killed once the step-2 checkpoint
+    is in place; torchrun restarts both, which go on from the newest checkpoint by themselves."""
+    straight, overrides, _ = finished_runs(*RUNS[1])
+    restarted = tmp_path / "restarted"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "1",
+               str(AUDIT), *train_command(restarted, warm_model_dir, *overrides)[2:]]
+    with open(tmp_path / "job.log", "w") as log:
+        env = {**process_env(), SEPARATE_STORES: "1"}
+        job = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            kill_a_worker_once_checkpointed(job, restarted)
+            assert job.wait(timeout=360) == 0, (tmp_path / "job.log").read_text()[-4000:]
+        finally:
+            if job.poll() is None:
+                kill_job(job)
+    output = (tmp_path / "job.log").read_text()
+    assert "torchrun restarted the job (restart 1)" in output
+    assert [line["step"] for line in read_jsonl(restarted / "metrics.jsonl")] == [1, 2, 3]
+    assert tensorboard_steps(restarted) == [1, 2, 3]
+    resumed, expected = final_tensors(restarted), final_tensors(straight)
     assert resumed.keys() == expected.keys()
     assert max_difference(resumed, expected) == 0.0
 

@@ -7,26 +7,19 @@ import os
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pacs.config import ConfigError
 from pacs.train import checkpoint as checkpoint_module
 from pacs.train.checkpoint_dirs import MANIFEST, checkpoints_newest_first
 from pacs.train.metrics import read_metrics
-from pacs.train.resume import NODE_RECORD, RESTART_COUNT, run_start
+from pacs.train.resume import NODE_RECORD, RESTART_COUNT, Launch, run_start
 from pacs.train.trainer import train
 from test_train_loop import small_config, weights
+from torchrun_jobs import tensorboard_steps
 
 pytestmark = pytest.mark.slow
 
 NO_VALIDATION = ["data.val=null", "train.lr_schedule=constant"]
-
-
-def tensorboard_steps(output_dir, tag="loss") -> list[int]:
-    """The steps TensorBoard shows for `tag`, after the purges a resumed writer asked for."""
-    events = EventAccumulator(str(output_dir / "tensorboard"))
-    events.Reload()
-    return [event.step for event in events.Scalars(tag)]
 
 
 def tree(directory) -> dict[str, tuple[int, int]]:
@@ -131,7 +124,7 @@ def test_every_checkpoint_damaged_is_refused_naming_each(tmp_path):
         (checkpoints / name / MANIFEST).write_text('{"format": 1, "step": 1, "files": {"model.safetensors": {"bytes": 8, "crc32": 0}}}')
     config = small_config(tmp_path / "run", "builtin:tiny", "resume=auto")
     with pytest.raises(ConfigError, match=r"no checkpoint .* can be resumed: .*final is damaged \(model.safetensors is missing\)"):
-        run_start(config, [])
+        run_start(config, Launch())
 
 
 def test_a_restarted_process_resumes_without_resume_auto(tmp_path, warm_model_dir, monkeypatch, capsys):
@@ -151,7 +144,7 @@ def test_a_node_that_recorded_a_newer_checkpoint_than_rank_0_has_refuses_the_sta
     record = {"step": 4, "checkpoint": "step_4", "written_on": "node-a", "recorded": "2026-11-25 10:00:00 +0000"}
     config = small_config(run, "builtin:tiny", "resume=auto")
     with pytest.raises(ConfigError, match=r"node 1 \(host b\), rank 1 recorded .*step_4 \(step 4\) in place on host node-a"):
-        run_start(config, [("node 0 (host a), rank 0", None), ("node 1 (host b), rank 1", record)])
+        run_start(config, Launch([("node 0 (host a), rank 0", None), ("node 1 (host b), rank 1", record)]))
     assert NODE_RECORD == "node_progress.json"
 
 

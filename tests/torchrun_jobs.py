@@ -48,6 +48,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def tensorboard_steps(output_dir: Path, tag: str = "loss") -> list[int]:
+    """The steps TensorBoard shows for `tag` in a run's event files, after the purges that a
+    resumed writer asked for (TensorBoard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(output_dir / "tensorboard"))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
 def final_tensors(output_dir: Path) -> dict[str, torch.Tensor]:
     """Every file of tensors of the final checkpoint: policy, critic and adapter, by file."""
     final = output_dir / "checkpoints" / "final"

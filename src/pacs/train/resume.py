@@ -62,22 +62,42 @@ class RunStart:
 
 
 def restarts() -> int:
-    """How many times torchrun restarted this process's job (0: not restarted, or no torchrun)."""
+    """How many times this node's torchrun agent restarted its workers (0: not restarted, or no
+    torchrun). Agents count apart: after one node's failure, the others restart theirs at 0."""
     return int(os.environ.get(RESTART_COUNT) or 0)
 
 
-def open_run(config: Config, node_records: list[tuple[str, dict | None]], keep_lock: Callable[[IO[str]], None]) -> RunStart:
+@dataclass(frozen=True)
+class Launch:
+    """What every process knows of the job's past, gathered for rank 0's decision (`launch`)."""
+
+    node_records: list[tuple[str, dict | None]] = field(default_factory=list)
+    """(`World.place`, its `NODE_RECORD` or None) of every node's first process."""
+    restarts: int = 0
+    """The most restarts any node's torchrun agent counts (`restarts`)."""
+
+
+def launch(world: World, output_dir: Path) -> Launch:
+    """Every process's view of the job's past, on every rank (`Launch`)."""
+    if world.world_size == 1:
+        return Launch(restarts=restarts())
+    record = read_node_record(output_dir) if world.local_rank == 0 else None
+    views = gather_objects(world, (world.place, world.local_rank == 0, record, restarts()))
+    return Launch([(place, record) for place, first, record, _ in views if first], max(count for *_, count in views))
+
+
+def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None]) -> RunStart:
     """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
     decided (`run_start`), then, unless it is finished, `output_dir` claimed
     (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken and handed
     to `keep_lock` (held until the run ends), what a killed save left removed, `config.yaml`
     written."""
     check_run_inputs(config)
-    start = run_start(config, node_records, restarts())
+    start = run_start(config, past)
     if start.finished:
         return start
     output_dir = Path(config.output_dir)
-    claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto" or restarts() > 0)
+    claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto" or past.restarts > 0)
     try:
         lock = lock_run(output_dir)
     except RunLocked as error:
@@ -89,13 +109,14 @@ def open_run(config: Config, node_records: list[tuple[str, dict | None]], keep_l
     return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname())
 
 
-def run_start(config: Config, node_records: list[tuple[str, dict | None]], restart_count: int = 0) -> RunStart:
-    """Where the run in `config.output_dir` starts, from what rank 0 finds on its disk (see the
-    module's table); raises `ConfigError` for the refusals. Reads only."""
+def run_start(config: Config, past: Launch) -> RunStart:
+    """Where the run in `config.output_dir` starts, from what rank 0 finds on its disk and what
+    the other processes know (`past`; see the module's table); raises `ConfigError` for the
+    refusals. Reads only."""
     checkpoints_dir = Path(config.output_dir) / "checkpoints"
     found = checkpoints_newest_first(checkpoints_dir)
-    check_no_lost_progress(node_records, found, checkpoints_dir)
-    continues = config.resume == "auto" or restart_count > 0
+    check_no_lost_progress(past.node_records, found, checkpoints_dir)
+    continues = config.resume == "auto" or past.restarts > 0
     if found and not continues:
         raise ConfigError(
             f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
@@ -117,8 +138,8 @@ def run_start(config: Config, node_records: list[tuple[str, dict | None]], resta
             f"{whole.path} is at step {whole.step}, past train.steps={steps}; pass train.steps={whole.step} or more "
             "to continue that run, or choose another output_dir"
         )
-    if restart_count:
-        notes.append(f"torchrun restarted the job (restart {restart_count}): it goes on from its newest checkpoint")
+    if past.restarts:
+        notes.append(f"torchrun restarted the job (restart {past.restarts}): it goes on from its newest checkpoint")
     if whole.path.name == FINAL:
         if whole.step == steps:
             return RunStart(whole.path, whole.step, finished=True, notes=[*notes, finished_note(config, whole)])
@@ -158,15 +179,6 @@ def check_resumable(checkpoint: Path, lora_rank: int) -> None:
 
 
 # ----- what other nodes know of the run --------------------------------------------------------
-
-
-def node_records(world: World, output_dir: Path) -> list[tuple[str, dict | None]]:
-    """(`World.place`, its `NODE_RECORD` or None) of every node's first process, on every rank
-    (empty with one process)."""
-    if world.world_size == 1:
-        return []
-    own = (world.place, read_node_record(output_dir)) if world.local_rank == 0 else None
-    return [record for record in gather_objects(world, own) if record is not None]
 
 
 def read_node_record(output_dir: Path) -> dict | None:

@@ -57,7 +57,7 @@ from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
-from pacs.train.resume import RunStart, claim_for_node_record, node_records, open_run, record_checkpoint, records_checkpoints
+from pacs.train.resume import RunStart, claim_for_node_record, launch, open_run, record_checkpoint, records_checkpoints
 from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
@@ -174,9 +174,9 @@ def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
         except ImportError as error:
             raise ConfigError(str(error)) from None
     run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
-    records = node_records(world, Path(config.output_dir))
+    past = launch(world, Path(config.output_dir))
     locks: list[IO[str]] = []
-    start = run_on_rank0(world, lambda: open_run(config, records, locks.append))
+    start = run_on_rank0(world, lambda: open_run(config, past, locks.append))
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     for note in start.notes:
         console.print(note)

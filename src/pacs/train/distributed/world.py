@@ -14,6 +14,9 @@ import torch
 import torch.distributed as dist
 
 STRATEGIES = ("auto", "ddp", "fsdp")
+SEPARATE_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""Set to 1 in torchrun's environment, each attempt of a job gets a rendezvous store of its own
+(`check_restartable`)."""
 
 
 class DistributedConfigError(ValueError):
@@ -48,6 +51,7 @@ class World:
         device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
         if world_size == 1:
             return cls.single(device)
+        check_restartable(os.environ)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if not dist.is_initialized():
@@ -111,3 +115,19 @@ class World:
         if self.world_size > 1 and dist.is_initialized():
             gc.collect()
             dist.destroy_process_group()
+
+
+def check_restartable(environment: dict[str, str] | os._Environ) -> None:
+    """Refuse a torchrun job whose workers torchrun may restart (`--max-restarts` > 0) but could
+    not reconnect: torchrun (torch 2.13) keeps one rendezvous store for a whole job and shares it
+    with its workers, so restarted workers read the killed ones' addresses from it and wait for
+    them until the collective timeout (pytorch/pytorch#135712). `SEPARATE_STORES`=1 avoids it."""
+    restartable = int(environment.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
+    if restartable and environment.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise DistributedConfigError(
+            f"torchrun --max-restarts {environment['TORCHELASTIC_MAX_RESTARTS']} would restart workers that never "
+            "reconnect: torchrun shares one rendezvous store with every attempt's workers, and the restarted ones "
+            "find the killed ones' addresses in it (pytorch/pytorch#135712). Launch with "
+            f"{SEPARATE_STORES}=1 in torchrun's environment ({SEPARATE_STORES}=1 torchrun --max-restarts ...), "
+            "which gives each attempt a store of its own"
+        )
