@@ -24,7 +24,8 @@ from pacs.train import trainer as trainer_module
 from pacs.train.batch import response_logprobs_no_grad
 from pacs.train.checkpoint import save_checkpoint
 from pacs.train.metrics import read_metrics
-from pacs.train.trainer import check_resumable, train
+from pacs.train.resume import check_resumable
+from pacs.train.trainer import train
 from mixed_rewards import MIXED_GROUPS
 from tiny_architectures import tiny_causal_lm
 from torchrun_jobs import process_env

@@ -1,9 +1,13 @@
-"""Checkpoints are Hugging Face directories written atomically; resume picks the newest complete one."""
+"""Checkpoints are Hugging Face directories written durably and atomically, with a manifest that
+resuming checks; resume picks the newest whole one."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +23,6 @@ from pacs.train.checkpoint import (
     TRAINER_STATE,
     TRAINER_STATE_FORMAT,
     CheckpointError,
-    latest_checkpoint,
     load_trainer_state,
     restore_rng_states,
     rng_states,
@@ -30,6 +33,17 @@ from pacs.train.checkpoint import (
     write_checkpoint,
 )
 from pacs.train import checkpoint as checkpoint_module
+from pacs.train import checkpoint_dirs
+from pacs.train.checkpoint_dirs import (
+    MANIFEST,
+    SAMPLED_BLOCK_BYTES,
+    RunLocked,
+    checkpoint_problem,
+    checkpoints_newest_first,
+    link_checkpoint,
+    lock_run,
+    remove_older_checkpoints,
+)
 from pacs.train.distributed.world import World
 from pacs.train.sampler import PromptSampler
 
@@ -94,16 +108,87 @@ def test_crash_mid_write_leaves_nothing_for_resume(tmp_path, tiny_model_dir, mon
     monkeypatch.setattr(tokenizer, "save_pretrained", crash)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path / "step_2", model, tokenizer, {"step": 2})
-    assert not (tmp_path / "step_2").exists()
-    assert latest_checkpoint(tmp_path) == tmp_path / "step_1"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step_1"]  # no step_2, no staging folder
+    assert [checkpoint.path for checkpoint in checkpoints_newest_first(tmp_path)] == [tmp_path / "step_1"]
 
 
-def test_newest_step_is_chosen_numerically(tmp_path):
+def test_checkpoints_are_ordered_by_step_numerically_each_with_what_is_wrong_with_it(tmp_path):
     for step in (2, 10, 9):
         (tmp_path / f"step_{step}").mkdir()
-        (tmp_path / f"step_{step}" / TRAINER_STATE).write_bytes(b"")
+        (tmp_path / f"step_{step}" / TRAINER_STATE).write_bytes(b"")  # written before manifests: taken as whole
     (tmp_path / "step_11").mkdir()
-    assert latest_checkpoint(tmp_path) == tmp_path / "step_10"
+    found = [(checkpoint.path.name, checkpoint.problem is None) for checkpoint in checkpoints_newest_first(tmp_path)]
+    assert found == [("step_11", False), ("step_10", True), ("step_9", True), ("step_2", True)]
+
+
+def test_every_file_and_folder_is_fsynced_before_the_checkpoint_is_renamed_into_place(tmp_path, tiny_model_dir, monkeypatch):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    synced, real_fsync, real_replace = set(), os.fsync, os.replace
+
+    def fsync(descriptor):
+        synced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    def replace(source, target):
+        if Path(source).name.startswith(".tmp-"):
+            unsynced = [path for path in [Path(source), *Path(source).rglob("*")] if str(path) not in synced]
+            assert not unsynced, f"renamed before these were fsynced: {unsynced}"
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint_dirs.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint_dirs.os, "replace", replace)
+    directory = save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1})
+    assert str(tmp_path) in synced  # the rename itself, in the parent folder
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert manifest["step"] == 1
+    assert set(manifest["files"]) == {str(path.relative_to(directory)) for path in directory.rglob("*") if path.is_file()} - {MANIFEST}
+
+
+def test_a_cut_short_or_rewritten_file_is_named_as_the_checkpoints_problem(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    directory = save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1})
+    assert checkpoint_problem(directory) is None
+    weights = directory / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as handle:  # zeros at the last sampled block: a torn end
+        handle.seek(size - SAMPLED_BLOCK_BYTES)
+        handle.write(bytes(SAMPLED_BLOCK_BYTES))
+    assert checkpoint_problem(directory) == "model.safetensors does not hold the bytes its manifest's checksum says"
+    os.truncate(weights, size - 1)
+    assert checkpoint_problem(directory) == f"model.safetensors holds {size - 1:,} bytes where its manifest says {size:,}"
+    weights.unlink()
+    assert checkpoint_problem(directory) == "model.safetensors is missing"
+
+
+def test_a_linked_checkpoint_shares_the_files_and_outlives_the_original(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    step = save_checkpoint(tmp_path / "step_2", model, tokenizer, {"step": 2})
+    final = link_checkpoint(step, tmp_path / "final")
+    assert os.path.samefile(final / "model.safetensors", step / "model.safetensors")
+    remove_older_checkpoints(tmp_path, keep=0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["final"]
+    assert checkpoint_problem(final) is None and load_trainer_state(final)["step"] == 2
+
+
+def test_only_the_newest_step_checkpoints_are_kept_and_final_always(tmp_path):
+    for name in ("step_1", "step_2", "step_10", "step_3", "final"):
+        (tmp_path / name).mkdir()
+    removed = remove_older_checkpoints(tmp_path, keep=2)
+    assert sorted(path.name for path in removed) == ["step_1", "step_2"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["final", "step_10", "step_3"]
+
+
+def test_a_second_writer_of_an_output_folder_is_refused_while_the_first_holds_its_lock(tmp_path):
+    lock = lock_run(tmp_path)
+    assert lock is not None
+    other = subprocess.run(
+        [sys.executable, "-c", "import sys; from pacs.train.checkpoint_dirs import lock_run; lock_run(__import__('pathlib').Path(sys.argv[1]))", str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    assert other.returncode != 0 and RunLocked.__name__ in other.stderr and f"pid {os.getpid()}" in other.stderr
+    lock.close()
+    again = subprocess.run(other.args, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
 
 
 class CreatesAFileWhenUnpickled:

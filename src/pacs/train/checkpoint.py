@@ -44,7 +44,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
 from pacs.models.saving import save_streamed, write_safetensors_files
-from pacs.train.checkpoint_dirs import TRAINER_STATE, put_in_place, seal, staging_directory
+from pacs.train.checkpoint_dirs import TRAINER_STATE, put_in_place, removed_on_error, seal, staging_directory
 from pacs.train.distributed.collectives import barrier, gather_rows, run_on_rank0
 from pacs.train.distributed.state_dict import from_rank0_like, full_tensors_on_rank0, named_state, parameters_by_name
 from pacs.train.distributed.world import World
@@ -82,14 +82,15 @@ def save_checkpoint(
     world = world or World.single()
     if world.is_writer:
         staging = staging or staging_directory(directory)
-    save_model(world, model, staging)
-    if critic is not None:
-        save_model(world, critic, staging and staging / CRITIC_DIR)
-    if not world.is_writer:
-        return directory
-    tokenizer.save_pretrained(staging)
-    torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
-    seal(staging, trainer_state.get("step"))
+    with removed_on_error(staging):
+        save_model(world, model, staging)
+        if critic is not None:
+            save_model(world, critic, staging and staging / CRITIC_DIR)
+        if not world.is_writer:
+            return directory
+        tokenizer.save_pretrained(staging)
+        torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
+        seal(staging, trainer_state.get("step"))
     return put_in_place(staging, directory)
 
 
@@ -260,12 +261,13 @@ def write_checkpoint(
     resuming continues (`pacs.train.trackers`)."""
     staging = staging_directory(directory) if world.is_writer else None
     model, optimizer = policy
-    save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
     critic_model = None
-    if critic is not None:
-        critic_model, critic_optimizer = critic
-        save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
-    state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world), "trackers": dict(tracker_runs or {})}
+    with removed_on_error(staging):
+        save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
+        if critic is not None:
+            critic_model, critic_optimizer = critic
+            save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
+        state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world), "trackers": dict(tracker_runs or {})}
     save_checkpoint(directory, model, tokenizer, state, world=world, critic=critic_model, staging=staging)
     barrier(world)
     return directory

@@ -35,9 +35,10 @@ import re
 import shutil
 import socket
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 import torch
 
@@ -82,6 +83,18 @@ def staging_directory(directory: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     return staging
+
+
+@contextmanager
+def removed_on_error(staging: Path | None) -> Iterator[None]:
+    """Remove `staging` (None: nothing) when the body raises, a KeyboardInterrupt too: a failed
+    save leaves no folder behind. (A killed one does; `remove_dead_staging` removes that.)"""
+    try:
+        yield
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def check_replaceable(directory: Path) -> None:

@@ -119,8 +119,8 @@ def run_start(config: Config, past: Launch) -> RunStart:
     continues = config.resume == "auto" or past.restarts > 0
     if found and not continues:
         raise ConfigError(
-            f"{checkpoints_dir} already holds checkpoints; pass resume=auto to continue that run "
-            "or choose another output_dir"
+            f"{checkpoints_dir} already holds the checkpoints of a run (up to step {found[0].step}); pass resume=auto "
+            "to continue it, --overwrite to move it aside and start over, or choose another output_dir"
         )
     if not found or not continues:
         return RunStart()
