@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import BENCHMARK_DATA
-from pacs.outputs import MARKER, OutputRefused, claim_output_dir, claim_output_file
+from pacs import outputs
+from pacs.outputs import MARKER, OutputRefused, claim_output_dir, claim_output_file, replace_file
 from pacs.train.checkpoint import TRAINER_STATE
 from running import run
 
@@ -204,3 +205,18 @@ def test_compare_keeps_its_own_folder_for_the_next_run(tmp_path):
     before = tree_hash(out)
     assert claim_output_dir(out, "pacs compare", reuse=True) is None
     assert tree_hash(out) == before
+
+
+def test_a_replaced_file_is_whole_before_or_after_and_a_failed_write_leaves_the_old_one_alone(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    replace_file(path, "old\n")
+    assert path.read_text() == "old\n"
+
+    def disk_full(descriptor):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(outputs.os, "fsync", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        replace_file(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [entry.name for entry in tmp_path.iterdir()] == ["metrics.jsonl"]

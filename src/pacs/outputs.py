@@ -19,6 +19,7 @@ Commands check every input (config, overrides, paths, reward function) before th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 MARKER = ".pacs-output"
@@ -118,3 +119,19 @@ def claim_output_file(path: Path, *, replace: bool = False) -> Path | None:
     aside = move_aside(path) if path.exists() else None
     path.parent.mkdir(parents=True, exist_ok=True)
     return aside
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write `text` to `path` through a file beside it, fsynced and renamed over `path`: a process
+    killed, or a machine that crashes, mid-write leaves the previous `path` whole, never a part
+    (and a write that fails leaves nothing else)."""
+    partial = path.parent / f".{path.name}.{os.getpid()}"
+    try:
+        with open(partial, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from pacs.config import Config
+from pacs.outputs import replace_file
 from pacs.train.distributed.collectives import gather_objects
 from pacs.train.distributed.world import World
 from pacs.train.trackers import Tracker, open_trackers
@@ -44,7 +45,7 @@ class MetricsLogger:
         kept = []
         if resume_step and self.path.exists():
             kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        replace_file(self.path, "".join(line + "\n" for line in kept))  # a kill here keeps the old lines
         self.trackers = open_trackers(config or Config(), output_dir, resume_step, resumed_runs or {})
 
     @property

@@ -28,7 +28,7 @@ from typing import IO, Callable
 
 from pacs.config import Config, ConfigError, dump_config
 from pacs.models.lora import ADAPTER_DIR
-from pacs.outputs import claim_output_dir
+from pacs.outputs import claim_output_dir, replace_file
 from pacs.train.checkpoint_dirs import (
     FINAL,
     FoundCheckpoint,
@@ -206,12 +206,7 @@ def record_checkpoint(output_dir: Path, checkpoint: str, step: int, writer_host:
     """Write this node's record that rank 0 (on `writer_host`) put `checkpoint` at `step` in place
     (atomically: a killed write leaves the previous record), in the output_dir it claimed."""
     record = {"step": step, "checkpoint": checkpoint, "written_on": writer_host, "recorded": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-    partial = output_dir / f".{NODE_RECORD}.{os.getpid()}"
-    with open(partial, "w") as handle:
-        json.dump(record, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, output_dir / NODE_RECORD)
+    replace_file(output_dir / NODE_RECORD, json.dumps(record))
 
 
 def check_no_lost_progress(records: list[tuple[str, dict | None]], found: list[FoundCheckpoint], checkpoints_dir: Path) -> None:
