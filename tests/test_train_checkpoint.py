@@ -42,6 +42,7 @@ from pacs.train.checkpoint_dirs import (
     checkpoints_newest_first,
     link_checkpoint,
     lock_run,
+    remove_dead_staging,
     remove_older_checkpoints,
 )
 from pacs.train.distributed.world import World
@@ -301,3 +302,35 @@ def test_a_checkpoint_replaces_a_previous_one_and_keeps_the_output_marker(tmp_pa
     assert (tmp_path / "model" / MARKER).read_text() == "pacs sft\n"
     assert load_trainer_state(tmp_path / "model")["step"] == 2
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_checkpoint_replaced_in_place_is_swapped_in_one_step_leaving_nothing_aside(tmp_path, tiny_model_dir, monkeypatch):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    save_checkpoint(tmp_path / "final", model, tokenizer, {"step": 1})
+    renamed, real_replace = [], os.replace
+
+    def replace(source, target):
+        if Path(source).parent == tmp_path:  # a checkpoint folder renamed: the two-rename path
+            renamed.append((source, target))
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint_dirs.os, "replace", replace)
+    save_checkpoint(tmp_path / "final", model, tokenizer, {"step": 2})
+    assert renamed == []
+    assert load_trainer_state(tmp_path / "final")["step"] == 2 and checkpoint_problem(tmp_path / "final") is None
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["final"]
+
+
+def test_a_kill_between_two_renames_keeps_the_previous_copy_and_says_where(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1})
+    save_checkpoint(tmp_path / "step_2", model, tokenizer, {"step": 2})
+    (tmp_path / "step_2").rename(tmp_path / ".old-step_2-999999")  # as a kill after the first rename leaves it
+    (tmp_path / ".tmp-step_3-999999").mkdir()
+    notes = remove_dead_staging(tmp_path)
+    assert notes == [
+        f"kept {tmp_path / '.old-step_2-999999'}: it holds step_2, which a killed save was replacing; rename it to "
+        f"{tmp_path / 'step_2'} to resume from it",
+        f"removed {tmp_path / '.tmp-step_3-999999'}, left by a save that was killed",
+    ]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".old-step_2-999999", "step_1"]

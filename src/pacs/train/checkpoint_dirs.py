@@ -5,8 +5,10 @@
 
 Writing one (`seal`, then `put_in_place`): every file and folder of the staging folder is
 fsynced, then `MANIFEST` (each file's size and a sampled CRC-32) is written and fsynced, then the
-folder is renamed into place and its parent fsynced. A process killed at any point leaves either
-the previous checkpoint or the new one under NAME, never a part of one; after a machine crash the
+folder is renamed into place (swapped with a previous NAME in one step, `exchange`) and its
+parent fsynced. A process killed at any point leaves either the previous checkpoint or the new
+one under NAME, never a part of one (where the file system cannot swap, a kill between two
+renames leaves NAME absent and its previous copy kept aside); after a machine crash the
 same holds for the files the kernel had promised to keep (fsync), so a checkpoint in place is
 whole unless the disk lies, and `checkpoint_problem` catches a truncated or torn file of one
 that was damaged later (a copy cut short, a disk that lied).
@@ -27,6 +29,7 @@ knows that no other process writes there.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import json
@@ -57,7 +60,9 @@ short or with a torn (zero-filled) end; not a flipped bit between two sampled bl
 STEP_NAME = re.compile(r"step_(\d+)")
 FINAL = "final"
 RUN_LOCK = ".pacs-run.lock"
-_STAGING_NAME = re.compile(r"\.(tmp|old)-.+-\d+")
+_STAGING_NAME = re.compile(r"\.(?P<kind>tmp|old)-(?P<name>.+)-\d+")
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
 
 
 class RunLocked(RuntimeError):
@@ -143,18 +148,37 @@ def put_in_place(staging: Path, directory: Path) -> Path:
     """Rename the sealed `staging` to `directory`, atomically replacing a previous checkpoint there
     (its `pacs.outputs.MARKER` kept), which is removed only once the new one is in place; the
     parent folder is fsynced so that the rename survives a crash."""
-    if directory.exists():
-        if is_pacs_output(directory):
-            shutil.copy2(directory / MARKER, staging / MARKER)
+    if not directory.exists():
+        os.replace(staging, directory)
+        _fsync_directory(directory.parent)
+        return directory
+    if is_pacs_output(directory):
+        shutil.copy2(directory / MARKER, staging / MARKER)
+    if exchange(staging, directory):  # `directory` is never without a checkpoint
+        retired = staging
+    else:  # two renames: a kill between them leaves `directory` absent (`remove_dead_staging`)
         retired = directory.parent / f".old-{directory.name}-{os.getpid()}"
         os.replace(directory, retired)
         os.replace(staging, directory)
-        _fsync_directory(directory.parent)
-        shutil.rmtree(retired)
-    else:
-        os.replace(staging, directory)
-        _fsync_directory(directory.parent)
+    _fsync_directory(directory.parent)
+    shutil.rmtree(retired)
     return directory
+
+
+def exchange(first: Path, second: Path) -> bool:
+    """Swap `first` and `second` in one atomic step (Linux's renameat2 with RENAME_EXCHANGE), so
+    that neither name is ever missing; False, having changed nothing, where the system or the
+    file system cannot (another OS, an old kernel or C library, NFS)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(error, os.strerror(error), str(first), None, str(second))
 
 
 def link_checkpoint(source: Path, directory: Path) -> Path:
@@ -254,15 +278,25 @@ def remove_older_checkpoints(checkpoints_dir: Path, keep: int) -> list[Path]:
     return removed
 
 
-def remove_dead_staging(checkpoints_dir: Path) -> list[Path]:
+def remove_dead_staging(checkpoints_dir: Path) -> list[str]:
     """Remove the staging folders (`.tmp-NAME-PID`, `.old-NAME-PID`) that a process killed while
-    saving left behind. Call it holding the run's lock (`lock_run`): no live process writes them."""
+    saving left behind, and say what was done with each. Call it holding the run's lock
+    (`lock_run`): no live process writes them. An `.old-NAME-PID` without NAME (a kill between
+    `put_in_place`'s two renames) holds the only whole copy of NAME: it is kept, and named."""
     if not checkpoints_dir.is_dir():
         return []
-    dead = [path for path in checkpoints_dir.iterdir() if _STAGING_NAME.fullmatch(path.name) and path.is_dir()]
-    for path in dead:
+    notes = []
+    for path in sorted(checkpoints_dir.iterdir()):
+        match = _STAGING_NAME.fullmatch(path.name)
+        if not (match and path.is_dir()):
+            continue
+        if match["kind"] == "old" and not (checkpoints_dir / match["name"]).exists():
+            notes.append(f"kept {path}: it holds {match['name']}, which a killed save was replacing; rename it to "
+                         f"{checkpoints_dir / match['name']} to resume from it")
+            continue
         shutil.rmtree(path)
-    return dead
+        notes.append(f"removed {path}, left by a save that was killed")
+    return notes
 
 
 def lock_run(output_dir: Path) -> IO[str] | None:

@@ -104,7 +104,7 @@ def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None])
         raise ConfigError(str(error)) from None
     if lock is not None:
         keep_lock(lock)
-    notes = [*start.notes, *(f"removed {path}, left by a save that was killed" for path in remove_dead_staging(output_dir / "checkpoints"))]
+    notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
     dump_config(config, output_dir / "config.yaml")
     return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname())
 
