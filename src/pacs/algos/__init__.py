@@ -20,9 +20,11 @@ from pacs.algos.pacs import (
     WEIGHTINGS,
     class_weights,
     group_scores,
+    pacs_advantages,
     pacs_loss,
     pacs_loss_from_proxy,
     reward_proxy,
+    sampler_corrected_coefficients,
 )
 from pacs.algos.pg import ClippedPolicyGradient
 from pacs.algos.ppo import PPO, explained_variance, gae_advantages, value_loss, whiten
@@ -49,10 +51,12 @@ __all__ = [
     "grpo_advantages",
     "kl_penalty",
     "outcome_token_rewards",
+    "pacs_advantages",
     "pacs_loss",
     "pacs_loss_from_proxy",
     "reward_proxy",
     "rloo_advantages",
+    "sampler_corrected_coefficients",
     "value_loss",
     "weighted_token_sum",
     "whiten",

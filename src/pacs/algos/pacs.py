@@ -18,6 +18,9 @@ policy itself carries and minimises a weighted binary cross-entropy:
                      = −1/B · Σ_i w_i · [R_i log σ(ψ_i) + (1 − R_i) log(1 − σ(ψ_i))]
     sampler        with rollout_is_cap = C (off by default): L = 1/B · Σ_i ρ_i · w_i · BCEWithLogits(ψ_i, R_i),
     correction     ρ_i = min(π_old(o_i) / μ(o_i), C) = min(exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))), C)
+    advantages     A_i = −∂/∂r_i Σ_j w_j · BCEWithLogits(ψ_j, R_j), so −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i
+    sound sampler  −∇_θ L_ρ = 1/B · Σ_i ρ_i · A_i ∇_θ r_i: each response's whole coefficient times its
+    correction     own weight (`sampler_corrected_coefficients`; the TRL and verl integrations use it)
 
 ``m`` is the response mask, sums and means over ``j`` run inside the prompt group of ``i``, and
 the weights are constants. μ is the rollout engine's sampling distribution (vLLM's log-probs of its
@@ -227,6 +230,95 @@ def pacs_loss_from_proxy(
         weights = weights * sample_weights.detach().to(weights.dtype)
     losses = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
     return (weights * losses).mean()
+
+
+def pacs_advantages(
+    proxy_rewards: torch.Tensor,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    estimator: str = "rloo",
+    weighting: str = "question",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PACS's per-response advantages for prompt groups named by id (rows of a group anywhere in the
+    batch, groups of any sizes), and the summed loss whose gradient they are.
+
+    Formula (ψ and w inside each group as in ``group_scores`` and ``class_weights``):
+        S   = Σ_i w_i · BCEWithLogits(ψ_i, R_i)          over the rows of every scored group
+        A_i = −∂S/∂r_i,   so that   −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i   for L = S / B.
+    With ``rloo``, A_i = e_i − 1/(n−1) · Σ_{j≠i} e_j with e_i = w_i (R_i − σ(ψ_i)) (the module
+    docstring's actor-critic form); at θ = θ_old the logratio proxy is r = 0, so σ(ψ) = 1/2.
+    ``rloo`` and ``grpo`` need two rows to compare: a group of one row is not scored (A = 0, no
+    term in S); ``naive`` scores it alone.
+
+    Args:
+        proxy_rewards: (B,) proxy rewards r (see ``reward_proxy``); constants here.
+        rewards: (B,) verifier rewards R in [0, 1] (soft labels allowed).
+        group_ids: (B,) integer id of each row's prompt.
+        estimator: see ``group_scores``.
+        weighting: see ``class_weights``.
+
+    Returns:
+        (0-dim S, (B,) A), in ``proxy_rewards``' dtype, without gradient.
+
+    Raises:
+        ValueError: shapes differ, ``group_ids`` not integers, a reward outside [0, 1], or an unknown
+            option.
+    """
+    check_choice("estimator", estimator, ESTIMATORS)
+    check_choice("weighting", weighting, WEIGHTINGS)
+    check_same_shape(proxy_rewards=proxy_rewards, rewards=rewards, group_ids=group_ids)
+    if group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be integers (one id per prompt), got {group_ids.dtype}")
+    _, group_of_row, group_sizes = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    row_group_size = group_sizes[group_of_row]  # (B,)
+    proxy = proxy_rewards.detach().clone().requires_grad_(True)
+    total = proxy.new_zeros(())
+    smallest_scored = 1 if estimator == "naive" else 2
+    for size in sorted(set(row_group_size.tolist())):
+        if size < smallest_scored:
+            continue
+        rows = torch.nonzero(row_group_size == size).squeeze(-1)
+        rows = rows[torch.argsort(group_of_row[rows], stable=True)]  # each group's rows adjacent
+        mean_loss = pacs_loss_from_proxy(proxy[rows], rewards[rows], size, estimator=estimator, weighting=weighting)
+        total = total + mean_loss * len(rows)
+    if not total.requires_grad:
+        return total.detach(), torch.zeros_like(proxy.detach())
+    (gradient,) = torch.autograd.grad(total, proxy)
+    return total.detach(), -gradient
+
+
+def sampler_corrected_coefficients(coefficients: torch.Tensor, response_weights: torch.Tensor) -> torch.Tensor:
+    """The sampler-mismatch correction that is sound for PACS: each response's whole gradient
+    coefficient scaled by its own importance weight.
+
+    Formula (A = ``coefficients``, ρ = ``response_weights``, μ the sampler, e.g. vLLM):
+        −∇_θ L_ρ = 1/B · Σ_k ρ_k · A_k · ∇_θ r_k,    i.e.   A'_k = ρ_k · A_k
+    as verl's TIS and TRL's correction scale a sample's advantage by its own ratio. ρ is one weight
+    per response: the truncated (min(ρ, C)) or masked (0 outside [C_min, C_max]) sequence ratio
+    π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))). A response of weight 0 has
+    coefficient 0. (Weighting each BCE term by ρ_i instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i),
+    gives response k the coefficient ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i through the leave-one-out
+    centring: a response of weight 0 is still pushed by the others' errors.)
+
+    Args:
+        coefficients: (B,) per-response gradient coefficients, constants: PACS's advantages A (see
+            ``pacs_advantages``) or c = ∂L/∂r = −A/B (the map is linear, either works).
+        response_weights: (B,) per-response weights ρ ≥ 0, constants.
+
+    Returns:
+        (B,) ρ ⊙ coefficients, in the wider of the two dtypes.
+
+    Raises:
+        ValueError: shapes differ, or a weight is negative or not finite.
+    """
+    check_same_shape(coefficients=coefficients, response_weights=response_weights)
+    weights = response_weights.detach()
+    if not bool((torch.isfinite(weights) & (weights >= 0)).all()):
+        raise ValueError(
+            f"response_weights must be finite and >= 0, got min {weights.min().item()} and max {weights.max().item()}"
+        )
+    return coefficients.detach() * weights
 
 
 def pacs_loss(
