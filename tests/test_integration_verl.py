@@ -15,7 +15,7 @@ import importlib.util
 
 import pytest
 
-from peer_checks import run_in_peer_venv
+from peer_checks import check_result, run_in_peer_venv
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +33,6 @@ def test_importing_the_module_needs_no_verl_and_registering_names_the_extra() ->
         integration.register()
 
 
-def result(checks: dict, name: str) -> dict:
-    """The results of one check, or the traceback of its failure as this test's failure."""
-    assert "error" not in checks[name], checks[name]["error"]
-    return checks[name]
-
-
 def test_importing_verl_registers_pacs_through_its_plugin_entry_point(checks) -> None:
     assert checks["registered_on_import"] == {"policy_loss": True, "adv_estimator": True}
 
@@ -48,25 +42,25 @@ def test_verls_own_step_gives_the_gradient_of_pacs_loss_though_it_scatters_every
     """Balanced across 2 ranks (1 for the last case), shuffled, packed by token count: no micro-batch
     holds a whole group, yet the summed gradient is pacs_loss's on the batch, each response's part
     times its rollout-correction weight."""
-    exact = result(checks, case)
+    exact = check_result(checks, case)
     assert exact["groups_whole_in_a_micro_batch"] == 0 and exact["micro_batches"] > 2
     assert exact["max_abs_grad"] > 1e-3
     assert exact["max_abs_grad_diff"] <= 1e-6 * max(1.0, exact["max_abs_grad"])
 
 
 def test_balancing_puts_responses_of_one_prompt_on_both_ranks(checks) -> None:
-    assert result(checks, "defaults")["prompts_split_across_ranks"] >= 1
+    assert check_result(checks, "defaults")["prompts_split_across_ranks"] >= 1
 
 
 def test_sequence_level_correction_weights_truncate_and_reject_whole_responses(checks) -> None:
-    weights = result(checks, "sampler_correction")["weights"]
+    weights = check_result(checks, "sampler_correction")["weights"]
     assert 0.0 in weights and 2.0 in weights and any(0 < weight < 1 for weight in weights), weights
 
 
 def test_each_mini_batch_carries_its_share_of_the_batch_gradient_at_its_own_scale(checks) -> None:
     """Two mini-batches at θ = θ_old: their gradients sum to twice pacs_loss's on the whole batch
     (each normalised by its own size, as verl's losses are)."""
-    two = result(checks, "two_mini_batches")
+    two = check_result(checks, "two_mini_batches")
     assert two["mini_batches"] == 2
     assert two["max_abs_grad_diff"] <= 1e-6 * max(1.0, two["max_abs_grad"])
 
@@ -85,13 +79,13 @@ def test_each_mini_batch_carries_its_share_of_the_batch_gradient_at_its_own_scal
     ],
 )
 def test_settings_it_cannot_compute_exactly_are_refused_by_name(checks, case, named) -> None:
-    message = result(checks, "refusals")[case]
+    message = check_result(checks, "refusals")[case]
     assert message is not None and named in message
 
 
 def test_a_failed_registration_is_logged_as_an_error_and_raised(checks) -> None:
     """verl's plugin loader logs a plugin's exception at DEBUG level only; pacs logs it at ERROR."""
-    failed = result(checks, "failed_registration")
+    failed = check_result(checks, "failed_registration")
     assert failed["raised"] is not None and "already been registered" in failed["raised"]
     assert [level for level, _ in failed["logged"]] == ["ERROR"]
     assert "Unsupported loss mode: pacs" in failed["logged"][0][1]
