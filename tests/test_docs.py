@@ -26,10 +26,12 @@ its docstring."""
 
 
 def config_reference():
-    spec = importlib.util.spec_from_file_location("config_reference", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tools/config_reference.py as a module (registered, as its dataclasses need)."""
+    if "config_reference" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("config_reference", GENERATOR)
+        sys.modules["config_reference"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["config_reference"])
+    return sys.modules["config_reference"]
 
 
 def test_the_site_builds_with_warnings_as_errors(tmp_path):
