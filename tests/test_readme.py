@@ -3,9 +3,10 @@ those pages says, in the comment on the line before it, what it is, and each run
 here exactly as written.
 
     <!-- readme-test: run -->                          run each command, in a fresh folder
-    <!-- readme-test: run slow, append OVERRIDES -->   the same, marked slow, with the step-count
-                                                      OVERRIDES appended to each command that
-                                                      takes key=value overrides
+    <!-- readme-test: run slow, append OVERRIDES -->   the same, marked slow, with OVERRIDES that
+                                                      shorten the run (fewer steps, no validation)
+                                                      appended to each command that takes
+                                                      key=value overrides
     <!-- readme-test: file NAME -->                    a file the page's blocks use, saved as NAME
     <!-- readme-test: skip: REASON -->                 not runnable here (placeholders, a GPU, a layout)
 
