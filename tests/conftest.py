@@ -8,6 +8,7 @@ thread: the workers already fill the cores."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if XDIST_WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # tests use some scripts' building blocks
 
 BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 """The public benchmark files kept in the repository (see data/benchmarks/README.md)."""
