@@ -12,8 +12,9 @@ comma := ,
 BIN := $(VENV)/bin
 # One stamp per choice of extra: changing VLLM_EXTRA installs again.
 STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
-# pacs's extras installed; the W&B and MLflow ones so that the tracker tests run in `make test` (about 200 MB).
-EXTRAS ?= test,lora,wandb,mlflow
+# pacs's extras installed: the W&B and MLflow ones so that the tracker tests run in `make test` (about
+# 200 MB), and the docs one so that it builds the documentation site.
+EXTRAS ?= test,lora,wandb,mlflow,docs
 
 .PHONY: install peer-venvs vllm-venv demo test warm-model-variants clean
 
@@ -31,9 +32,8 @@ demo: install
 
 # The suite on 4 pytest-xdist workers, also on fewer cores (one file per worker at a time, so a file's
 # shared fixtures are made once): many tests wait on subprocesses or on a scoring limit, so 4 keep 2
-# cores busier than 2 do, and get more of them beside another busy process (2026-11-25, 2 cores,
-# beside a busy loop: the main run in 413 s on 4 workers, 458 s on 2). `make test PYTEST_WORKERS=0`
-# runs it in one process.
+# cores busier than 2 do, and get more of them beside another busy process (docs/results.md, "The
+# test suite"). `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= 4
 
 # The TRL and verl venvs the integration tests run in (.peer-venvs/, about 3 GB; benchmarks/peer_venvs.py
@@ -50,12 +50,11 @@ vllm-venv:
 # Two pytest runs sharing one model cache (a folder made for this `make test` and removed after it):
 # the vLLM tests in their venv on one xdist worker, in a process group of their own, beside the rest;
 # their output is kept and printed once both have ended, and an interrupted `make test` stops them
-# too. (One after the other, the vLLM run left a core idle for about two minutes.) The warm-started
+# too (run one after the other, the vLLM run would leave a core idle for minutes). The warm-started
 # model most tests use is built into the cache first, on one thread, while the vLLM run's first tests
-# use the other core (its tests that need the model come last in its file and wait for it). On one
-# thread the warm-start gets 1.4 times as many steps out of a core-second as on two, whose threads
-# wait on each other in so small a model, and twice as many steps a second beside a busy process
-# (2026-11-25, 2 cores: 4.9 steps/s on one thread, 7.0 on two; beside a busy loop 4.7 and 2.1).
+# use the other core (its tests that need the model come last in its file and wait for it): one
+# thread gets more steps out of a core-second than two, whose threads wait on each other in so small
+# a model, and far more beside a busy process (docs/results.md, "The test suite").
 # Every worker runs one thread per process (torch's threads slow down badly when they outnumber free cores).
 test: install peer-venvs vllm-venv
 	cache=$$(mktemp -d) && \

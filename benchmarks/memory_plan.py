@@ -422,7 +422,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="*", help="config files (default: the paper's at 64 ranks, the LoRA 7B on 1)")
     parser.add_argument("--world-size", type=int, help="ranks for every config given")
-    parser.add_argument("--markdown", action="store_true", help="also print the README's table")
+    parser.add_argument("--markdown", action="store_true", help="also print the table of docs/results.md")
     parser.add_argument("--jobs", type=int, help="simulations run at once (default: one per CPU core)")
     parser.add_argument("--check", action="store_true", help="compare with a real run of a small model (peak RSS)")
     parser.add_argument("--check-run", nargs=2, metavar=("fake|real", "none|fsdp"), help=argparse.SUPPRESS)

@@ -71,7 +71,7 @@ PAPER_BASELINES = [
     "algorithm.critic_loss_scale=16",
 ]
 """Overrides (`pacs compare --paper-baselines`) under which GRPO, RLOO and PPO update as the paper's
-verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (README, *Fidelity to the paper*).
+verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (docs/paper-fidelity.md).
 PACS's loss uses none of these keys but `loss_agg` (for its KL and entropy terms only)."""
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
 EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
@@ -346,9 +346,9 @@ def run_comparison(
         if metrics_file.is_file():
             stored = json.loads(metrics_file.read_text())
             if "settings" not in stored:
-                console.print(f"{metrics_file} records no settings (an older pacs wrote it): evaluating again")
+                console.print(f"{metrics_file} records no settings to compare with this run's: evaluating again")
             elif any("correct_counts" not in entry for entry in stored["data_sources"].values()):
-                console.print(f"{metrics_file} records no per-problem results (an older pacs wrote it): evaluating again")
+                console.print(f"{metrics_file} records no per-problem results, which the paired comparison needs: evaluating again")
             elif changes := _differences(stored["settings"], asdict(settings)):
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 MARKER = ".pacs-output"
-"""File in every folder pacs made for its output; holds the name of the command that made it."""
+"""File in every output folder that pacs made; holds the name of the command that made it."""
 SUPERSEDED = ".superseded"
 
 

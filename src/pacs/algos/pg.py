@@ -18,7 +18,7 @@ estimator ``kl_estimator`` (``core.kl_penalty``): "k2" follows the gradient of K
 when kl_coef > 0. See ``core.clipped_surrogate``, ``core.aggregation_weights`` and
 ``core.kl_penalty`` for the pieces.
 
-Two options reproduce the paper's verl baselines (README, *Fidelity to the paper*):
+Two options reproduce the paper's verl baselines (docs/paper-fidelity.md):
 
     loss_scale s:   L ← s · L. verl's seq-mean-token-sum-norm sums each micro-batch of M rows and
                     divides by the padded width (the maximum response length), then by the number

@@ -24,8 +24,9 @@ mid-write leaves no `step_N` directory for `resume=auto` to pick up.
 
 Resuming never unpickles arbitrary objects: a crafted `trainer_state.pt` could otherwise run code
 on `resume=auto`. The state is loaded with `weights_only=True`, which admits tensors and plain
-containers of numbers and strings; a state file of another format (an older pacs wrote NumPy
-arrays into it) is refused with `CheckpointError`.
+containers of numbers and strings; a state file holding anything else, or of another format than
+`TRAINER_STATE_FORMAT`, is refused with `CheckpointError`, whose message says how to go on from the
+checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
         f"format {TRAINER_STATE_FORMAT} only, because unpickling arbitrary objects could run code from the file"
     )
     advice = (
-        f"If an older pacs wrote it, start a new run from its weights instead (model.path={checkpoint}, "
+        f"Its weights still load: start a new run from its weights instead (model.path={checkpoint}, "
         "a new output_dir); the optimizer state and data position are not carried over."
     )
     try:
