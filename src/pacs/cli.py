@@ -79,7 +79,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    import pacs.train.builtin_models  # noqa: F401  (makes builtin:tiny-arithmetic loadable)
+    from pacs.config import EVAL_SAMPLING
     from pacs.eval.evaluate import evaluate_model
     from pacs.train.distributed import collectives
     from pacs.train.distributed.world import World
@@ -92,8 +92,8 @@ def _eval(args: argparse.Namespace) -> None:
             processes=world,
             n=args.n,
             out_dir=Path(args.out),
-            temperature=args.temperature,
-            top_p=args.top_p,
+            temperature=EVAL_SAMPLING["temperature"] if args.temperature is None else args.temperature,
+            top_p=EVAL_SAMPLING["top_p"] if args.top_p is None else args.top_p,
             max_tokens=args.max_tokens,
             seed=args.seed,
             reward_function=args.reward_function,
@@ -199,11 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
     )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
-    evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=0.6, help="0: greedy decoding")
+    evaluate.add_argument(
+        "--temperature", type=NON_NEGATIVE, help="0: greedy decoding (default: the paper's evaluation sampling, as eval.temperature)"
+    )
     evaluate.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="hf: transformers' generate; vllm: needs pacs[vllm]"
     )
-    evaluate.add_argument("--top-p", type=NUCLEUS, default=0.95)
+    evaluate.add_argument("--top-p", type=NUCLEUS, help="default: the paper's evaluation sampling, as eval.top_p")
     evaluate.add_argument(
         "--max-tokens", type=AT_LEAST_ONE, default=4096, help="per prompt, capped by the context length minus its length"
     )

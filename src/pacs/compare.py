@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
+from pacs.config import ALGORITHM_CONFIGS, EVAL_SAMPLING, Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
@@ -71,7 +71,6 @@ verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (README, *Fidelit
 Each method takes those that are its algorithm's options: PACS only `loss_agg` (for its KL and
 entropy terms)."""
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
-EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")
 """Keys of a data source's entry in `eval_metrics.json` carried into the comparison, per seed."""
 TRAINING_IRRELEVANT = {

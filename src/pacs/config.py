@@ -401,13 +401,18 @@ class TrainConfig(_Section):
         return report_to
 
 
+EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+"""The paper's evaluation sampling: the default of validation (`eval.*`), `pacs eval`, `pacs
+compare` and the demo."""
+
+
 class EvalConfig(_Section):
     n: int = Field(4, ge=1)
     """Samples per validation prompt."""
-    temperature: float = Field(0.6, gt=0, allow_inf_nan=False)
-    """Sampling temperature of validation (the paper's evaluation: 0.6)."""
-    top_p: float = Field(0.95, gt=0, le=1)
-    """Nucleus of validation sampling (the paper's evaluation: 0.95)."""
+    temperature: float = Field(EVAL_SAMPLING["temperature"], gt=0, allow_inf_nan=False)
+    """Sampling temperature of validation (the default: the paper's evaluation)."""
+    top_p: float = Field(EVAL_SAMPLING["top_p"], gt=0, le=1)
+    """Nucleus of validation sampling (the default: the paper's evaluation)."""
 
 
 class RewardConfig(_Section):

@@ -18,7 +18,7 @@ Several processes. Under torchrun, `evaluate_model` splits the problems across t
 (`evaluate`'s `problem_share`: process k of K takes problems k, k + K, ...), each generating all
 the samples of its problems; rank 0 merges the results (`EvalResult.merge`) and writes them, its
 processes' records one after the other. Process k seeds its sampling with `seed` (k = 0, as one
-process does) or `seed * SEED_STRIDE + k`, so a fixed seed and process count give the same
+process does) or `rank_seed(seed, k)`, so a fixed seed and process count give the same
 result run after run; another process count samples differently (pass@k within sampling noise).
 
 `eval_metrics.json` (written by `evaluate_model`):
@@ -49,7 +49,7 @@ from typing import Any, Callable, Protocol, TypeVar
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from pacs.config import VllmConfig
+from pacs.config import EVAL_SAMPLING, VllmConfig
 
 from pacs.data.loading import check_data_spec, load_rows
 from pacs.data.prompts import encode_prompts
@@ -58,13 +58,11 @@ from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
-from pacs.rollout.base import RolloutEngine, SamplingParams
+from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
 
 T = TypeVar("T")
-SEED_STRIDE = 1_000_003
-"""Process k > 0 of an evaluation seeds its sampling with seed * SEED_STRIDE + k."""
 SAME_INPUTS_EVERYWHERE = (
     "Every process runs the same pacs eval command and reads --model and --data from its own disk, at the same paths "
     "(a relative path from its own working directory): put what a node lacks there. Only rank 0 writes --out."
@@ -407,8 +405,8 @@ def evaluate_model(
     processes: Processes,
     n: int,
     out_dir: Path,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
+    temperature: float = EVAL_SAMPLING["temperature"],
+    top_p: float = EVAL_SAMPLING["top_p"],
     max_tokens: int = 4096,
     seed: int = 0,
     dtype: str = "float32",
@@ -463,7 +461,7 @@ def evaluate_model(
         reward_workers=reward_workers,
         engine=engine,
     )
-    process_seed = seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank
+    process_seed = seed if processes.rank == 0 else rank_seed(seed, processes.rank)
     torch.manual_seed(process_seed)
 
     def load() -> tuple[PreTrainedTokenizerBase, RolloutEngine, int | None, list[dict], list[str]]:

@@ -47,6 +47,7 @@ from transformers import PreTrainedTokenizerBase
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
 from pacs.models.saving import save_streamed, write_safetensors_files
 from pacs.outputs import MARKER, is_pacs_output
+from pacs.rollout.base import rank_seed
 from pacs.train.distributed.collectives import barrier, gather_rows, run_on_rank0
 from pacs.train.distributed.state_dict import from_rank0_like, full_tensors_on_rank0, named_state, parameters_by_name
 from pacs.train.distributed.world import World
@@ -282,7 +283,7 @@ def restore_rng_states(states: dict[str, Any], world: World) -> None:
             "training continues, but its random sampling differs from an uninterrupted run",
             stacklevel=2,
         )
-        torch.manual_seed(int(states["torch"][0].long().sum()) * 1_000_003 + world.rank)
+        torch.manual_seed(rank_seed(int(states["torch"][0].long().sum()), world.rank))
         return
     # clone: a row of the stacked states is a view at an offset, which set_rng_state cannot read
     torch.set_rng_state(states["torch"][world.rank].clone())

@@ -20,7 +20,8 @@ import torch
 from pacs.config import Config
 from pacs.models.loading import resolve_model_path
 from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
-from pacs.rollout.base import RolloutEngine
+from pacs.models.precision import Precision
+from pacs.rollout.base import RolloutEngine, rank_seed
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
 from pacs.train.distributed.collectives import max_over_ranks, sum_over_ranks
@@ -42,9 +43,9 @@ def build_engine(config: Config, world: World, policy_module: torch.nn.Module, t
         resolve_model_path(config.model.path),
         tokenizer,
         settings,
-        dtype="bfloat16" if config.model.dtype == "bfloat16" else "float32",
+        dtype=Precision(config.model.dtype).engine,
         max_model_len=settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
-        seed=config.seed * 1_000_003 + world.rank,
+        seed=rank_seed(config.seed, world.rank),
     )
 
 

@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -31,14 +31,14 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
-from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
+from pacs.models.loading import enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
+from pacs.models.precision import Precision
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
-from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
-from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
+from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams, rank_seed
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed.collectives import (
@@ -110,14 +110,6 @@ def rollout_metrics(
     }
 
 
-def mixed_precision(device: torch.device, dtype: str):
-    """The context forward passes run in: bfloat16 autocast for `model.dtype=bfloat16` (the
-    weights stay float32), nothing otherwise."""
-    if dtype == "bfloat16":
-        return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
-
-
 def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
     """`model/trainable_parameters` (those the optimizer updates) and `model/total_parameters`
     (tied weights counted once)."""
@@ -170,14 +162,22 @@ class Policy:
     """`parameter_counts` of the unwrapped model, logged at a run's first step."""
 
 
-@dataclass
+class Critic(NamedTuple):
+    """PPO's value model (wrapped for the strategy) and its optimizer."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass(kw_only=True)
 class Trainer:
     """What a run builds once (`setup`), and the step that uses it (`step`, `run`)."""
 
     config: Config
     world: World
     policy: Policy
-    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None
+    critic: Critic | None
+    """PPO's critic; None for algorithms without one."""
     reference: torch.nn.Module | None
     """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
     is the policy with its adapters disabled)."""
@@ -236,11 +236,26 @@ class Trainer:
             epochs=config.train.epochs,
             grad_clip=config.train.grad_clip,
             temperature=config.rollout.temperature,
-            autocast=mixed_precision(world.device, config.model.dtype),
+            autocast=Precision(config.model.dtype).autocast(world.device),
         )
-        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, tracker_runs, settings, console,
-                   engine_has_policy_weights=not pushes_weights(engine, config))
+        return cls(
+            config=config,
+            world=world,
+            policy=policy,
+            critic=critic,
+            reference=reference,
+            algorithm=algorithm,
+            engine=engine,
+            scorer=scorer,
+            train_prompts=train_prompts,
+            val_prompts=val_prompts,
+            sampler=sampler,
+            start_step=start_step,
+            tracker_runs=tracker_runs,
+            settings=settings,
+            console=console,
+            engine_has_policy_weights=not pushes_weights(engine, config),
+        )
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -288,7 +303,8 @@ class Trainer:
         scored = self.scorer.score(rows, rollouts.response_texts)
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
-        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), self.compute_dtype).to(self.world.device)
+        batch_dtype = Precision(self.config.model.dtype).tensors
+        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), batch_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
         first_update_rows = self.rows_from_first_update(len(batch), updates_policy)
         self.fill_old_logprobs(batch, slice(first_update_rows, None))
@@ -368,7 +384,7 @@ class Trainer:
                         reference, batch, micro_batch_size=micro, temperature=temperature
                     )
             if self.critic is not None:
-                batch.row_terms["values"] = response_values_no_grad(self.critic[0], batch, micro_batch_size=micro)
+                batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, micro_batch_size=micro)
         step_inputs = batch.tensors()
         if not old_logprobs_known:
             del step_inputs["old_logprobs"]
@@ -378,9 +394,10 @@ class Trainer:
         """The critic's updates (PPO), then the policy's (none while the critic warms up)."""
         metrics: dict[str, float] = {}
         if self.critic is not None:
-            critic, critic_optimizer = self.critic
             critic_settings = replace(self.settings, grad_clip=self.config.critic.grad_clip or self.config.train.grad_clip)
-            metrics.update(update_critic(critic, critic_optimizer, self.world, batch, self.algorithm, critic_settings))
+            metrics.update(
+                update_critic(self.critic.model, self.critic.optimizer, self.world, batch, self.algorithm, critic_settings)
+            )
         if not updates_policy:
             return {**metrics, "loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0}
         policy = self.policy
@@ -458,10 +475,6 @@ class Trainer:
             tracker_runs=tracker_runs,
         )
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return DTYPES["float64" if self.config.model.dtype == "float64" else "float32"]
-
 
 # ----- what `Trainer.setup` builds ---------------------------------------------------------------
 
@@ -495,12 +508,6 @@ def resume_point(config: Config) -> Path | None:
     return latest
 
 
-def weights_dtype(config: Config) -> str:
-    """The dtype trained weights are held in: float64 for float64 runs, float32 otherwise (bf16
-    runs compute in bf16 under autocast or FSDP's mixed precision)."""
-    return "float64" if config.model.dtype == "float64" else "float32"
-
-
 def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
     """The policy, wrapped for the strategy, with its optimizer over the trainable parameters.
     Its tokenizer comes from `model.path` on every node (a checkpoint may be on rank 0's disk
@@ -508,19 +515,19 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     sent to every rank (`load_on_rank0`); with LoRA every rank loads the base from `model.path`
     in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
     which every rank receives."""
-    lora = config.model.lora_rank > 0
+    lora, precision = config.model.lora_rank > 0, Precision(config.model.dtype)
     tokenizer = run_on_every_rank(
         world, lambda: load_tokenizer(config.model.path), how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True
     )
     adapter = None
     if lora:
-        load_base = functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype)
+        load_base = functools.partial(load_causal_lm, config.model.path, dtype=precision.frozen)
         model = run_on_every_rank(world, load_base, how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True)
         rank0_weights = None
         if resume_from:
             adapter = run_on_rank0(world, lambda: read_adapter(resume_from / ADAPTER_DIR))
     else:
-        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
+        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=precision.weights)
         model, rank0_weights = load_on_rank0(world, load_full)
     model = with_training_options(model, config, lora=lora, adapter=adapter)
     sizes = parameter_counts(model)
@@ -528,7 +535,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
     )
-    model = wrap_model(world, model, compute_dtype=bf16_compute(config), rank0_weights=rank0_weights)
+    model = wrap_model(world, model, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
@@ -558,21 +565,23 @@ def with_training_options(
         )
 
 
-def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def load_critic(config: Config, world: World, resume_from: Path | None) -> Critic:
     """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
     the policy, and its optimizer."""
     source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=weights_dtype(config)))
+    precision = Precision(config.model.dtype)
+    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=precision.weights))
     critic = with_training_options(critic, config, lora=False)
-    critic = wrap_model(world, critic, compute_dtype=bf16_compute(config), rank0_weights=rank0_weights)
+    critic = wrap_model(world, critic, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
-    return critic, optimizer
+    return Critic(critic, optimizer)
 
 
 def load_reference(config: Config, world: World) -> torch.nn.Module:
     """The frozen initial policy for the KL penalty, from `model.path` (in bfloat16 under mixed
     precision: it is never trained), sharded under FSDP like the policy."""
-    reference, rank0_weights = load_on_rank0(world, functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype))
+    load = functools.partial(load_causal_lm, config.model.path, dtype=Precision(config.model.dtype).frozen)
+    reference, rank0_weights = load_on_rank0(world, load)
     return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
 
 
@@ -597,7 +606,7 @@ def restore_progress(
     world: World,
     resume_from: Path | None,
     policy: Policy,
-    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None,
+    critic: Critic | None,
     num_prompts: int,
 ) -> tuple[PromptSampler, int, dict[str, str]]:
     """The prompt sampler, the last step done and the tracker runs to continue: from the
@@ -605,15 +614,10 @@ def restore_progress(
     seeded apart, so ranks sample apart)."""
     if not resume_from:
         if world.rank > 0:
-            torch.manual_seed(config.seed * 1_000_003 + world.rank)
+            torch.manual_seed(rank_seed(config.seed, world.rank))
         return PromptSampler(num_prompts, config.seed), 0, {}
     state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic)
     return PromptSampler(**state["sampler"]), state["step"], state["trackers"]
-
-
-def bf16_compute(config: Config) -> torch.dtype | None:
-    """bfloat16 when the run computes in it (FSDP's mixed-precision policy), else None."""
-    return torch.bfloat16 if config.model.dtype == "bfloat16" else None
 
 
 def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:
