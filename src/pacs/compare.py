@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from pacs.config import ALGORITHM_CONFIGS, EVAL_SAMPLING, Config, ConfigError, load_config
+from pacs import EVAL_SAMPLING
+from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from pacs import EVAL_SAMPLING
 from pacs.algos.base import Algorithm
 from pacs.algos.core import KlEstimator, LossAggregation, check_kl_penalty
 from pacs.algos.grpo import GRPO
@@ -399,11 +400,6 @@ class TrainConfig(_Section):
         if len(set(report_to)) != len(report_to):
             raise ValueError(f"{report_to} names a tracker twice; name each at most once")
         return report_to
-
-
-EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
-"""The paper's evaluation sampling: the default of validation (`eval.*`), `pacs eval`, `pacs
-compare` and the demo."""
 
 
 class EvalConfig(_Section):

@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pacs.config import EVAL_SAMPLING, Config, load_config
+from pacs import EVAL_SAMPLING
+from pacs.config import Config, load_config
 from pacs.eval.evaluate import evaluate_model
 from pacs.outputs import claim_output_dir
 from pacs.train.builtin_models import warm_started_tiny

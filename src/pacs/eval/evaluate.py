@@ -49,7 +49,8 @@ from typing import Any, Callable, Protocol, TypeVar
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from pacs.config import EVAL_SAMPLING, VllmConfig
+from pacs import EVAL_SAMPLING
+from pacs.config import VllmConfig
 
 from pacs.data.loading import check_data_spec, load_rows
 from pacs.data.prompts import encode_prompts
