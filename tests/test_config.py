@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel
 
-from pacs.config import ConfigError, load_config
+from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, RolloutConfig, load_config
 
 
 def test_defaults_and_overrides_are_typed():
@@ -129,14 +130,14 @@ def test_a_key_given_twice_inside_a_section_is_refused(tmp_path):
 @pytest.mark.parametrize("value", [".inf", ".nan"])
 def test_an_infinite_or_nan_coefficient_is_refused(key, value):
     with pytest.raises(ConfigError, match=rf"{key}: Input should be a finite number"):
-        load_config(None, [f"{key}={value}"])
+        load_config(None, ["algorithm.name=ppo", f"{key}={value}"])
 
 
 @pytest.mark.parametrize("override", ["train.steps=yes", "train.lr=true", "algorithm.dual_clip=on"])
 def test_a_boolean_where_a_number_belongs_is_refused(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"{key}: expected a number, got True"):
-        load_config(None, [override])
+        load_config(None, ["algorithm.name=ppo", override])
 
 
 def test_an_empty_section_keeps_its_defaults(tmp_path):
@@ -177,23 +178,70 @@ def test_k1_in_the_reward_is_accepted():
     assert config.algorithm.kl_in_reward
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["algorithm.name=pacs", "algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"],
-        ["algorithm.name=grpo", "algorithm.kl_coef=0", "algorithm.kl_in_reward=true"],
-    ],
-    ids=["pacs", "no-coefficient"],
-)
-def test_kl_in_reward_needs_a_reward_driven_baseline_and_a_coefficient(overrides):
+def test_kl_in_reward_needs_a_coefficient():
     with pytest.raises(ConfigError, match=r"algorithm.kl_in_reward=true .*grpo, rloo or ppo.*kl_coef > 0"):
+        load_config(None, ["algorithm.name=grpo", "algorithm.kl_coef=0", "algorithm.kl_in_reward=true"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.name=pacs", "algorithm.clip_low=0.1"], "algorithm.clip_low: an option of grpo, rloo or ppo, not of algorithm.name='pacs'"),
+        (["algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"], "algorithm.kl_in_reward: an option of grpo, rloo or ppo, not of algorithm.name='pacs'"),
+        (["algorithm.name=grpo", "algorithm.gamma=0.5"], "algorithm.gamma: an option of ppo, not of algorithm.name='grpo'"),
+    ],
+    ids=["clip_low-with-pacs", "kl_in_reward-with-pacs", "gamma-with-grpo"],
+)
+def test_another_algorithms_option_is_refused_naming_the_option_and_the_algorithm(overrides, message):
+    with pytest.raises(ConfigError, match=rf"{message}; valid keys here: name, "):
         load_config(None, overrides)
+
+
+def test_an_override_that_switches_the_algorithm_keeps_the_options_it_shares_with_the_recipes():
+    algorithm = load_config("builtin:paper-grpo-qwen2.5-7b", ["algorithm.name=ppo", "algorithm.gamma=0.9"]).algorithm
+    assert (algorithm.name, algorithm.dual_clip, algorithm.loss_scale, algorithm.gamma) == ("ppo", 3.0, 8.0, 0.9)
+    with pytest.raises(ConfigError, match=r"algorithm.beta: an option of pacs, not of algorithm.name='ppo'"):
+        load_config("builtin:demo", ["algorithm.name=ppo", "algorithm.beta=2"])
+
+
+def test_a_misspelled_option_of_another_algorithm_is_suggested_with_its_algorithms():
+    with pytest.raises(ConfigError, match=r"algorithm.clip_lo: unknown key \(did you mean 'clip_low', an option of grpo, rloo or ppo\?\)"):
+        load_config(None, ["algorithm.clip_lo=0.1"])
+
+
+def test_an_unknown_algorithm_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"algorithm.name: Input should be 'pacs', 'grpo', 'rloo' or 'ppo' \(got 'dpo'\)"):
+        load_config(None, ["algorithm.name=dpo"])
+
+
+def test_an_algorithm_section_without_a_name_is_pacs(tmp_path):
+    path = tmp_path / "beta.yaml"
+    path.write_text("algorithm:\n  beta: 2.0\n")
+    assert (load_config(str(path)).algorithm.name, load_config(str(path)).algorithm.beta) == ("pacs", 2.0)
+
+
+def test_each_algorithm_is_built_from_its_own_section_with_every_option():
+    algorithm = load_config(None, ["algorithm.name=grpo", "algorithm.clip_low=0.1", "algorithm.norm_by_std=false"]).algorithm
+    built = algorithm.build(group_size=4, horizon=8)
+    assert (type(built).__name__, built.clip_low, built.norm_by_std, built.horizon) == ("GRPO", 0.1, False, 8)
+    for name, section in ALGORITHM_CONFIGS.items():
+        assert type(section().build(group_size=4, horizon=8)).__name__ == name.upper()
+
+
+def test_every_option_has_a_description():
+    sections = [Config, *ALGORITHM_CONFIGS.values()]
+    sections += [field.annotation for field in Config.model_fields.values() if isinstance(field.default, BaseModel) and isinstance(field.annotation, type)]
+    sections += [RolloutConfig.model_fields["vllm"].annotation]
+    undocumented = [
+        f"{section.__name__}.{name}" for section in sections for name, field in section.model_fields.items() if not field.description
+    ]
+    assert undocumented == []
 
 
 @pytest.mark.parametrize("key", ["algorithm.loss_scale", "algorithm.critic_loss_scale", "critic.grad_clip"])
 def test_loss_scales_and_the_critic_clip_must_be_positive(key):
     with pytest.raises(ConfigError, match=rf"{key}: Input should be greater than 0"):
-        load_config(None, [f"{key}=0"])
+        load_config(None, ["algorithm.name=ppo", f"{key}=0"])
 
 
 def test_impossible_combinations_are_reported_with_the_field_errors():

@@ -32,7 +32,6 @@ import torch
 
 from pacs import compare as compare_module
 from pacs.algos.base import MiniBatchTotals
-from pacs.algos.registry import build_algorithm
 from pacs.cli import main
 from pacs.compare import PAPER_BASELINES as PAPER_BASELINES_OVERRIDES
 from pacs.config import Config, load_config
@@ -169,7 +168,7 @@ def calibrated_scales(per_token_losses_at_scale) -> list[float]:
 
 
 def paper_algorithm(config: Config):
-    return build_algorithm(group_size=config.rollout.n, horizon=WIDTH, **config.algorithm.model_dump())
+    return config.algorithm.build(group_size=config.rollout.n, horizon=WIDTH)
 
 
 def pacs_step_terms(algorithm) -> dict[str, torch.Tensor]:
@@ -275,7 +274,7 @@ FIDELITY_KEYS = ("dual_clip", "loss_agg", "loss_scale", "critic_loss_agg", "crit
 @pytest.mark.parametrize("path", PAPER_PPO_CONFIGS, ids=lambda path: path.stem)
 def test_compare_paper_baselines_switch_sets_what_the_paper_configs_set(path):
     paper = load_config(str(path))
-    switched = load_config("builtin:compare-demo", PAPER_BASELINES_OVERRIDES)
+    switched = load_config("builtin:compare-demo", PAPER_BASELINES_OVERRIDES, algorithm="ppo")
     assert {key: getattr(switched.algorithm, key) for key in FIDELITY_KEYS} == {
         key: getattr(paper.algorithm, key) for key in FIDELITY_KEYS
     }
@@ -284,7 +283,7 @@ def test_compare_paper_baselines_switch_sets_what_the_paper_configs_set(path):
 
 def test_compare_demo_normalises_every_method_alike():
     """Without the switch, every loss is mean-normalised and clipped at train.grad_clip, as PACS's."""
-    config = load_config("builtin:compare-demo")
+    config = load_config("builtin:compare-demo", algorithm="ppo")
     assert (config.algorithm.loss_scale, config.algorithm.critic_loss_scale, config.algorithm.dual_clip) == (1.0, 1.0, None)
 
 

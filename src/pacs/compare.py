@@ -1,7 +1,9 @@
 """`pacs compare`: PACS against its baselines under identical conditions.
 
 Every method trains from the same base model with the same config (prompts, sampler, reward,
-batch sizes, optimizer, budget) and the same seeds; only `algorithm.*` differs. Each final model
+batch sizes, optimizer, budget) and the same seeds; only `algorithm.*` differs: each method's run
+sets `algorithm.name` and takes, of the config's `algorithm` section, the options its algorithm
+has (those every algorithm shares, such as `kl_coef`, and its own). Each final model
 is evaluated on the held-out split with the paper's sampling (temperature 0.6, top_p 0.95), and
 the results are written in the paper's layout: rows base model, each method, and PACS without
 class weighting; columns pass@k; cells mean ± std over seeds.
@@ -45,24 +47,19 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from pacs.config import Config, ConfigError, load_config
+from pacs import EVAL_SAMPLING
+from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
 
-METHODS: dict[str, list[str]] = {
-    "pacs": ["algorithm.name=pacs"],
-    "grpo": ["algorithm.name=grpo"],
-    "ppo": ["algorithm.name=ppo"],
-    "rloo": ["algorithm.name=rloo"],
-}
 PAPER_BASELINES = [
     "algorithm.dual_clip=3.0",
     "algorithm.loss_agg=seq-mean-token-sum-norm",
@@ -72,9 +69,9 @@ PAPER_BASELINES = [
 ]
 """Overrides (`pacs compare --paper-baselines`) under which GRPO, RLOO and PPO update as the paper's
 verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (docs/paper-fidelity.md).
-PACS's loss uses none of these keys but `loss_agg` (for its KL and entropy terms only)."""
+Each method takes those that are its algorithm's options: PACS only `loss_agg` (for its KL and
+entropy terms)."""
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
-EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")
 """Keys of a data source's entry in `eval_metrics.json` carried into the comparison, per seed."""
 TRAINING_IRRELEVANT = {
@@ -85,13 +82,15 @@ TRAINING_IRRELEVANT = {
 """Config keys that do not change what a run trains (pydantic's `exclude` form)."""
 
 
-def _methods(algorithms: list[str]) -> dict[str, list[str]]:
-    unknown = [name for name in algorithms if name not in METHODS]
+def _methods(algorithms: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """Each method compared: its algorithm and the overrides that set it apart (PACS without class
+    weighting beside PACS)."""
+    unknown = [name for name in algorithms if name not in ALGORITHM_CONFIGS]
     if unknown or not algorithms:
-        raise ValueError(f"unknown algorithms {unknown}; valid: {', '.join(METHODS)}")
-    methods = {name: METHODS[name] for name in algorithms}
+        raise ValueError(f"unknown algorithms {unknown}; valid: {', '.join(ALGORITHM_CONFIGS)}")
+    methods = {name: (name, []) for name in algorithms}
     if "pacs" in algorithms:
-        methods[PACS_WITHOUT_WEIGHTING] = [*METHODS["pacs"], "algorithm.weighting=none"]
+        methods[PACS_WITHOUT_WEIGHTING] = ("pacs", ["algorithm.weighting=none"])
     return methods
 
 
@@ -316,11 +315,11 @@ def run_comparison(
         )
     if not seeds:
         raise ValueError("pacs compare needs at least one seed")
-    config = load_config(config_source, list(overrides))
+    config = load_config(config_source, list(overrides), algorithm=algorithms[0])
     if not config.data.val:
         raise ConfigError(f"{config_source}: pacs compare evaluates on data.val, which is not set")
-    for method_overrides in methods.values():
-        check_run_inputs(load_config(config_source, [*overrides, *method_overrides]))
+    for algorithm, method_overrides in methods.values():
+        check_run_inputs(load_config(config_source, [*overrides, *method_overrides], algorithm=algorithm))
     val_specs = [config.data.val] if isinstance(config.data.val, str) else list(config.data.val)
     out = Path(out_dir)
     claim_output_dir(out, "pacs compare", reuse=True)
@@ -365,13 +364,14 @@ def run_comparison(
         base = _base_model(config.model.path, seed)
         console.rule(f"seed {seed}: base model")
         evaluations["base model"].append(evaluate(base, out / "base" / f"seed_{seed}", seed))
-        for method, method_overrides in methods.items():
+        for method, (algorithm, method_overrides) in methods.items():
             run += 1
             run_dir = out / method.replace(" ", "_").replace("(", "").replace(")", "") / f"seed_{seed}"
             console.rule(f"run {run}/{total}: {method}, seed {seed} ({time.perf_counter() - start:.0f} s so far)")
             run_config = load_config(
                 config_source,
                 [*overrides, *method_overrides, f"seed={seed}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
+                algorithm=algorithm,
             )
             if changes := _training_changes(run_dir, run_config):
                 superseded = move_aside(run_dir)

@@ -9,6 +9,11 @@ model is loaded. A YAML key given twice in one mapping, a boolean where a number
 `yes` as true) and a `reward.function` that cannot be imported are refused too. An empty section
 (`train:` with nothing under it) keeps its defaults. `builtin:NAME` reads the recipe
 `configs/NAME.yaml` shipped with pacs.
+
+The `algorithm` section is the class that `algorithm.name` picks (`ALGORITHM_CONFIGS`): each
+algorithm's options are the fields of its own class, another algorithm's option is refused by
+name, and the class builds the algorithm (`BaseAlgorithmConfig.build`). Every field's docstring
+is its description (`Config.model_fields[...].description`), the text of the configuration reference.
 """
 
 from __future__ import annotations
@@ -19,17 +24,29 @@ import importlib.resources
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from pacs.algos.core import check_kl_penalty
+from pacs import EVAL_SAMPLING
+from pacs.algos.base import Algorithm
+from pacs.algos.core import KlEstimator, LossAggregation, check_kl_penalty
+from pacs.algos.grpo import GRPO
+from pacs.algos.pacs import PACS, Estimator, Proxy, Weighting
+from pacs.algos.ppo import PPO
+from pacs.algos.rloo import RLOO
 from pacs.plugins import import_function
-
-
-LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-"""The loss aggregation modes of `pacs.algos.core.aggregation_weights`."""
 
 
 class ConfigError(ValueError):
@@ -37,7 +54,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """A section of the configuration: its fields' docstrings are their descriptions (`model_fields`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -89,51 +108,170 @@ class DataConfig(_Section):
     """Generation stops after this many new tokens."""
 
 
-class AlgorithmConfig(_Section):
-    name: Literal["pacs", "grpo", "rloo", "ppo"] = "pacs"
-    # PACS
-    beta: float = Field(1.0, gt=0, allow_inf_nan=False)
-    proxy: Literal["logratio", "mean_logprob"] = "logratio"
-    estimator: Literal["rloo", "grpo", "naive"] = "rloo"
-    weighting: Literal["question", "none", "only_positive", "only_negative"] = "question"
-    # clipped policy-gradient baselines (grpo, rloo, ppo); loss_agg, kl_* and entropy_coef: all
-    clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.2, gt=0, allow_inf_nan=False)
-    dual_clip: float | None = Field(None, gt=1, allow_inf_nan=False)
-    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None: off."""
-    loss_agg: LossAggregation = "seq-mean-token-sum-norm"
-    loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
-    """grpo, rloo, ppo: multiplies the policy loss, and so the gradient that `train.grad_clip` clips.
-    1: every loss mean-normalised (PACS's normalisation, one clip point for every method); 8: the
-    paper's verl baselines (seq-mean-token-sum-norm per micro-batch of 8 rows, see README,
-    *Fidelity to the paper*)."""
-    norm_by_std: bool = True
-    """grpo: divide group-centred rewards by the group's standard deviation."""
+class BaseAlgorithmConfig(_Section):
+    """What every algorithm's section holds; `algorithm.name` picks the section (`AlgorithmConfig`).
+    A section builds its algorithm (`build`): every field but `name` is a keyword of the
+    constructor in `builds`, so an algorithm's options are exactly its section's fields."""
+
+    builds: ClassVar[Callable[..., Algorithm]]
+    """The algorithm class of `pacs.algos` that this section configures."""
+
+    name: str
+    """The algorithm; each takes the options of its own section, and refuses the others'."""
     kl_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
-    """Weight of the KL penalty to the frozen initial model (every algorithm); 0 loads no reference."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Weight of the KL penalty to the frozen initial model; 0 loads no reference."""
+    kl_estimator: KlEstimator = "k3"
     """Per-token KL estimator used as the loss: k2 follows the gradient of KL(π_θ‖π_ref), k3 (GRPO's
     default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0
-    unless the penalty goes into the reward (`kl_in_reward`)."""
-    kl_in_reward: bool = False
-    """grpo, rloo, ppo: subtract kl_coef times the estimator on the rollout policy's log-probs from
-    each token's reward (classic PPO-RLHF, verl's use_kl_in_reward) instead of adding it to the loss."""
+    unless the penalty goes into the reward (`kl_in_reward` of grpo, rloo and ppo)."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
-    """Weight of the entropy bonus (every algorithm)."""
+    """Weight of the entropy bonus."""
+    loss_agg: LossAggregation = "seq-mean-token-sum-norm"
+    """How per-token losses are aggregated into a mini-batch's loss (`pacs.algos.core.aggregation_weights`):
+    the policy loss of grpo, rloo and ppo, and the KL and entropy terms of every algorithm."""
     rollout_is_cap: float | None = Field(None, ge=1, allow_inf_nan=False)
     """Truncated importance-sampling correction of the mismatch between the rollout engine's
     sampler μ and the trainer's π_old (needs rollout.engine=vllm), capped at this value; None: off.
     grpo, rloo, ppo: each token's surrogate times min(π_old/μ, cap) (verl's TIS); pacs: each
     response's BCE term times min(Π_t π_old/μ, cap) (`pacs.algos.pacs`)."""
-    # ppo
+
+    def build(self, group_size: int, horizon: int) -> Algorithm:
+        """The algorithm, for groups of `group_size` responses of at most `horizon` tokens."""
+        return self.builds(group_size, horizon=horizon, **self.model_dump(exclude={"name"}))
+
+    def problems(self, config: Config) -> list[str]:
+        """What in this section cannot run with the rest of `config`, one message each."""
+        if self.rollout_is_cap is not None and config.rollout.engine != "vllm":
+            return [
+                f"algorithm.rollout_is_cap={self.rollout_is_cap} with rollout.engine='{config.rollout.engine}': "
+                "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' returns "
+                "(the hf engine samples with the trained model itself: there is no mismatch to correct)"
+            ]
+        return []
+
+    def _kl_problems(self, *, in_reward: bool) -> list[str]:
+        try:
+            check_kl_penalty(self.kl_coef, self.kl_estimator, in_reward=in_reward)
+        except ValueError as error:
+            return [f"algorithm.{error}"]
+        return []
+
+
+class PacsConfig(BaseAlgorithmConfig):
+    builds = PACS
+
+    name: Literal["pacs"] = "pacs"
+    """PACS (arXiv 2509.02522): the outcome reward as a label, predicted from the policy's own
+    log-probs by a weighted binary cross-entropy (`pacs.algos.pacs`)."""
+    beta: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """β, the scale of the reward proxy."""
+    proxy: Proxy = "logratio"
+    """The reward proxy: `logratio`, β·Σ_t (log π_θ − log π_old) (the paper's); `mean_logprob`,
+    β·mean_t log π_θ."""
+    estimator: Estimator = "rloo"
+    """The score ψ of a response against the others to its prompt: `rloo`, its proxy minus their
+    mean; `grpo`, group-normalised; `naive`, its proxy alone."""
+    weighting: Weighting = "question"
+    """Class weights of the cross-entropy: `question`, classes balanced within each group; `none`;
+    `only_positive` / `only_negative`, one class only."""
+
+    def problems(self, config: Config) -> list[str]:
+        found = [*super().problems(config), *self._kl_problems(in_reward=False)]
+        if config.rollout.n < 2 and self.estimator != "naive":
+            found.append(
+                f"rollout.n={config.rollout.n} with algorithm.name='pacs', algorithm.estimator='{self.estimator}': "
+                "the group baseline needs at least 2 responses per prompt; set rollout.n >= 2 "
+                "(or algorithm.estimator='naive')"
+            )
+        return found
+
+
+class ClippedPolicyGradientConfig(BaseAlgorithmConfig):
+    """The options of the clipped policy-gradient baselines (`pacs.algos.pg`)."""
+
+    clip_low: float = Field(0.2, gt=0, lt=1)
+    """ε_low: the probability ratio is clipped below at 1 − clip_low."""
+    clip_high: float = Field(0.2, gt=0, allow_inf_nan=False)
+    """ε_high: the probability ratio is clipped above at 1 + clip_high."""
+    dual_clip: float | None = Field(None, gt=1, allow_inf_nan=False)
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; None: off."""
+    loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Multiplies the policy loss, and so the gradient that `train.grad_clip` clips.
+    1: every loss mean-normalised (PACS's normalisation, one clip point for every method); 8: the
+    paper's verl baselines (seq-mean-token-sum-norm per micro-batch of 8 rows, see README,
+    *Fidelity to the paper*)."""
+    kl_in_reward: bool = False
+    """Subtract kl_coef times the estimator on the rollout policy's log-probs from each token's
+    reward (classic PPO-RLHF, verl's use_kl_in_reward) instead of adding it to the loss."""
+
+    def problems(self, config: Config) -> list[str]:
+        found = [*super().problems(config), *self._kl_problems(in_reward=self.kl_in_reward)]
+        least = self.builds.min_group_size
+        if config.rollout.n < least:
+            found.append(
+                f"rollout.n={config.rollout.n} with algorithm.name='{self.name}': the group baseline needs at least "
+                f"{least} responses per prompt; set rollout.n >= {least}"
+            )
+        if self.kl_in_reward and self.kl_coef <= 0:
+            found.append(
+                f"algorithm.kl_in_reward=true with algorithm.name='{self.name}', algorithm.kl_coef={self.kl_coef}: "
+                "the reward's KL penalty needs a reward-driven baseline (grpo, rloo or ppo; PACS's 0/1 reward is "
+                "a label) and kl_coef > 0 (its weight)"
+            )
+        return found
+
+
+class GrpoConfig(ClippedPolicyGradientConfig):
+    builds = GRPO
+
+    name: Literal["grpo"] = "grpo"
+    """GRPO: group-normalised outcome rewards as every token's advantage (`pacs.algos.grpo`)."""
+    norm_by_std: bool = True
+    """Divide group-centred rewards by the group's standard deviation."""
+
+
+class RlooConfig(ClippedPolicyGradientConfig):
+    builds = RLOO
+
+    name: Literal["rloo"] = "rloo"
+    """RLOO: each reward minus the mean of the others to its prompt as the advantage (`pacs.algos.rloo`)."""
+
+
+class PpoConfig(ClippedPolicyGradientConfig):
+    builds = PPO
+
+    name: Literal["ppo"] = "ppo"
+    """PPO: GAE advantages from a learned critic (settings under `critic`; `pacs.algos.ppo`)."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """GAE's discount γ."""
     lam: float = Field(1.0, ge=0, le=1)
+    """GAE's λ."""
     value_clip: float | None = Field(0.5, gt=0, allow_inf_nan=False)
     """Clip range of the critic's values around their rollout-time values; None: no clipping."""
     critic_loss_agg: LossAggregation = "token-mean"
-    """ppo: how the per-token value loss ½·max((V − G)², (V_clipped − G)²) is aggregated."""
+    """How the per-token value loss ½·max((V − G)², (V_clipped − G)²) is aggregated."""
     critic_loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
-    """ppo: multiplies the value loss (16 for the paper's verl critic: 2 for its missing ½, times 8)."""
+    """Multiplies the value loss (16 for the paper's verl critic: 2 for its missing ½, times 8)."""
+
+
+ALGORITHM_CONFIGS: dict[str, type[BaseAlgorithmConfig]] = {
+    section.model_fields["name"].default: section for section in (PacsConfig, GrpoConfig, RlooConfig, PpoConfig)
+}
+"""`algorithm.name` -> its section. Adding an algorithm: its module in `pacs.algos` and its section here."""
+
+
+def _algorithm_name(section: object) -> object:
+    """The `name` of an `algorithm` section, given (a mapping) or validated; pacs when absent."""
+    if isinstance(section, dict):
+        return section.get("name", PacsConfig.model_fields["name"].default)
+    return getattr(section, "name", None)
+
+
+AlgorithmConfig = Annotated[
+    Union[tuple(Annotated[section, Tag(name)] for name, section in ALGORITHM_CONFIGS.items())],
+    Discriminator(_algorithm_name),
+]
+"""The `algorithm` section: the one of `ALGORITHM_CONFIGS` that `name` picks (pacs when absent)."""
 
 
 class CriticConfig(_Section):
@@ -142,6 +280,7 @@ class CriticConfig(_Section):
     path: str | None = None
     """Weights to start from; None: the policy's (`model.path`)."""
     lr: float = Field(1e-5, gt=0, allow_inf_nan=False)
+    """The critic's learning rate (AdamW; constant)."""
     warmup_steps: int = Field(0, ge=0)
     """Steps at the start that update only the critic."""
     grad_clip: float | None = Field(None, gt=0)
@@ -166,8 +305,7 @@ class VllmConfig(_Section):
     """GPUs one engine spans; 1: each training process generates on its own device."""
     enforce_eager: bool = True
     """Run the model eagerly; false lets vLLM compile it (torch.compile) and, on GPUs, capture CUDA
-    graphs: faster generation for a longer start-up (about a minute for a 100 M-parameter model
-    on this project's CPU, minutes on GPUs)."""
+    graphs: faster generation for a longer start-up (the compilation, at every start)."""
     sleep_mode: bool = False
     """GPU only: free the engine's KV cache (and offload its weights) while the trainer updates,
     waking it before the next rollout."""
@@ -182,9 +320,12 @@ class RolloutConfig(_Section):
     """`hf`: transformers' generate (`pacs.rollout.hf`); `vllm`: vLLM, colocated in each training
     process (`pacs.rollout.vllm`, settings under `rollout.vllm`)."""
     vllm: VllmConfig = VllmConfig()
+    """Settings of the vLLM engine (with `engine=vllm`)."""
     n: int = Field(8, ge=1)
     """Responses sampled per prompt (the group size)."""
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Sampling temperature: responses are drawn from softmax(logits / temperature), the
+    distribution whose log-probs every algorithm uses."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Must be 1.0 for training (see `Config`); evaluation's nucleus is `eval.top_p`."""
     generation_batch_size: int = Field(512, ge=1)
@@ -193,6 +334,7 @@ class RolloutConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(40, ge=1)
+    """Training steps: each samples, scores and updates on `batch_size` prompts."""
     batch_size: int = Field(32, ge=1)
     """Prompts per step; each contributes `rollout.n` responses."""
     mini_batch_size: int = Field(16, ge=1)
@@ -202,6 +344,7 @@ class TrainConfig(_Section):
     epochs: int = Field(1, ge=1)
     """Passes over each step's rollouts."""
     lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    """The policy's learning rate (AdamW)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """The policy's learning rate at step s of `steps` (every update of a step uses its step's
     rate; the critic's stays `critic.lr`): constant lr; linear lr·(1 − (s − 1)/steps); cosine
@@ -209,7 +352,9 @@ class TrainConfig(_Section):
     follows `steps`: a run resumed with more steps goes on along the longer schedule, which is
     not the one a run of that length from the start would have taken."""
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """AdamW's decoupled weight decay (the policy's and the critic's)."""
     grad_clip: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Each update's gradient is clipped to this global L2 norm."""
     save_every: int = Field(0, ge=0)
     """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
     eval_every: int = Field(0, ge=0)
@@ -223,6 +368,13 @@ class TrainConfig(_Section):
     it) before the job ends with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of storing them."""
+    old_logprobs_from_first_update: bool = True
+    """Take the step's first mini-batch's rollout-policy log-probs (π_old) from its first update's
+    own forward pass, where the policy is still the rollout policy, saving one no-grad pass over
+    those rows (`pacs.train.update.FirstUpdateOldLogprobs`); false: a separate pass over every row
+    first (the plain path). Both give the same update up to float rounding. Algorithms whose step
+    terms need every row's old log-probs (a KL penalty in the reward, `algorithm.rollout_is_cap`)
+    always take the plain path."""
     save_rollouts: bool = False
     """Write every step's prompts, responses, rewards and producing rank to
     `output_dir/rollouts/step_N.jsonl`."""
@@ -253,8 +405,10 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     n: int = Field(4, ge=1)
     """Samples per validation prompt."""
-    temperature: float = Field(0.6, gt=0, allow_inf_nan=False)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(EVAL_SAMPLING["temperature"], gt=0, allow_inf_nan=False)
+    """Sampling temperature of validation (the default: the paper's evaluation)."""
+    top_p: float = Field(EVAL_SAMPLING["top_p"], gt=0, le=1)
+    """Nucleus of validation sampling (the default: the paper's evaluation)."""
 
 
 class RewardConfig(_Section):
@@ -274,16 +428,28 @@ class RewardConfig(_Section):
 
 class Config(_Section):
     output_dir: str = "runs/pacs"
+    """Where the run writes its config, metrics, checkpoints and trackers' files."""
     seed: int = 0
+    """Seed of the prompt sampler, of the rollouts and of new LoRA adapters."""
     resume: Literal["never", "auto"] = "never"
+    """`auto`: continue from the newest checkpoint in `output_dir` (a new run when there is none);
+    `never`: refuse an `output_dir` that holds checkpoints."""
     model: ModelConfig = ModelConfig()
+    """The policy to train."""
     data: DataConfig = DataConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """Training and validation prompts."""
+    algorithm: AlgorithmConfig = PacsConfig()
+    """The RL objective: `name` picks the algorithm, whose own options follow it."""
     rollout: RolloutConfig = RolloutConfig()
+    """How training responses are sampled."""
     train: TrainConfig = TrainConfig()
+    """Optimisation, checkpoints, processes and trackers."""
     eval: EvalConfig = EvalConfig()
+    """Validation during training."""
     reward: RewardConfig = RewardConfig()
+    """How responses are scored."""
     critic: CriticConfig = CriticConfig()
+    """PPO's value model."""
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
@@ -295,23 +461,7 @@ class Config(_Section):
                 f"train.mini_batch_size={train.mini_batch_size} must divide "
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
-        algorithm = self.algorithm
-        if self.rollout.n < 2 and (algorithm.name in ("grpo", "rloo") or (algorithm.name == "pacs" and algorithm.estimator != "naive")):
-            problems.append(
-                f"rollout.n={self.rollout.n} with algorithm.name='{algorithm.name}', "
-                f"algorithm.estimator='{algorithm.estimator}': the group baseline needs at least 2 responses "
-                "per prompt; set rollout.n >= 2 (or, for pacs, algorithm.estimator='naive')"
-            )
-        try:
-            check_kl_penalty(algorithm.kl_coef, algorithm.kl_estimator, in_reward=algorithm.kl_in_reward)
-        except ValueError as error:
-            problems.append(f"algorithm.{error}")
-        if algorithm.kl_in_reward and (algorithm.name == "pacs" or algorithm.kl_coef <= 0):
-            problems.append(
-                f"algorithm.kl_in_reward=true with algorithm.name='{algorithm.name}', algorithm.kl_coef="
-                f"{algorithm.kl_coef}: the reward's KL penalty needs a reward-driven baseline (grpo, rloo or "
-                "ppo; PACS's 0/1 reward is a label) and kl_coef > 0 (its weight)"
-            )
+        problems += self.algorithm.problems(self)
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
             problems.append(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
@@ -324,12 +474,6 @@ class Config(_Section):
                 "current policy's nucleus would have probability 0). Set rollout.top_p=1.0 (the paper's "
                 "setting); eval.top_p applies to validation"
             )
-        if algorithm.rollout_is_cap is not None and self.rollout.engine != "vllm":
-            problems.append(
-                f"algorithm.rollout_is_cap={algorithm.rollout_is_cap} with rollout.engine='{self.rollout.engine}': "
-                "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' returns "
-                "(the hf engine samples with the trained model itself: there is no mismatch to correct)"
-            )
         if self.rollout.engine == "vllm" and self.model.dtype == "float64":
             problems.append(
                 "rollout.engine='vllm' with model.dtype='float64': vLLM computes in float32 or bfloat16; "
@@ -340,30 +484,73 @@ class Config(_Section):
         return self
 
 
+def _key_path(location: tuple) -> tuple:
+    """A pydantic error location as the config's dotted key: without the algorithm's name that
+    pydantic puts after `algorithm` ("algorithm", "pacs", "beta" -> "algorithm", "beta"); an
+    unknown algorithm name is the error of `algorithm.name`."""
+    if location[:1] == ("algorithm",):
+        if len(location) == 1:
+            return ("algorithm", "name")
+        if location[1] in ALGORITHM_CONFIGS:
+            return ("algorithm", *location[2:])
+    return location
+
+
 def _format_validation_error(error: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"])
+        key = ".".join(str(part) for part in _key_path(item["loc"]))
         if item["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key{_suggestion(item['loc'])}")
+            lines.append(f"  {key}: {_unknown_key(item['loc'])}")
         elif item["type"] == "value_error":  # a field's own check names no key; the whole config's checks do
             lines.append(f"  {key + ': ' if key else ''}{item['msg'].removeprefix('Value error, ')}")
+        elif item["type"] == "union_tag_invalid":
+            valid = _either([repr(name) for name in ALGORITHM_CONFIGS])
+            lines.append(f"  {key}: Input should be {valid} (got {item['ctx']['tag']!r})")
         else:
             lines.append(f"  {key}: {item['msg']} (got {item['input']!r})")
     return "\n".join(lines)
 
 
-def _suggestion(location: tuple) -> str:
+def _unknown_key(location: tuple) -> str:
+    """Why the last key of a pydantic error `location` is refused, what it may have meant, and the
+    valid keys there. In the `algorithm` section, another algorithm's option is named as such."""
+    section, key = _section_at(location), str(location[-1])
+    if section is None:
+        return "unknown key"
+    valid = list(section.model_fields)
+    valid_text = f"valid keys here: {', '.join(valid)}"
+    close = difflib.get_close_matches(key, valid, n=1)
+    if close or not issubclass(section, BaseAlgorithmConfig):
+        return f"unknown key{f' (did you mean {close[0]!r}?)' if close else ''}; {valid_text}"
+    name = section.model_fields["name"].default
+    owners: dict[str, list[str]] = {}
+    for other, options in ALGORITHM_CONFIGS.items():
+        for option in options.model_fields:
+            owners.setdefault(option, []).append(other)
+    if key in owners:
+        return f"an option of {_either(owners[key])}, not of algorithm.name='{name}'; {valid_text}"
+    close = difflib.get_close_matches(key, list(owners), n=1)
+    hint = f" (did you mean {close[0]!r}, an option of {_either(owners[close[0]])}?)" if close else ""
+    return f"unknown key{hint}; {valid_text}"
+
+
+def _section_at(location: tuple) -> type[BaseModel] | None:
+    """The section that holds the last key of a pydantic error `location`, or None."""
+    if location[:1] == ("algorithm",):
+        return ALGORITHM_CONFIGS.get(location[1]) if len(location) == 3 else None
     section: type[BaseModel] = Config
     for part in location[:-1]:
         annotation = section.model_fields[part].annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return ""
+            return None
         section = annotation
-    valid = list(section.model_fields)
-    close = difflib.get_close_matches(str(location[-1]), valid, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{hint}; valid keys here: {', '.join(valid)}"
+    return section
+
+
+def _either(names: list[str]) -> str:
+    """"a", "a or b", "a, b or c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 class _DuplicateKeyError(ValueError):
@@ -437,7 +624,7 @@ def _combination_problems(data: dict[str, Any], error: ValidationError) -> list[
     """The combination checks (`Config._check_combinations`) that fail on `data` with every field
     `error` rejects left at its default, except those that name a rejected field (its default
     would stand in for a value the user did not give)."""
-    rejected = [item["loc"] for item in error.errors() if item["loc"]]
+    rejected = [_key_path(item["loc"]) for item in error.errors() if item["loc"]]
     valid_part = copy.deepcopy(data)
     for location in rejected:
         node = valid_part
@@ -472,11 +659,27 @@ def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
         raise ConfigError(problems) from None
 
 
-def load_config(source: str | None, overrides: list[str] = ()) -> Config:
+def load_config(source: str | None, overrides: list[str] = (), *, algorithm: str | None = None) -> Config:
     """Read a YAML file (or `builtin:NAME`; None for all defaults), apply overrides, validate, and
-    import `reward.function` (so that a misspelled one fails before any model is loaded)."""
+    import `reward.function` (so that a misspelled one fails before any model is loaded).
+
+    An override `algorithm.name=NAME` that switches the file's algorithm to another one runs the
+    recipe with that algorithm: of the file's `algorithm` section it keeps the options NAME has
+    (those every algorithm shares, and its own), not those only other algorithms take. Options
+    given as overrides are always NAME's own or refused.
+
+    With `algorithm` (one of `ALGORITHM_CONFIGS`), the config as `pacs compare` runs it for that
+    algorithm: `algorithm.name` set to it, and the options of other algorithms in the `algorithm`
+    section, overrides included, left out (a comparison's config and overrides hold the options of
+    every algorithm it compares). A key that is no algorithm's option is refused either way."""
     data = _read_yaml(source) if source else {}
+    switched_to = _algorithm_override(overrides)
+    section = data.get("algorithm")
+    if isinstance(section, dict) and switched_to in ALGORITHM_CONFIGS and switched_to != _algorithm_name(section):
+        data["algorithm"] = _options_of(switched_to, section)
     apply_overrides(data, list(overrides))
+    if algorithm is not None:
+        data["algorithm"] = _options_of(algorithm, data.get("algorithm") or {})
     config = build_config(data, source or "defaults")
     if config.reward.function is not None:
         try:
@@ -484,6 +687,22 @@ def load_config(source: str | None, overrides: list[str] = ()) -> Config:
         except ValueError as error:
             raise ConfigError(f"invalid configuration ({source or 'defaults'}):\n  reward.function: {error}") from None
     return config
+
+
+def _algorithm_override(overrides: list[str]) -> object:
+    """The value of the last `algorithm.name=...` among `overrides` (None without one)."""
+    values = [value for key, _, value in (override.partition("=") for override in overrides) if key == "algorithm.name"]
+    return yaml.safe_load(values[-1]) if values else None
+
+
+def _options_of(algorithm: str, section: object) -> object:
+    """The `algorithm` section `section` (a mapping) for `algorithm`: named so, without the options
+    that only other algorithms take."""
+    if not isinstance(section, dict):
+        return section
+    others = {key for other in ALGORITHM_CONFIGS.values() for key in other.model_fields}
+    own = ALGORITHM_CONFIGS[algorithm].model_fields
+    return {**{key: value for key, value in section.items() if key in own or key not in others}, "name": algorithm}
 
 
 def dump_config(config: Config, path: Path) -> None:

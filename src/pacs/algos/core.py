@@ -27,12 +27,18 @@ Pure tensor math: imports torch only.
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""How per-token losses are aggregated (``aggregation_weights``); the type of the `loss_agg` options."""
+LOSS_AGG_MODES: tuple[str, ...] = typing.get_args(LossAggregation)
+KlEstimator = Literal["k1", "k2", "k3"]
+"""The per-token KL estimators of ``kl_penalty``."""
+KL_ESTIMATORS: tuple[str, ...] = typing.get_args(KlEstimator)
 
 MAX_LOG_RATIO = 20.0
 """|log ρ| is clamped here before exponentiating so that ρ stays finite (e^20 ≈ 4.9e8); a token

@@ -39,6 +39,8 @@ prompt ``g``.
 from __future__ import annotations
 
 import math
+import typing
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -62,10 +64,12 @@ from pacs.algos.core import (
     weighted_token_sum,
 )
 
-PROXIES = ("logratio", "mean_logprob")
-ESTIMATORS = ("rloo", "grpo", "naive")
-WEIGHTINGS = ("question", "none", "only_positive", "only_negative")
-
+Proxy = Literal["logratio", "mean_logprob"]
+PROXIES: tuple[str, ...] = typing.get_args(Proxy)
+Estimator = Literal["rloo", "grpo", "naive"]
+ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
+Weighting = Literal["question", "none", "only_positive", "only_negative"]
+WEIGHTINGS: tuple[str, ...] = typing.get_args(Weighting)
 
 
 def reward_proxy(
@@ -423,8 +427,10 @@ class PACS:
         self.needs = (
             frozenset({"ref_logprobs"} if kl_coef > 0 else set())
             | frozenset({"entropy"} if entropy_coef > 0 else set())
-            | frozenset({"step_old_logprobs", "sampler_logprobs"} if rollout_is_cap is not None else set())
+            | frozenset({"sampler_logprobs"} if rollout_is_cap is not None else set())
         )
+        self.first_update_may_supply_old_logprobs = rollout_is_cap is None
+        """The correction's weights are step terms of every row's old log-probs."""
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """With ``rollout_is_cap``, {"rollout_is_weight": (B,) ρ} (module docstring); else nothing:
