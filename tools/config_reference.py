@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 
 import annotated_types
-from pydantic import BaseModel
+from pydantic import BaseModel, Tag
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -80,9 +80,8 @@ def sections(model: type[BaseModel], prefix: str, title: str | None = None) -> l
         elif len(members) == 1:
             nested += sections(members[0], f"{key}.")
         else:
-            for member in members:
-                tag = discriminator_value(member, field)
-                nested += sections(member, f"{key}.", title=f"{key} ({field.discriminator}: {tag})")
+            for member, tag in zip(members, union_tags(field.annotation, field)):
+                nested += sections(member, f"{key}.", title=f"{key}: {tag}")
     own_doc = model.__dict__.get("__doc__") or ""
     section = Section(title or prefix.rstrip(".") or "top level", cell(inspect.cleandoc(own_doc)), rows)
     return ([section] if rows else []) + nested
@@ -98,6 +97,19 @@ def model_members(annotation: object) -> list[type[BaseModel]]:
         members = [member for arg in typing.get_args(annotation) for member in model_members(arg)]
         return members if len(members) == len(typing.get_args(annotation)) else []
     return []
+
+
+def union_tags(annotation: object, field: FieldInfo) -> list[str]:
+    """What selects each member of a union of models, in `model_members`' order: the member's
+    pydantic `Tag`, else the value of the field's named discriminator, else the class name."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return union_tags(typing.get_args(annotation)[0], field)
+    tags = []
+    for arg in typing.get_args(annotation):
+        member, metadata = (typing.get_args(arg)[0], arg.__metadata__) if typing.get_origin(arg) is typing.Annotated else (arg, ())
+        tag = next((item.tag for item in metadata if isinstance(item, Tag)), None)
+        tags.append(f"{field.discriminator} = {discriminator_value(member, field)}" if tag is None else f"`{tag}`")
+    return tags
 
 
 def discriminator_value(member: type[BaseModel], field: FieldInfo) -> str:
