@@ -116,7 +116,10 @@ class World:
             raise DistributedConfigError(f"unknown train.strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device("cpu")
+        if torch.cuda.is_available():
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
+            device = torch.device("cuda", cuda_device_index(local_rank, torch.cuda.device_count(), per_node))
         if world_size == 1:
             return cls.single(device)
         if device.type == "cuda":
@@ -164,15 +167,16 @@ class World:
                 f"train.mini_batch_size={mini_batch_size} must divide train.batch_size={batch_size}"
             )
 
-    def shard_prompts(self, prompts: Sequence[Any], mini_batch_size: int) -> list[Any]:
-        """This rank's prompts of a step: from each consecutive mini-batch of `mini_batch_size`
-        prompts, the `rank`-th of `world_size` equal contiguous slices, in order."""
+    def shard_prompts(self, prompts: Sequence[Any], mini_batch_size: int, rank: int | None = None) -> list[Any]:
+        """This rank's (or `rank`'s) prompts of a step: from each consecutive mini-batch of
+        `mini_batch_size` prompts, the `rank`-th of `world_size` equal contiguous slices, in order."""
         self.check_divisible(len(prompts), mini_batch_size)
         share = mini_batch_size // self.world_size
+        rank = self.rank if rank is None else rank
         return [
             prompt
             for start in range(0, len(prompts), mini_batch_size)
-            for prompt in prompts[start + self.rank * share : start + (self.rank + 1) * share]
+            for prompt in prompts[start + rank * share : start + (rank + 1) * share]
         ]
 
     # ----- collectives (identity with one process) -------------------------------------------
@@ -475,21 +479,19 @@ class World:
         _reshard(model)
         return list(self.unwrap(model).named_parameters())
 
-    def colocated_engine(self, start: Callable[..., Any], **options: Any) -> Any:
-        """`start(**options)`: an engine that makes process groups of its own on this job's (vLLM's
-        `LLM` under torchrun builds its groups on the default group and runs set-up collectives on
-        them: barriers, an all_reduce, a broadcast of objects). Every rank calls it at the same point
-        of its setup, so those collectives meet; they are the engine's, started here."""
-        return start(**options)
-
-    def whole_state(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    def whole_state(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Each (name, tensor) of the state dict of the model inside any wrapper, whole, on every
-        rank, one at a time: under FSDP2 a shard is all-gathered when its turn comes (every rank
-        must iterate to the end, in step), so no rank holds more than one gathered tensor beyond
-        what the consumer keeps. Tied weights appear under each of their names."""
+        rank, one at a time, in `dtype` when given (floating-point tensors): under FSDP2 a shard is
+        cast, then all-gathered when its turn comes (every rank must iterate to the end, in step),
+        so no rank holds more than one gathered tensor beyond what the consumer keeps, and a bf16
+        consumer gathers half the bytes of the fp32 masters. Tied weights appear under each of
+        their names."""
         _reshard(model)
         for name, tensor in self.unwrap(model).state_dict().items():
-            yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+            tensor = tensor.detach()
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
     def whole_on_writer(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each (name, tensor) whole, on rank 0's CPU, one at a time: a sharded tensor (DTensor,
@@ -520,6 +522,21 @@ def _reshard(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+def cuda_device_index(local_rank: int, visible_devices: int, processes_per_node: int) -> int:
+    """The CUDA device (torch's ordinal among the devices this process sees) of the process with
+    `local_rank` among `processes_per_node` on its node: 0 when it sees one GPU (a launcher that
+    gives each process its own, as SLURM's `--gpus-per-task` does, or processes sharing one), its
+    local rank when it sees one per process or more. DistributedConfigError otherwise."""
+    if visible_devices == 1:
+        return 0
+    if local_rank < visible_devices and processes_per_node <= visible_devices:
+        return local_rank
+    raise DistributedConfigError(
+        f"{processes_per_node} processes on this node, and process {local_rank} sees {visible_devices} GPUs: give "
+        "each process one GPU (CUDA_VISIBLE_DEVICES) or every process all of them, at least one per process"
+    )
 
 
 def communication_device(backend_config: str, tensor_device: torch.device, local_rank: int) -> torch.device:

@@ -37,14 +37,14 @@ from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
-from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed import World
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
-from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
+from pacs.train.rollout_engine import build_engine, engine_dtype, generation_group, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
@@ -172,6 +172,8 @@ class Trainer:
     is the policy with its adapters disabled)."""
     algorithm: Algorithm
     engine: RolloutEngine
+    generation_group: GenerationGroup
+    """The ranks that generate together with this one (vLLM's tensor parallelism; alone otherwise)."""
     scorer: ScoringPool
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
@@ -192,6 +194,10 @@ class Trainer:
         """Models, optimizers, prompts, scorer and engine, restored from the newest checkpoint
         with `resume=auto`; every rank resumes the checkpoint rank 0 chose."""
         world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+        try:
+            group = generation_group(config, world)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if config.model.lora_rank > 0:
             try:
                 require_peft()
@@ -229,7 +235,7 @@ class Trainer:
             temperature=config.rollout.temperature,
             autocast=mixed_precision(world.device, config.model.dtype),
         )
-        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
+        return cls(config, world, policy, critic, reference, algorithm, engine, group, scorer, train_prompts, val_prompts,
                    sampler, start_step, tracker_runs, settings, console,
                    engine_has_policy_weights=not pushes_weights(engine, config))
 
@@ -301,9 +307,12 @@ class Trainer:
 
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
-        their sampled responses."""
-        config = self.config
-        indices = self.world.shard_prompts(self.sampler.next_batch(config.train.batch_size), config.train.mini_batch_size)
+        their sampled responses. The engine generates for its generation group's prompts (this
+        rank's alone without tensor parallelism), then sleeps (`RolloutEngine.sleep`)."""
+        config, group = self.config, self.generation_group
+        prompts = self.sampler.next_batch(config.train.batch_size)
+        shares = [self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in group.ranks]
+        indices = shares[group.member]
         params = SamplingParams(
             n=config.rollout.n,
             temperature=config.rollout.temperature,
@@ -312,14 +321,18 @@ class Trainer:
             return_logprobs=self.engine.holds_own_weights,
         )
         with self.generation(), self.settings.autocast():
-            rollouts = self.engine.generate([self.train_prompts.token_ids[i] for i in indices], params)
-        return [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)], rollouts
+            group_rollouts = self.engine.generate([self.train_prompts.token_ids[i] for share in shares for i in share], params)
+        self.engine.sleep()
+        rows = [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
+        return rows, group.own_rows(group_rollouts, len(rows))
 
     def sync_engine_weights(self) -> None:
         """Push the policy's weights into an engine that holds its own copy (vLLM) if they
-        changed since it last got them (`pacs.train.rollout_engine.policy_weights`)."""
-        if not self.engine_has_policy_weights:
-            self.engine.load_weights(policy_weights(self.world, self.policy.model))
+        changed since it last got them or it dropped them asleep
+        (`pacs.train.rollout_engine.policy_weights`)."""
+        if not self.engine_has_policy_weights or not self.engine.has_weights:
+            dtype = DTYPES[engine_dtype(self.config)]
+            self.engine.load_weights(policy_weights(self.world, self.policy.model, dtype))
             self.engine_has_policy_weights = True
 
     def generation(self) -> contextlib.AbstractContextManager:
@@ -392,9 +405,10 @@ class Trainer:
         return self.val_prompts is not None and (step == self.config.train.steps or bool(every and step % every == 0))
 
     def validate(self) -> dict[str, float]:
-        """The validation prompts evaluated with the current policy, each rank generating for its
-        share of the problems, pass@k computed over all of them (the same on every rank)."""
-        config, world = self.config, self.world
+        """The validation prompts evaluated with the current policy, each generation group (each
+        rank without tensor parallelism) generating for its share of the problems, pass@k
+        computed over all of them (the same on every rank)."""
+        config, world, group = self.config, self.world, self.generation_group
         params = SamplingParams(
             n=config.eval.n,
             temperature=config.eval.temperature,
@@ -410,11 +424,12 @@ class Trainer:
                 self.val_prompts.rows,
                 params,
                 self.scorer,
-                problem_share=(world.rank, world.world_size),
+                problem_share=(group.index, group.count),
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
-        result = EvalResult.merge(world.gather_objects(share.without_records()))
+        shares = world.gather_objects(share.without_records() if group.is_leader else None)
+        result = EvalResult.merge([share for share in shares if share is not None])
         metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
