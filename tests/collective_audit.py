@@ -6,14 +6,16 @@ the backend serves), and every tensor a collective gets must be on a device the 
 
 runs `pacs ARGS...` with the collectives wrapped; each call is attributed to the first frame, from
 the caller outwards, that is torch's own distributed code (FSDP hooks, DTensor, checkpoint
-helpers: allowed) or pacs code (allowed only in pacs/train/distributed.py). Frames of other
-libraries are looked through: transformers' `generate` all-reducing per token under pacs's
-rollout counts against the rollout. Any violation ends the process with exit code 3 and a list.
+helpers: allowed), vLLM's (an engine's own process groups, which it puts on its own devices:
+allowed) or pacs code (allowed only in pacs/train/distributed.py). Frames of other libraries are
+looked through: transformers' `generate` all-reducing per token under pacs's rollout counts
+against the rollout. Any violation ends the process with exit code 3 and a list.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 import traceback
 from pathlib import Path
@@ -33,13 +35,15 @@ COLLECTIVES = (
 PACS = str(Path(__import__("pacs").__file__).parent)
 THE_PLACE = str(Path(PACS) / "train" / "distributed.py")
 TORCH_DISTRIBUTED = str(Path(torch.__file__).parent / "distributed")
+_VLLM = importlib.util.find_spec("vllm")
+OWNERS_OF_THEIR_COLLECTIVES = (TORCH_DISTRIBUTED, *([str(Path(_VLLM.origin).parent)] if _VLLM else []))
 violations: list[str] = []
 
 
 def attribute(stack: list[traceback.FrameSummary]) -> str | None:
     """Why the call at the end of `stack` breaks the rule, or None."""
     for frame in reversed(stack[:-1]):  # the last frame is the wrapper itself
-        if frame.filename.startswith(TORCH_DISTRIBUTED):
+        if frame.filename.startswith(OWNERS_OF_THEIR_COLLECTIVES):
             return None
         if frame.filename.startswith(PACS):
             return None if frame.filename == THE_PLACE else f"{frame.filename}:{frame.lineno} ({frame.name})"
@@ -74,11 +78,16 @@ def install() -> None:
             setattr(dist, name, wrapped)
 
 
-if __name__ == "__main__":
+def main(arguments: list[str]) -> None:
+    """`pacs ARGUMENTS` with the collectives audited."""
     install()
     try:
-        pacs_main(sys.argv[1:])
+        pacs_main(arguments)
     finally:
         if violations:
             print("collectives outside pacs.train.distributed:\n" + "\n".join(sorted(set(violations))), file=sys.stderr)
             sys.exit(3)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
