@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 # pacs's extras installed; the W&B and MLflow ones so that the tracker tests run in `make test` (about 200 MB).
 EXTRAS ?= test,lora,wandb,mlflow
 
-.PHONY: install peer-venvs vllm-venv demo test clean
+.PHONY: install peer-venvs vllm-venv demo test test-gpu clean
 
 install: $(STAMP)
 
@@ -68,6 +68,12 @@ test: install peer-venvs vllm-venv
 	  echo "---- tests/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \
 	  test $$main_status -eq 0 && test $$vllm_status -eq 0; }; \
 	status=$$?; rm -rf $$cache; exit $$status
+
+# The GPU suite (tests/test_gpu.py, docs/gpu.md): bf16 training with both engines, sleep mode, CUDA
+# graphs, resume, the memory plan against the allocator, and 2 GPUs when there are. On a CUDA machine
+# after `make install TORCH_CONSTRAINTS= VLLM_EXTRA=vllm`; without CUDA every test skips.
+test-gpu: install
+	$(BIN)/python -m pytest -m gpu -ra -p no:xdist
 
 clean:
 	rm -rf $(VENV) .peer-venvs runs .pytest_cache

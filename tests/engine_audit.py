@@ -5,7 +5,8 @@ in `$PACS_TEST_ENGINE_RECORD/rank<RANK>.jsonl`.
     PACS_TEST_ENGINE_RECORD=DIR OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 tests/engine_audit.py train ARGS...
 
 Events: `start` (the options that decide placement and weights, RANK and LOCAL_RANK as vLLM read
-them, the executor vLLM chose, the ranks of its tensor-parallel group), `generate` (digests of the
+them, the executor vLLM chose, the ranks of its tensor-parallel group, the current CUDA device
+after it started), `generate` (digests of the
 prompts and of the sampled tokens, and whether log-probs were asked for: training's rollouts ask,
 validation's do not), `sleep` (level), `wake_up` (tags) and `reload_weights`. vLLM runs for real:
 the recorder only wraps its methods.
@@ -20,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-import vllm
+import torch
 
 import collective_audit
 
@@ -56,6 +57,7 @@ def started(llm, result, **options) -> dict:
         "env": {name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK")},
         "executor": type(llm.llm_engine.engine_core.engine_core.model_executor).__name__,
         "tensor_parallel_ranks": parallel_state.get_tp_group().ranks,
+        "current_device": torch.cuda.current_device() if torch.cuda.is_available() else None,
     }
 
 
@@ -68,6 +70,8 @@ def generated(llm, outputs, requests, sampling_params, **_) -> dict:
 
 
 def install() -> None:
+    import vllm
+
     llm = vllm.LLM
     llm.__init__ = recorded("start", llm.__init__, started)
     llm.generate = recorded("generate", llm.generate, generated)
