@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 # pacs's extras installed; the W&B and MLflow ones so that the tracker tests run in `make test` (about 200 MB).
 EXTRAS ?= test,lora,wandb,mlflow
 
-.PHONY: install peer-venvs vllm-venv demo test test-gpu clean
+.PHONY: install peer-venvs vllm-venv demo test test-gpu warm-model-variants clean
 
 install: $(STAMP)
 
@@ -74,6 +74,11 @@ test: install peer-venvs vllm-venv
 # after `make install TORCH_CONSTRAINTS= VLLM_EXTRA=vllm`; without CUDA every test skips.
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -ra -p no:xdist
+
+# The tests that use the warm-started model, against models built with 1 and 2 threads and seeds
+# 0-2 (benchmarks/warm_model_variants.py; about half an hour, not part of `make test`).
+warm-model-variants: install peer-venvs vllm-venv
+	$(BIN)/python benchmarks/warm_model_variants.py
 
 clean:
 	rm -rf $(VENV) .peer-venvs runs .pytest_cache
