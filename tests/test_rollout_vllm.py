@@ -247,30 +247,27 @@ def engine_events(record: Path, rank: int) -> list[dict]:
     return [event for event in read_record(record, rank) if event["event"] != "start"]
 
 
-def runs_tensor_parallel(record: Path) -> bool:
-    return read_record(record, 0)[0]["options"]["tensor_parallel_size"] == 2
+ONE_ENGINE_OVER_BOTH_RANKS = pytest.mark.parametrize("two_process_run", ["fsdp-tensor-parallel-asleep"], indirect=True)
 
 
 @pytest.mark.slow
+@ONE_ENGINE_OVER_BOTH_RANKS
 def test_both_ranks_of_a_tensor_parallel_engine_generate_the_same_responses(two_process_run):
     """The ranks of one engine ask it for the same prompts (both ranks' shares) with one seed and
     get the same tokens, at every rollout (4) and validation call (2 validations x 4 calls)."""
     _, _, record = two_process_run
-    if not runs_tensor_parallel(record):
-        pytest.skip("this run gives each rank its own engine")
     calls = {rank: [event for event in engine_events(record, rank) if event["event"] == "generate"] for rank in (0, 1)}
     assert len(calls[0]) == 4 + 2 * 4 and calls[0] == calls[1]
 
 
 @pytest.mark.slow
+@ONE_ENGINE_OVER_BOTH_RANKS
 def test_asleep_the_engine_wakes_its_weights_before_each_push_and_its_kv_cache_after(two_process_run):
     """After every rollout the engine sleeps at level 2 (its weights dropped, not copied to the
     host: they are pushed again); the next push wakes the weights alone, and the KV cache only
     after it; validation's 4 calls wake nothing in between (one wake per validation)."""
     _, _, record = two_process_run
     events = engine_events(record, 0)
-    if not any(event["event"] == "sleep" for event in events):
-        pytest.skip("this run keeps the engine awake")
     push = ["wake_up", "reload_weights", "wake_up"]
     assert [event.get("method", event["event"]) for event in events] == [
         "reload_weights", "generate", "sleep",  # step 1: the first push finds the engine awake
