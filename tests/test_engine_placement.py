@@ -7,14 +7,12 @@ tests/test_gpu.py on GPUs."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-import torch.distributed as dist
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memory_plan import fake_process_group
 from pacs.cli import main
 from pacs.config import VllmConfig
 from pacs.models.tiny import tiny_model_config
@@ -157,17 +155,6 @@ class AllGatherInputs(TorchDispatchMode):
         if "all_gather" in str(func):
             self.dtypes.append(args[0].dtype)
         return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def fake_process_group(world_size: int):
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp_shards_are_cast_to_the_engines_dtype_before_they_are_gathered():

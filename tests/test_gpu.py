@@ -176,12 +176,10 @@ def test_local_rank_1_seeing_one_gpu_computes_on_cuda_0():
 def test_the_memory_plan_predicts_a_micro_batchs_peak_on_the_gpu():
     """benchmarks/memory_plan.py's simulation of its small check model (one process, bf16,
     activation checkpointing) against `torch.cuda.max_memory_allocated` of the same micro-batch."""
-    spec = importlib.util.spec_from_file_location("memory_plan", TESTS.parent / "benchmarks" / "memory_plan.py")
-    memory_plan = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = memory_plan
-    spec.loader.exec_module(memory_plan)
-    simulated = memory_plan.check_run(True, "none")
-    measured = memory_plan.check_run_on_gpu()
+    from memory_plan import check_run, check_run_on_gpu  # benchmarks/ (conftest puts it on the path)
+
+    simulated = check_run(True, "none")
+    measured = check_run_on_gpu()
     for part in ("gathered", "activations"):
         simulated_part, measured_part = simulated[part], measured[part]
         assert abs(simulated_part - measured_part) <= PLAN_TOLERANCE * max(measured_part, 2**20), part
