@@ -289,7 +289,7 @@ def simulate_micro_batch(
         "optimizer state": local_bytes(tensor for state in optimizer.state.values() for tensor in state.values() if tensor.dim()),
     }
     rss_before = _current_rss_bytes()
-    peak = tracked_peak(model, optimizer, lambda: loss_of(model).backward(), autocast, fake, sum(persistent.values()))
+    peak = tracked_peak(model, optimizer, lambda: loss_of(model), autocast, fake, sum(persistent.values()), backward=True)
     measured = {"rss_above_state": _peak_rss_bytes() - rss_before} if fake is None else {}
     return {**persistent, **peak, **measured}
 
@@ -303,20 +303,22 @@ def simulate_no_grad_micro_batch(
     for parameter in model.parameters():
         parameter.grad = None
 
-    def forward() -> None:
+    def forward() -> torch.Tensor:
         with torch.no_grad():
-            loss_of(model)
+            return loss_of(model)
 
     weights = local_bytes(model.parameters()) + local_bytes(model.buffers())
-    return tracked_peak(model, None, forward, autocast, fake, weights)
+    return tracked_peak(model, None, forward, autocast, fake, weights, backward=False)
 
 
 def tracked_peak(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, run: Callable[[], None], autocast: bool,
-    fake: FakeTensorMode | None, persistent: int,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, forward: Callable[[], torch.Tensor], autocast: bool,
+    fake: FakeTensorMode | None, persistent: int, *, backward: bool,
 ) -> dict[str, int]:
-    """`run()`'s peak above `persistent` bytes (what the tracker counts of the model and optimizer
-    before it starts), as "gathered" (the tracker's `GATHERED` categories) and "activations" (the rest)."""
+    """The peak of `forward()` (under bf16 autocast with `autocast`) and, with `backward`, of its
+    output's backward (outside autocast, as the trainer runs it) above `persistent` bytes (what the
+    tracker counts of the model and optimizer before it starts), as "gathered" (the tracker's
+    `GATHERED` categories) and "activations" (the rest)."""
     is_fsdp = any(isinstance(parameter, DTensor) for parameter in model.parameters())
     tracker = FSDPPeakTracker(model, optimizer) if is_fsdp else PeakTracker()
     if not is_fsdp:
@@ -334,7 +336,9 @@ def tracked_peak(
     try:
         with fake if fake is not None else contextlib.nullcontext(), tracker, RealWhereSmall() if fake else contextlib.nullcontext():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                run()
+                output = forward()
+            if backward:
+                output.backward()
     finally:
         handle.remove()
     kinds: dict[str, int] = {}
