@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 # 200 MB), and the docs one so that it builds the documentation site.
 EXTRAS ?= test,lora,wandb,mlflow,docs
 
-.PHONY: install peer-venvs vllm-venv demo test warm-model-variants clean
+.PHONY: install peer-venvs vllm-venv demo test test-gpu warm-model-variants clean
 
 install: $(STAMP)
 
@@ -67,6 +67,12 @@ test: install peer-venvs vllm-venv
 	  echo "---- tests/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \
 	  test $$main_status -eq 0 && test $$vllm_status -eq 0; }; \
 	status=$$?; rm -rf $$cache; exit $$status
+
+# The GPU suite (tests/test_gpu.py, docs/gpu.md): bf16 training with both engines, sleep mode, CUDA
+# graphs, resume, the memory plan against the allocator, and 2 GPUs when there are. On a CUDA machine
+# after `make install TORCH_CONSTRAINTS= VLLM_EXTRA=vllm`; without CUDA every test skips.
+test-gpu: install
+	$(BIN)/python -m pytest -m gpu -ra -p no:xdist
 
 # The tests that use the warm-started model, against models built with 1 and 2 threads and seeds
 # 0-2 (benchmarks/warm_model_variants.py; about half an hour, not part of `make test`).

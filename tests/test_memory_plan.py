@@ -60,3 +60,57 @@ def test_the_plans_peak_only_trackers_report_the_peak_of_torchs_trackers(monkeyp
     peak_only = simulated()
     monkeypatch.setattr(memory_plan, "FSDPPeakTracker", memory_plan.FSDPMemTracker)
     assert simulated() == peak_only and peak_only["activations"] > 0
+
+
+TINY_QWEN = dict(
+    hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=1000, tie_word_embeddings=False, max_position_embeddings=4096,
+)
+
+
+def tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, *settings: str):
+    """The plan of a tiny Qwen2 trained under FSDP at 8 ranks in bf16 with vLLM generating."""
+    monkeypatch.setitem(memory_plan.QWEN25, "tiny-qwen", TINY_QWEN)
+    config = tmp_path / "config.yaml"
+    config.write_text("\n".join([
+        "model: {path: tiny-qwen, dtype: bfloat16}", "rollout: {engine: vllm, n: 4, generation_batch_size: 16}",
+        "train: {strategy: fsdp, batch_size: 16, mini_batch_size: 8, micro_batch_size: 2}",
+        "data: {max_prompt_length: 8, max_response_length: 24}",
+    ]))
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    for setting in settings:
+        key, value = setting.split("=")
+        data["rollout"].setdefault("vllm", {})[key] = yaml.safe_load(value)
+    config.write_text(yaml.safe_dump(data))
+    return memory_plan.simulate(str(config), 8, gpu_gib=80.0)
+
+
+def test_the_plan_counts_vllm_in_generation_and_asleep_nowhere_else(monkeypatch, tmp_path):
+    """vLLM's bf16 weights and the rest of its 0.5 of an 80 GiB GPU while generating; with sleep
+    mode (the default on GPUs) the other phases do not hold it; the peak is the largest phase."""
+    memory_plan = load_script()
+    plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path)
+    weights = bf16_bytes(memory_plan, plan)
+    assert plan.phases["generation"][memory_plan.VLLM_WEIGHTS] == weights
+    assert plan.phases["generation"][memory_plan.VLLM_REST] == int(0.5 * 80 * 2**30) - weights
+    assert not any(part.startswith("vLLM") for phase in ("old log-probs", "update") for part in plan.phases[phase])
+    summary = plan.as_json()
+    assert set(summary["phases"]) == {"generation", "old log-probs", "update"}
+    assert summary["peak_gib"] == max(phase["total_gib"] for phase in summary["phases"].values())
+    assert plan.phases["update"]["gradients"] > 0 and "gradients" not in plan.phases["generation"]
+
+
+def test_without_sleep_mode_the_plan_holds_vllm_in_every_phase(monkeypatch, tmp_path):
+    """... each rank holding half of the weights with tensor parallelism over 2."""
+    memory_plan = load_script()
+    plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, "sleep_mode=false", "tensor_parallel_size=2")
+    held = {plan.phases[phase][memory_plan.VLLM_WEIGHTS] for phase in ("generation", "old log-probs", "update")}
+    assert held == {bf16_bytes(memory_plan, plan) // 2}
+
+
+def bf16_bytes(memory_plan, plan) -> int:
+    """Bytes of the whole plan's model in bf16."""
+    model = memory_plan.build_on_meta(memory_plan.load_config(plan.config), Qwen2Config(**TINY_QWEN), reference=True)
+    return 2 * sum(parameter.numel() for parameter in model.parameters())

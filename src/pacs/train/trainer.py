@@ -31,14 +31,14 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
-from pacs.models.loading import enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
+from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
 from pacs.models.precision import Precision
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
-from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams, rank_seed
+from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed.collectives import (
@@ -55,7 +55,7 @@ from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
-from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
+from pacs.train.rollout_engine import build_engine, generation_group, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
@@ -183,6 +183,8 @@ class Trainer:
     is the policy with its adapters disabled)."""
     algorithm: Algorithm
     engine: RolloutEngine
+    generation_group: GenerationGroup
+    """The ranks that generate together with this one (vLLM's tensor parallelism; alone otherwise)."""
     scorer: ScoringPool
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
@@ -203,6 +205,10 @@ class Trainer:
         """Models, optimizers, prompts, scorer and engine, restored from the newest checkpoint
         with `resume=auto`; every rank resumes the checkpoint rank 0 chose."""
         world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+        try:
+            group = generation_group(config, world)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if config.model.lora_rank > 0:
             try:
                 require_peft()
@@ -246,6 +252,7 @@ class Trainer:
             reference=reference,
             algorithm=algorithm,
             engine=engine,
+            generation_group=group,
             scorer=scorer,
             train_prompts=train_prompts,
             val_prompts=val_prompts,
@@ -327,9 +334,12 @@ class Trainer:
 
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
-        their sampled responses."""
-        config = self.config
-        indices = self.world.shard_prompts(self.sampler.next_batch(config.train.batch_size), config.train.mini_batch_size)
+        their sampled responses. The engine generates for its generation group's prompts (this
+        rank's alone without tensor parallelism), then sleeps (`RolloutEngine.sleep`)."""
+        config, group = self.config, self.generation_group
+        prompts = self.sampler.next_batch(config.train.batch_size)
+        shares = [self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in group.ranks]
+        indices = shares[group.member]
         params = SamplingParams(
             n=config.rollout.n,
             temperature=config.rollout.temperature,
@@ -338,14 +348,18 @@ class Trainer:
             return_logprobs=self.engine.holds_own_weights,
         )
         with self.generation(), self.settings.autocast():
-            rollouts = self.engine.generate([self.train_prompts.token_ids[i] for i in indices], params)
-        return [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)], rollouts
+            group_rollouts = self.engine.generate([self.train_prompts.token_ids[i] for share in shares for i in share], params)
+        self.engine.sleep()
+        rows = [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
+        return rows, group.own_rows(group_rollouts, len(rows))
 
     def sync_engine_weights(self) -> None:
         """Push the policy's weights into an engine that holds its own copy (vLLM) if they
-        changed since it last got them (`pacs.train.rollout_engine.policy_weights`)."""
-        if not self.engine_has_policy_weights:
-            self.engine.load_weights(policy_weights(self.policy.model))
+        changed since it last got them or it dropped them asleep
+        (`pacs.train.rollout_engine.policy_weights`)."""
+        if not self.engine_has_policy_weights or not self.engine.has_weights:
+            dtype = DTYPES[Precision(self.config.model.dtype).engine]
+            self.engine.load_weights(policy_weights(self.policy.model, dtype))
             self.engine_has_policy_weights = True
 
     def generation(self) -> contextlib.AbstractContextManager:
@@ -433,9 +447,10 @@ class Trainer:
         return self.val_prompts is not None and (step == self.config.train.steps or bool(every and step % every == 0))
 
     def validate(self) -> dict[str, float]:
-        """The validation prompts evaluated with the current policy, each rank generating for its
-        share of the problems, pass@k computed over all of them (the same on every rank)."""
-        config, world = self.config, self.world
+        """The validation prompts evaluated with the current policy, each generation group (each
+        rank without tensor parallelism) generating for its share of the problems, pass@k
+        computed over all of them (the same on every rank)."""
+        config, world, group = self.config, self.world, self.generation_group
         params = SamplingParams(
             n=config.eval.n,
             temperature=config.eval.temperature,
@@ -451,11 +466,12 @@ class Trainer:
                 self.val_prompts.rows,
                 params,
                 self.scorer,
-                problem_share=(world.rank, world.world_size),
+                problem_share=(group.index, group.count),
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
-        result = EvalResult.merge(gather_objects(world, share.without_records()))
+        shares = gather_objects(world, share.without_records() if group.is_leader else None)
+        result = EvalResult.merge([share for share in shares if share is not None])
         metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
