@@ -111,15 +111,17 @@ def _eval(args: argparse.Namespace) -> None:
 
 def _sft(args: argparse.Namespace) -> None:
     from pacs.data.arithmetic import answer_text
-    from pacs.data.loading import check_data_spec, load_rows
-    from pacs.models.loading import check_model_path
+    from pacs.data.loading import load_rows
+    from pacs.models.loading import check_model_reachable
+    from pacs.outputs import unusable_inputs
     from pacs.train.sft import supervised_warm_start
 
-    check_model_path(args.model)
-    check_data_spec(args.data, default_split="train")
+    rows = []
+    checks = [("--model", lambda: check_model_reachable(args.model)), ("--data", lambda: rows.extend(load_rows(args.data, default_split="train")))]
+    if problems := unusable_inputs(checks):
+        raise ValueError(problems)
     if aside := claim_output_dir(Path(args.out), "pacs sft", replace=args.overwrite):
         print(f"the previous model in {args.out} is now {aside}")
-    rows = load_rows(args.data, default_split="train")
     out = supervised_warm_start(
         args.model, rows, answer_text, Path(args.out), steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed
     )
@@ -127,14 +129,28 @@ def _sft(args: argparse.Namespace) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from pacs.data.prepare import check_file, prepare_dataset, write_parquet
+    from pacs.data.prepare import prepare_dataset, read_rows, write_parquet
 
     if args.check:
-        print(f"{args.check}: {check_file(args.check)} rows, all valid")
+        from pacs.rewards.checks import check_scoring, first_row_of_each_source
+
+        rows = read_rows(args.check)
+        check_scoring({args.check: rows}, args.reward_function, timeout_s=args.reward_timeout)
+        sources = ", ".join(first_row_of_each_source({args.check: rows}))
+        scorer = args.reward_function or "the built-in reward function of each"
+        print(f"{args.check}: {len(rows)} rows, all valid; data_source {sources}, scored by {scorer}")
         return
     if not args.input or not args.out:
         raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
-    prepared = prepare_dataset(args.input, source=args.source, repeat=args.repeat)
+    prepared = prepare_dataset(
+        args.input,
+        source=args.source,
+        repeat=args.repeat,
+        prompt_field=args.prompt_field,
+        answer_field=args.answer_field,
+        data_source=args.data_source,
+        prompt_suffix=args.prompt_suffix,
+    )
     if aside := claim_output_file(Path(args.out), replace=args.overwrite):
         print(f"the previous {args.out} is now {aside}")
     write_parquet(prepared.rows, args.out)
@@ -171,6 +187,8 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pacs.data.prepare import PROMPT_SUFFIX  # torch-free, as every command's parser must be
+
     parser = argparse.ArgumentParser(prog="pacs", description="PACS and its baselines for RL from verifiable rewards.")
     parser.add_argument("--version", action="version", version=f"pacs {pacs.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -223,13 +241,44 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     sft.set_defaults(run=_sft)
 
-    prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
-    prepare.add_argument("--input", help="json, jsonl or parquet file as published (e.g. data/benchmarks/*.jsonl in the repository)")
-    prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k or deepscaler (default: from the file name)")
+    prepare = commands.add_parser(
+        "prepare",
+        help="convert a file of problems and answers (yours, or a public math set) into the row schema",
+        description="Convert a file of problems and answers into the row schema that pacs train and pacs eval "
+        "read. Public math sets are recognised by file name (or --source); any other file by its fields "
+        "(problem, question or prompt; answer, ground_truth or solution) or the fields you name.",
+    )
+    prepare.add_argument("--input", help="jsonl, json, csv or parquet file, one record per problem")
+    prepare.add_argument(
+        "--source",
+        choices=["math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler"],
+        help="read the file as this public set (default: the set its file name names, else a file of your own)",
+    )
+    prepare.add_argument("--prompt-field", help="field holding each problem (default: problem, question or prompt)")
+    prepare.add_argument("--answer-field", help="field holding each answer (default: answer, ground_truth or solution)")
+    prepare.add_argument(
+        "--data-source",
+        help="data_source of every row: picks the built-in reward function, or names the rows for yours "
+        "(default: the public set's name; math, the math verifier, for a file of your own)",
+    )
+    prepare.add_argument(
+        "--prompt-suffix",
+        default=PROMPT_SUFFIX,
+        help="text appended to every problem ('' for none)",
+    )
     prepare.add_argument("--out", help="output .parquet file")
-    prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
+    prepare.add_argument("--repeat", type=AT_LEAST_ONE, default=1, help="write every problem R times (pass@k up to n*R in eval)")
     prepare.add_argument("--overwrite", action="store_true", help="move an existing --out file aside (to NAME.superseded)")
-    prepare.add_argument("--check", metavar="FILE", help="only validate a prepared file against the schema")
+    prepare.add_argument(
+        "--check",
+        metavar="FILE",
+        help="only validate a prepared file: every row against the schema, and every data_source against the "
+        "reward functions (yours, with --reward-function, called once per data_source)",
+    )
+    prepare.add_argument("--reward-function", help="with --check: package.module:function that will score the rows")
+    prepare.add_argument(
+        "--reward-timeout", type=POSITIVE, default=1.0, help="with --check and --reward-function: seconds per answer"
+    )
     prepare.set_defaults(run=_prepare)
 
     compare = commands.add_parser("compare", help="train PACS and baselines identically and tabulate pass@k")

@@ -51,13 +51,14 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from pacs.config import VllmConfig
 
-from pacs.data.loading import check_data_spec, load_rows
+from pacs.data.loading import load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer, resolve_model_path
-from pacs.outputs import claim_output_dir
+from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer, resolve_model_path
+from pacs.outputs import claim_output_dir, unusable_inputs
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
+from pacs.rewards.checks import check_scoring
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
@@ -418,7 +419,10 @@ def evaluate_model(
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
     if engine == "vllm" and processes.world_size > 1:
         raise ValueError("pacs eval --engine vllm runs in one process; under torchrun use --engine hf")
-    processes.on_every_rank(lambda: _check_inputs(model_path, specs, reward_function), remedy=SAME_INPUTS_EVERYWHERE)
+    rows_by_spec = processes.on_every_rank(
+        lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, probe=processes.is_writer),
+        remedy=SAME_INPUTS_EVERYWHERE,
+    )
     processes.decided_by_writer(lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
         model_path=model_path,
@@ -444,9 +448,8 @@ def evaluate_model(
         )
         rows, locations = [], []
         for spec in specs:
-            spec_rows = load_rows(spec, default_split="val")
-            rows += spec_rows
-            locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
+            rows += rows_by_spec[spec]
+            locations += [f"{spec}: row {position}" for position in range(len(rows_by_spec[spec]))]
         return tokenizer, rollout_engine, context_length, rows, locations
 
     tokenizer, rollout_engine, context_length, rows, locations = processes.on_every_node(
@@ -475,13 +478,31 @@ def evaluate_model(
     return result
 
 
-def _check_inputs(model_path: str, specs: list[str], reward_function: str | None) -> None:
-    """Raise ValueError or FileNotFoundError unless the model, every data spec and the reward
-    function can be used here (nothing large is loaded)."""
-    check_model_path(model_path)
-    for spec in specs:
-        check_data_spec(spec, default_split="val")
-    load_reward_function(reward_function)
+def _checked_inputs(
+    model_path: str, specs: list[str], reward_function: str | None, reward_timeout_s: float, *, probe: bool
+) -> dict[str, list[dict]]:
+    """Every spec's rows (each checked against the schema), once the model is found reachable and
+    the rows scorable (`check_scoring`; with `probe`, the reward function is called on a real row);
+    otherwise ValueError listing every problem at once. Nothing large is loaded."""
+    rows_by_spec: dict[str, list[dict]] = {}
+
+    def read(spec: str) -> None:
+        rows_by_spec[spec] = load_rows(spec, default_split="val")
+
+    def scoring() -> None:
+        if reward_function is not None:
+            load_reward_function(reward_function)
+        if probe or reward_function is None:
+            check_scoring(rows_by_spec, reward_function, timeout_s=reward_timeout_s)
+
+    checks = [
+        ("--model", lambda: check_model_reachable(model_path)),
+        *((f"--data {spec}", lambda spec=spec: read(spec)) for spec in specs),
+        ("--reward-function" if reward_function else "--data", scoring),
+    ]
+    if problems := unusable_inputs(checks):
+        raise ValueError(problems)
+    return rows_by_spec
 
 
 def load_engine(

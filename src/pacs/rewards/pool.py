@@ -106,21 +106,29 @@ class ScoringPool:
             outcome = self._workers.run(calls, timeout_s=check_timeout_s(self.timeout_s))
         except CallError as error:
             raise self._function_error(calls[error.index], error.text) from None
-        scores = [
-            0.0 if result is NO_RESULT else _checked_score(result, call[0], call[3])
-            for call, result in zip(calls, outcome.results)
-        ]
+        scores = [0.0 if result is NO_RESULT else self._checked(result, call) for call, result in zip(calls, outcome.results)]
         return BatchScores(scores, timed_out=outcome.timed_out, crashed=outcome.crashed)
+
+    @property
+    def function_name(self) -> str:
+        """The reward function, as the user named it (`default_compute_score`: by data_source)."""
+        return self.function_spec or "default_compute_score"
 
     def _function_error(self, call: RewardCall, error_text: str) -> ValueError:
         data_source, _, _, extra_info = call
-        function_name = self.function_spec or "default_compute_score"
         where = _describe_row(data_source, extra_info)
-        return ValueError(f"Reward function {function_name} raised for {where}: {error_text}")
+        return ValueError(f"Reward function {self.function_name} raised for {where}: {error_text}")
+
+    def _checked(self, result: object, call: RewardCall) -> float:
+        """`_checked_score`, its refusal naming the function."""
+        try:
+            return _checked_score(result, call[0], call[3])
+        except ValueError as error:
+            raise ValueError(f"Reward function {self.function_name}: {error}") from None
 
     def _score_in_process(self, call: RewardCall) -> float:
         try:
             result = self._compute_score(*call)
         except (Exception, SystemExit) as error:  # KeyboardInterrupt stays Ctrl-C
             raise self._function_error(call, exception_text(error)) from error
-        return _checked_score(result, call[0], call[3])
+        return self._checked(result, call)

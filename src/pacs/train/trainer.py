@@ -197,7 +197,8 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
-        world.on_every_rank(lambda: check_node_inputs(config), remedy=NODE_INPUTS_REMEDY)
+        # rank 0 checks every input in open_run (before it writes); the other ranks, their own disks' here
+        world.on_every_rank(lambda: None if world.is_writer else check_node_inputs(config), remedy=NODE_INPUTS_REMEDY)
         resume_from = world.decided_by_writer(lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
