@@ -302,13 +302,17 @@ def run_comparison(
     *,
     eval_n: int = 16,
     overrides: list[str] = (),
-    baseline: str = "grpo",
+    baseline: str | None = None,
     show_progress: bool = True,
 ) -> dict:
     """Train every method of `algorithms` (plus PACS without weighting when PACS is among them)
     for every seed, evaluate, and write the comparison, each method's pass@k set against
-    `baseline`'s (one of the methods, or "base model"); return what `comparison.json` holds."""
+    `baseline`'s (one of the methods, or "base model"; None: GRPO when it is compared, else the
+    base model, so that `--algorithms pacs` alone is PACS against the model it started from);
+    return what `comparison.json` holds."""
     methods = _methods(algorithms)
+    if baseline is None:
+        baseline = "grpo" if "grpo" in methods else "base model"
     if baseline not in ["base model", *methods]:
         raise ValueError(
             f"baseline {baseline!r} is not among the methods compared; pass --baseline with one of: "

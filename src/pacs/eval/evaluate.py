@@ -59,6 +59,7 @@ from pacs.outputs import claim_output_dir, unusable_inputs
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rewards.checks import check_scoring
+from pacs.rewards.pool import ScoringWatch
 from pacs.rollout.base import RolloutEngine, SamplingParams
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
@@ -212,6 +213,25 @@ class EvalResult:
                 )
         return lines
 
+    def table(self) -> str:
+        """A short, aligned table for a person: one line per data source with its problems,
+        samples per problem, pass@k in percent (every k any source reports; "-" where a source has
+        fewer samples) and the samples whose scoring timed out or crashed. `eval_metrics.json`
+        keeps everything, per problem."""
+        ks = sorted({int(key.split("@")[1]) for metrics in self.metrics.values() for key in metrics})
+        header = ["data source", "problems", "samples", *(f"pass@{k}" for k in ks), "timeouts", "crashes"]
+        lines = [header]
+        for source, report in self.sources.items():
+            by_k = report.pass_at_k or {}
+            cells = [f"{100 * by_k[f'pass@{k}']:.1f}" if f"pass@{k}" in by_k else "-" for k in ks]
+            counts = [len(report.correct_counts), report.samples_per_problem]
+            lines.append([source, *map(str, counts), *cells, str(report.timeouts), str(report.crashes)])
+        widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
+        return "\n".join(
+            "  ".join(cell.ljust(width) if column == 0 else cell.rjust(width) for column, (cell, width) in enumerate(zip(line, widths)))
+            for line in lines
+        )
+
     def write(self, out_dir: Path, settings: EvalSettings) -> None:
         """`eval_rollout.jsonl` (every sample with its score) and `eval_metrics.json`."""
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,6 +323,7 @@ def evaluate(
     sequences_per_call: int = 512,
     problem_share: tuple[int, int] = (0, 1),
     show_progress: bool = True,
+    scoring_watch: ScoringWatch | None = None,
 ) -> EvalResult:
     """Sample `params.n` responses per copy of every problem, score them, compute pass@k.
 
@@ -312,7 +333,9 @@ def evaluate(
     With `context_length` (the model's), each prompt is generated with max_new_tokens =
     min(params.max_new_tokens, context_length − its length), and prompts that leave no room are
     left out and counted (module docstring). A sample counts as correct when its score is 1.
-    `row_locations[i]` names row i in errors (see `merge_repeats`).
+    `row_locations[i]` names row i in errors (see `merge_repeats`). `scoring_watch` observes
+    every batch of generated prompts: a batch whose answers mostly got no score is warned about
+    on stderr, and enough of them in a row stop the evaluation (`ScoringWatch`).
     """
     if params.n < 1 or params.max_new_tokens < 1:
         raise ValueError(
@@ -352,6 +375,10 @@ def evaluate(
             )
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
+            if scoring_watch is not None:
+                label = f"{source} problems {start + 1}-{start + len(chunk)} of {len(members)}"
+                if warning := scoring_watch.observe(label, batch.timed_out, batch.crashed, len(batch.scores)):
+                    progress.write(warning, file=sys.stderr)
             for offset, problem in enumerate(chunk):
                 span = slice(offset * samples, (offset + 1) * samples)
                 samples_of[problem] = list(zip(rollouts.response_texts[span], batch.scores[span]))
@@ -398,6 +425,7 @@ def evaluate_model(
     overwrite: bool = False,
     show_progress: bool = True,
     engine: str = "hf",
+    stop_after_failing_batches: int = 3,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
@@ -409,7 +437,9 @@ def evaluate_model(
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
-    or with samples whose scoring timed out or crashed, are reported on stderr.
+    or with samples whose scoring timed out or crashed, are reported on stderr; after
+    `stop_after_failing_batches` batches in a row whose answers mostly got no score (0: never) the
+    evaluation stops with an error naming the reward function (`ScoringWatch`).
 
     Every input is checked (on every process) and `out_dir` claimed (by rank 0;
     `pacs.outputs.claim_output_dir`: `overwrite` moves a previous evaluation there aside) before
@@ -457,6 +487,13 @@ def evaluate_model(
     )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
+        watch = ScoringWatch(
+            scorer.function_name,
+            remedy=f"--reward-timeout {reward_timeout_s:g}",
+            stop_after=stop_after_failing_batches,
+            stop_option="--stop-after-failing-batches",
+            batches="batches",
+        )
         share = evaluate(
             rollout_engine,
             tokenizer,
@@ -467,6 +504,7 @@ def evaluate_model(
             context_length=context_length,
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
+            scoring_watch=watch,
         )
     shares = processes.gather_on_writer(share)
     if shares is None:

@@ -24,7 +24,7 @@ the pool's limit, for debugging; the math verifier still bounds its own symbolic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pacs.rewards.math import math_score_timeouts
 from pacs.rewards.registry import RewardCall, _checked_score, _describe_row, load_reward_function, reward_calls
@@ -47,6 +47,59 @@ class BatchScores:
     scores: list[float]
     timed_out: int = 0
     crashed: int = 0
+
+
+class ScoringFailed(ValueError):
+    """A reward function gave most answers no score (timed out or crashed) batch after batch."""
+
+
+FAILING_FRACTION = 0.5
+"""A batch fails when at least this fraction of its answers got no score (timed out or crashed)."""
+
+
+@dataclass
+class ScoringWatch:
+    """Keeps a run from going on silently on scores that are 0 only because the reward function
+    never answered: `observe` each batch's counts; a failing batch (`FAILING_FRACTION`) gets a
+    warning naming the function and the remedy, and `stop_after` failing batches in a row (0:
+    never) raise `ScoringFailed`.
+
+    `remedy`: the settings that bound scoring, as the command names them (e.g. "reward.timeout_s=1");
+    `stop_option`: the setting of `stop_after`; `batches`: what batches are to the user ("steps")."""
+
+    function_name: str
+    remedy: str
+    stop_after: int
+    stop_option: str
+    batches: str = "steps"
+    failing: list[str] = field(default_factory=list)
+    """The failing batches in a row so far, e.g. "step 3: 32 of 32"."""
+
+    def observe(self, label: str, timed_out: int, crashed: int, answers: int) -> str | None:
+        """A warning when the batch `label` ("step 3") failed, else None; raises `ScoringFailed`
+        when it is the `stop_after`-th failing batch in a row."""
+        failed = timed_out + crashed
+        if not answers or failed < FAILING_FRACTION * answers:
+            self.failing.clear()
+            return None
+        self.failing.append(f"{label}: {failed} of {answers}")
+        if self.stop_after and len(self.failing) >= self.stop_after:
+            raise ScoringFailed(
+                f"reward function {self.function_name} gave no score to most answers in {len(self.failing)} "
+                f"{self.batches} in a row ({'; '.join(self.failing)} timed out or crashed), so they all scored 0; stopped. "
+                f"Make it answer within its limits ({self.remedy}), raise them, or set {self.stop_option}=0 to go "
+                "on regardless"
+            )
+        stops = (
+            f"; {self.stop_after - len(self.failing)} more such {self.batches} in a row stop the run ({self.stop_option})"
+            if self.stop_after
+            else ""
+        )
+        return (
+            f"warning: {label}: reward function {self.function_name} gave no score to {failed} of {answers} answers "
+            f"({timed_out} timed out, {crashed} crashed), which scored 0. Make it answer within its limits "
+            f"({self.remedy}) or raise them{stops}"
+        )
 
 
 class ScoringPool:

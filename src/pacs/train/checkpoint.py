@@ -45,7 +45,7 @@ from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
-from pacs.models.saving import save_streamed, write_safetensors_files
+from pacs.models.saving import save_streamed, with_umask_modes, write_safetensors_files
 from pacs.outputs import MARKER, is_pacs_output
 from pacs.train.distributed import World
 from pacs.train.sampler import PromptSampler
@@ -90,6 +90,7 @@ def save_checkpoint(
         return directory
     tokenizer.save_pretrained(staging)
     torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
+    with_umask_modes(staging)
     if directory.exists():
         if is_pacs_output(directory):
             shutil.copy2(directory / MARKER, staging / MARKER)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.algos.core import mixed_group_fraction
 from pacs.algos.base import Algorithm
+from pacs.algos.pacs import LOSS_NOTE as PACS_LOSS_NOTE
 from pacs.algos.registry import build_algorithm
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
@@ -36,7 +38,7 @@ from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
-from pacs.rewards.pool import BatchScores
+from pacs.rewards.pool import BatchScores, ScoringWatch
 from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
@@ -173,6 +175,7 @@ class Trainer:
     algorithm: Algorithm
     engine: RolloutEngine
     scorer: ScoringPool
+    scoring_watch: ScoringWatch
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
     sampler: PromptSampler
@@ -222,6 +225,12 @@ class Trainer:
             timeout_s=config.reward.timeout_s,
             memory_limit_mib=config.reward.memory_limit_mib,
         )
+        scoring_watch = ScoringWatch(
+            scorer.function_name,
+            remedy=f"reward.timeout_s={config.reward.timeout_s:g}, reward.memory_limit_mib={config.reward.memory_limit_mib}",
+            stop_after=config.reward.stop_after_failing_steps,
+            stop_option="reward.stop_after_failing_steps",
+        )
         settings = UpdateSettings(
             mini_batch_size=config.train.mini_batch_size // world.world_size,
             micro_batch_size=config.train.micro_batch_size,
@@ -230,8 +239,8 @@ class Trainer:
             temperature=config.rollout.temperature,
             autocast=mixed_precision(world.device, config.model.dtype),
         )
-        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, tracker_runs, settings, console,
+        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, scoring_watch, train_prompts,
+                   val_prompts, sampler, start_step, tracker_runs, settings, console,
                    engine_has_policy_weights=not pushes_weights(engine, config))
 
     # ----- the loop ------------------------------------------------------------------------------
@@ -243,6 +252,8 @@ class Trainer:
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics = 0, {}
+        if config.algorithm.name == "pacs":
+            self.console.print(PACS_LOSS_NOTE)
         try:
             steps = progress_bar(
                 range(self.start_step + 1, config.train.steps + 1),
@@ -257,6 +268,7 @@ class Trainer:
                 if self.validates_at(step):
                     metrics.update(self.validate())
                 logger.log(step, metrics)
+                self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])
                 steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if config.train.save_every and step % config.train.save_every == 0:
@@ -267,6 +279,17 @@ class Trainer:
             self.scorer.close()
         final = self.save("final", config.train.steps, logger.run_ids)
         return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
+
+    def watch_scoring(self, step: int, metrics: dict[str, float], steps) -> None:
+        """Warn (on rank 0, above the progress bar) of a step whose answers mostly got no score,
+        and stop the run on every rank (`ScoringWatch`: global counts, so all ranks agree) after
+        `reward.stop_after_failing_steps` of them in a row."""
+        answers = self.config.train.batch_size * self.config.rollout.n
+        warning = self.scoring_watch.observe(
+            f"step {step}", int(metrics["reward/timeouts"]), int(metrics["reward/crashes"]), answers
+        )
+        if warning and self.world.is_writer:
+            steps.write(warning, file=sys.stderr)
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
