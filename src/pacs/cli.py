@@ -283,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--answer-field", help="field holding each answer (default: answer, ground_truth or solution)")
     prepare.add_argument(
         "--data-source",
-        help="data_source of every row: picks the built-in reward function, or names the rows for yours "
-        "(default: the public set's name; math, the math verifier, for a file of your own)",
+        help="data_source of every row: picks the built-in reward function (math/NAME: the math verifier), or "
+        "names the rows for yours (default: the public set's name; math/FILE_NAME for a file of your own)",
     )
     prepare.add_argument(
         "--prompt-suffix",

@@ -50,7 +50,7 @@ from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
 from pacs.outputs import claim_output_dir, move_aside
-from pacs.plots import plot_pass_at_k, plot_reward_curves
+from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.distributed import World
 from pacs.train.metrics import read_metrics
@@ -421,7 +421,8 @@ def run_comparison(
             if summary["pass@k"]
         }
         if table:
-            plot_pass_at_k(table, out / f"pass_at_k_{source}.png", title=f"{source}: pass@k, mean ± std over seeds")
+            figure = out / metric_file_name(f"pass_at_k_{source}")  # a data_source math/NAME makes no folder
+            plot_pass_at_k(table, figure, title=f"{source}: pass@k, mean ± std over seeds")
     console.print((out / "comparison.md").read_text())
     console.print(f"done in {report['seconds']:.0f} s; {out / 'comparison.md'}, {out / 'comparison.json'}")
     return report

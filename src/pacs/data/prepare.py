@@ -4,8 +4,10 @@ Any row-shaped file (``.jsonl``, ``.json``, ``.csv`` or ``.parquet``, one record
 converted. Its problem and answer fields are named (``prompt_field``, ``answer_field``) or
 recognised from the first record (``COMMON_PROBLEM_FIELDS``: problem, question, prompt;
 ``COMMON_ANSWER_FIELDS``: answer, ground_truth, solution; first present wins), and its rows get the
-``data_source`` given, else ``DEFAULT_DATA_SOURCE`` ("math": scored by the math verifier). A csv
-file is read as text: every value a string, the header naming the fields.
+``data_source`` given, else ``math/<file name without suffix>`` (``DEFAULT_DATA_SOURCE``, "math",
+and the file's own name: scored by the math verifier, reported apart from other files and never
+merged with them as repeats of one problem). A csv file is read as text: every value a string, the
+header naming the fields.
 
 Named public sources (``SOURCES``) are recognised from the file name (or ``source``) and spell
 their fields as follows, first match wins:
@@ -76,7 +78,8 @@ INPUT_SUFFIXES = (*RECORD_SUFFIXES, ".csv")
 COMMON_PROBLEM_FIELDS = ("problem", "question", "prompt")
 COMMON_ANSWER_FIELDS = ("answer", "ground_truth", "solution")
 DEFAULT_DATA_SOURCE = "math"
-"""data_source of rows converted from a file of no named source: scored by the math verifier."""
+"""The kind of data_source of rows converted from a file of no named source (`math/<file name>`):
+the math verifier scores them."""
 
 TAB_COMMANDS = frozenset({
     "tan", "tanh", "tau", "tbinom", "text", "textbf", "textit", "textnormal", "textrm", "textsc",
@@ -544,7 +547,7 @@ def prepare_dataset(
     The format (module docstring): ``source``, else the named source the file name spells, else
     a file of one's own whose fields are ``prompt_field`` and ``answer_field`` or recognised from
     the first record (naming either field reads the file as one's own, whatever its name).
-    ``data_source`` defaults to the source's name ("math" for one's own file); ``split`` to the
+    ``data_source`` defaults to the source's name (``math/<file stem>`` for one's own file); ``split`` to the
     source's default ("train" for deepscaler and one's own files, "test" for the others). Each
     prompt is the problem followed by ``prompt_suffix``. Repeats of a row share
     ``extra_info.index`` and count ``extra_info.repeat`` from 0, so evaluation can merge their samples.
@@ -561,7 +564,7 @@ def prepare_dataset(
     source, source_format = _source_format(path, records, source, prompt_field, answer_field)
     split = source_format.default_split if split is None else split
     _check_text_option(split, "split", "'test' or 'train'")
-    data_source = data_source or source or DEFAULT_DATA_SOURCE
+    data_source = data_source or source or f"{DEFAULT_DATA_SOURCE}/{path.stem}"
     report = PrepareReport(str(path), source, data_source, split, repeat, rows_read=len(records), rows_written=0)
     rows: list[dict] = []
     for index, record in enumerate(records):

@@ -1,7 +1,8 @@
 """What a command checks about scoring before it loads a model (`check_scoring`).
 
 - Without a reward function of the user's, every row's `data_source` must have one in
-  `REWARD_FUNCTIONS`; the first row of each that has none is named.
+  `REWARD_FUNCTIONS` (itself, or its kind: `reward_function_for`); the first row of each that has
+  none is named.
 - With one (`"package.module:function"`), it must take the verl signature
   `(data_source, solution_str, ground_truth, extra_info)`, and, called in a worker process on the
   first row of each data source with that row's own answer as the response (`probe_response`), it
@@ -15,7 +16,7 @@ from __future__ import annotations
 import inspect
 
 from pacs.rewards.pool import ScoringPool
-from pacs.rewards.registry import REWARD_FUNCTIONS, load_reward_function
+from pacs.rewards.registry import REWARD_FUNCTIONS, load_reward_function, reward_function_for
 
 PROBE_LIMIT_S = 10.0
 """The least time a reward function gets to score the probe answer: its worker's first call
@@ -50,14 +51,14 @@ def check_scoring(
     max(`timeout_s`, `PROBE_LIMIT_S`)."""
     first_rows = first_row_of_each_source(rows_by_spec)
     if function_spec is None:
-        unscored = {source: where for source, (where, _) in first_rows.items() if source not in REWARD_FUNCTIONS}
+        unscored = {source: where for source, (where, _) in first_rows.items() if reward_function_for(source) is None}
         if unscored:
             named = "; ".join(f"{source!r} (first at {where})" for source, where in unscored.items())
             raise ValueError(
-                f"no reward function for data_source {named}; built-in: {', '.join(sorted(REWARD_FUNCTIONS))}. "
-                "Give a reward function of your own as package.module:function (reward.function=, or "
-                "--reward-function), or prepare the file with `pacs prepare --data-source math` to score it with "
-                "the math verifier"
+                f"no reward function for data_source {named}; built-in: {', '.join(sorted(REWARD_FUNCTIONS))}, "
+                "each also as KIND/NAME (math/algebra is scored as math). Give a reward function of your own as "
+                "package.module:function (reward.function=, or --reward-function), or prepare the file with "
+                "`pacs prepare --data-source math/NAME` to score it with the math verifier"
             )
         return
     _check_signature(function_spec)
