@@ -492,6 +492,7 @@ def evaluate_model(
             remedy=f"--reward-timeout {reward_timeout_s:g}",
             stop_after=stop_after_failing_batches,
             stop_option="--stop-after-failing-batches",
+            batch="batch",
             batches="batches",
         )
         share = evaluate(

@@ -65,15 +65,20 @@ class ScoringWatch:
     never) raise `ScoringFailed`.
 
     `remedy`: the settings that bound scoring, as the command names them (e.g. "reward.timeout_s=1");
-    `stop_option`: the setting of `stop_after`; `batches`: what batches are to the user ("steps")."""
+    `stop_option`: the setting of `stop_after`; `batch`, `batches`: what a batch is to the user
+    ("step", "steps")."""
 
     function_name: str
     remedy: str
     stop_after: int
     stop_option: str
+    batch: str = "step"
     batches: str = "steps"
     failing: list[str] = field(default_factory=list)
     """The failing batches in a row so far, e.g. "step 3: 32 of 32"."""
+
+    def _count(self, number: int) -> str:
+        return f"{number} {self.batch if number == 1 else self.batches}"
 
     def observe(self, label: str, timed_out: int, crashed: int, answers: int) -> str | None:
         """A warning when the batch `label` ("step 3") failed, else None; raises `ScoringFailed`
@@ -85,13 +90,13 @@ class ScoringWatch:
         self.failing.append(f"{label}: {failed} of {answers}")
         if self.stop_after and len(self.failing) >= self.stop_after:
             raise ScoringFailed(
-                f"reward function {self.function_name} gave no score to most answers in {len(self.failing)} "
-                f"{self.batches} in a row ({'; '.join(self.failing)} timed out or crashed), so they all scored 0; stopped. "
+                f"reward function {self.function_name} gave no score to most answers in "
+                f"{self._count(len(self.failing))} in a row ({'; '.join(self.failing)} timed out or crashed), so they all scored 0; stopped. "
                 f"Make it answer within its limits ({self.remedy}), raise them, or set {self.stop_option}=0 to go "
                 "on regardless"
             )
         stops = (
-            f"; {self.stop_after - len(self.failing)} more such {self.batches} in a row stop the run ({self.stop_option})"
+            f"; the run stops after {self._count(self.stop_after - len(self.failing))} more like it in a row ({self.stop_option})"
             if self.stop_after
             else ""
         )
