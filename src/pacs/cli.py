@@ -15,6 +15,7 @@ from typing import Any
 
 import pacs
 from pacs.outputs import claim_output_dir, claim_output_file
+from pacs.threads import choose_threads, usable_cores
 
 
 def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
@@ -372,6 +373,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if args.command not in COMMANDS_WITHOUT_TORCH:
+        threads = choose_threads()  # before torch is imported: its OpenMP runtime reads the choice once
+        if threads is not None and threads < usable_cores():
+            busy = usable_cores() - threads
+            print(f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
+                  "cores were busy at the start (OMP_NUM_THREADS=N chooses)", file=sys.stderr)  # fmt: skip
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
