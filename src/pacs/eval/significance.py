@@ -20,7 +20,7 @@ It is about the benchmark's own problems (what the table reports), not about pro
 have drawn instead. Simulated A/A comparisons (two runs of one method: per-problem success
 probabilities shifted per run by N(0, 0.1²–0.15²) on the logit scale, 91 problems, 16 samples) show
 what this buys: it covers the true difference 0 in 95% of comparisons at 3, 5 and 10 seeds, where a
-two-level percentile bootstrap over seeds and problems covered 84–89% at 3 seeds (`tests/
+two-level percentile bootstrap over seeds and problems covered 83–85% at 3 seeds (`tests/
 test_significance.py` checks the coverage; `benchmarks/interval_coverage.py` prints both). The price
 is width at few seeds: t with 2 degrees of freedom is 4.3 standard errors wide on each side.
 
