@@ -1,13 +1,14 @@
 """Thread count and OpenMP wait policy, quiet and beside a busy loop: the trade `pacs.threads` makes.
 
     python benchmarks/threads.py                          # 3 rounds of both workloads
-    python benchmarks/threads.py --rounds 1 --steps 6     # a quick look
+    python benchmarks/threads.py --rounds 1 --steps 3     # a quick look
 
 Workloads, each step timed in a fresh process (OpenMP reads its settings when torch is imported):
 - `train`: the demo's training step (configs/demo.yaml: 64 prompts x 8 responses of at most 16
   tokens, two updates) on `builtin:tiny`, whose random answers always run to the cap, so every
   step does the same work; seconds per step from metrics.jsonl, the first step left out;
-- `warm-start`: steps of the warm-start (`pacs sft`'s loop, 64 rows a step) of `builtin:tiny`.
+- `warm-start`: steps of the warm-start of `builtin:tiny-arithmetic` (`pacs sft`'s loop on its
+  task, `pacs.train.builtin_models.WARM_START`: 64 rows a step).
 
 Settings: torch's default (one thread per core, libgomp's spinning wait); `OMP_WAIT_POLICY=PASSIVE`
 with as many threads; one thread; and pacs's own choice (`pacs.threads.choose_threads`, what the
@@ -70,8 +71,10 @@ else:
         def set_postfix(self, **values):
             pass
     sft.progress_bar = Timed
-    rows = load_rows("builtin:arithmetic?max_operand=19&size=2000", default_split="train")
-    sft.supervised_warm_start(resolve_model_path("builtin:tiny"), rows, answer_text, scratch / "sft", steps=steps, show_progress=False)
+    from pacs.train.builtin_models import WARM_START
+    rows = load_rows(WARM_START["task"], default_split="train")
+    sft.supervised_warm_start(resolve_model_path("builtin:tiny"), rows, answer_text, scratch / "sft", steps=steps,
+                              batch_size=WARM_START["batch_size"], lr=WARM_START["lr"], show_progress=False)
     seconds = [after - before for before, after in zip(stamps[1:], stamps[2:])]
 print(json.dumps({"threads": torch.get_num_threads(), "seconds_per_step": statistics.median(seconds)}))
 """
@@ -93,7 +96,8 @@ def measure(workload: str, setting: str, steps: int, cache: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8, help="steps per measurement (the train workload leaves out its first)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps per measurement (the first is left out)")
+    parser.add_argument("--warm-start-steps", type=int, default=30, help="warm-start steps per measurement")
     parser.add_argument("--workloads", default="train,warm-start")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
@@ -107,7 +111,8 @@ def main() -> None:
                     time.sleep(2 if busy else 0)
                     for workload in workloads:
                         for setting in SETTINGS:
-                            result = measure(workload, setting, args.steps, Path(cache))
+                            steps = args.steps if workload == "train" else args.warm_start_steps
+                            result = measure(workload, setting, steps, Path(cache))
                             results.setdefault((workload, condition, setting), []).append(result)
                             print(f"round {round_number}, {workload}, {condition}, {setting}: {result}", flush=True)
                 finally:
