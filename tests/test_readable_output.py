@@ -95,6 +95,7 @@ def test_the_line_after_ctrl_c_drops_overwrite_from_the_command_that_continues()
     line = after_interrupt("train", ["train", "--config", "run.yaml", "--overwrite", "resume=never"])
     assert line.endswith("continue with pacs train --config run.yaml resume=auto")
     assert after_interrupt("eval", ["eval", "--out", "e"]).endswith("start again with pacs eval --out e --overwrite")
+    assert after_interrupt("demo", ["demo"]) == "interrupted; start again with pacs demo"
 
 
 def test_every_option_of_every_command_has_help_and_shows_only_real_defaults():

@@ -366,6 +366,8 @@ def after_interrupt(command: str, argv: list[str]) -> str:
         return f"interrupted; finished runs and evaluations are kept and reused: continue with {again}"
     if command == "prepare":
         return "interrupted; nothing was written"
+    if command == "demo":  # a demo moves the previous one aside by itself
+        return f"interrupted; start again with {again}"
     return f"interrupted; nothing finished was kept: start again with {again}" + ("" if "--overwrite" in argv else " --overwrite")
 
 

@@ -65,8 +65,12 @@ def choose_threads(environment: MutableMapping[str, str] | None = None) -> int |
         environment["OMP_WAIT_POLICY"] = "PASSIVE"
     if "OMP_NUM_THREADS" in environment:
         return None
-    cores = usable_cores()
-    idle = idle_cores()
-    threads = cores if idle is None else max(1, min(cores, round(idle)))
+    threads = threads_for(idle_cores(), usable_cores())
     environment["OMP_NUM_THREADS"] = str(threads)
     return threads
+
+
+def threads_for(idle: float | None, cores: int) -> int:
+    """One thread per idle core (rounded), at least 1 and at most `cores`; `cores` when the idle
+    cores are unknown."""
+    return cores if idle is None else max(1, min(cores, round(idle)))
