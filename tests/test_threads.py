@@ -63,5 +63,6 @@ def test_the_pacs_command_computes_with_one_thread_when_every_core_is_busy_and_s
             process.wait()
     cores = usable_cores()
     assert first_line == (
-        f"pacs plot: computing with 1 thread: {cores - 1} of {cores} cores were busy at the start (OMP_NUM_THREADS=N chooses)"
+        f"pacs plot: computing with 1 thread: {cores - 1} of {cores} cores {'was' if cores == 2 else 'were'} busy at the start "
+        "(OMP_NUM_THREADS=N chooses)"
     )

@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         if threads is not None and threads < usable_cores():
             busy = usable_cores() - threads
             print(f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
-                  "cores were busy at the start (OMP_NUM_THREADS=N chooses)", file=sys.stderr)  # fmt: skip
+                  f"cores {'was' if busy == 1 else 'were'} busy at the start (OMP_NUM_THREADS=N chooses)", file=sys.stderr)  # fmt: skip
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
