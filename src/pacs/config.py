@@ -434,6 +434,9 @@ class RewardConfig(_Section):
     """How far each worker may grow its address space beyond its size at start, in MiB (RLIMIT_AS,
     inherited by programs it runs); a response whose scoring goes past it scores 0 and is counted as
     a crash. None: no limit. The default is `pacs.rewards.workers.DEFAULT_MEMORY_LIMIT_MIB`."""
+    stop_after_failing_steps: int = Field(3, ge=0)
+    """Steps in a row in which most answers got no score (at least half timed out or crashed, each
+    warned about) after which the run stops with an error naming the reward function; 0: never stop."""
 
 
 class Config(_Section):

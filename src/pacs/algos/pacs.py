@@ -46,6 +46,13 @@ import torch
 import torch.nn.functional as F
 
 from pacs.algos.base import MiniBatchTotals
+
+LOSS_NOTE = (
+    "note: PACS's loss is a cross-entropy whose logits ψ start at 0 after every rollout (π_θ = π_old), so it stays "
+    "near ln 2 = 0.693 (exactly ln 2 on each step's first update, with the default weighting): learning shows in "
+    "reward/mean and the validation pass@k, not in the loss"
+)
+"""What the trainer tells a user who watches PACS's loss sit at 0.693 in the progress bar."""
 from pacs.algos.core import (
     GRPO_STD_EPS,
     LOSS_AGG_MODES,

@@ -53,16 +53,18 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from pacs import EVAL_SAMPLING
 from pacs.config import VllmConfig
 
-from pacs.data.loading import check_data_spec, load_rows
+from pacs.data.loading import load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
-from pacs.outputs import claim_output_dir
+from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer
+from pacs.outputs import claim_output_dir, unusable_inputs
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
+from pacs.rewards.checks import check_scoring
+from pacs.rewards.pool import ScoringWatch
 from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.vllm import EnginePlace, VllmEngine, local_model_dir, vllm_problem
+from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
 
 T = TypeVar("T")
 SAME_INPUTS_EVERYWHERE = (
@@ -232,6 +234,25 @@ class EvalResult:
                 )
         return lines
 
+    def table(self) -> str:
+        """A short, aligned table for a person: one line per data source with its problems,
+        samples per problem, pass@k in percent (every k any source reports; "-" where a source has
+        fewer samples) and the samples whose scoring timed out or crashed. `eval_metrics.json`
+        keeps everything, per problem."""
+        ks = sorted({int(key.split("@")[1]) for metrics in self.metrics.values() for key in metrics})
+        header = ["data source", "problems", "samples", *(f"pass@{k}" for k in ks), "timeouts", "crashes"]
+        lines = [header]
+        for source, report in self.sources.items():
+            by_k = report.pass_at_k or {}
+            cells = [f"{100 * by_k[f'pass@{k}']:.1f}" if f"pass@{k}" in by_k else "-" for k in ks]
+            counts = [len(report.correct_counts), report.samples_per_problem]
+            lines.append([source, *map(str, counts), *cells, str(report.timeouts), str(report.crashes)])
+        widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
+        return "\n".join(
+            "  ".join(cell.ljust(width) if column == 0 else cell.rjust(width) for column, (cell, width) in enumerate(zip(line, widths)))
+            for line in lines
+        )
+
     def write(self, out_dir: Path, settings: EvalSettings) -> None:
         """`eval_rollout.jsonl` (every sample with its score) and `eval_metrics.json`."""
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -323,6 +344,7 @@ def evaluate(
     sequences_per_call: int = 512,
     problem_share: tuple[int, int] = (0, 1),
     show_progress: bool = True,
+    scoring_watch: ScoringWatch | None = None,
 ) -> EvalResult:
     """Sample `params.n` responses per copy of every problem, score them, compute pass@k.
 
@@ -332,7 +354,9 @@ def evaluate(
     With `context_length` (the model's), each prompt is generated with max_new_tokens =
     min(params.max_new_tokens, context_length − its length), and prompts that leave no room are
     left out and counted (module docstring). A sample counts as correct when its score is 1.
-    `row_locations[i]` names row i in errors (see `merge_repeats`).
+    `row_locations[i]` names row i in errors (see `merge_repeats`). `scoring_watch` observes
+    every batch of generated prompts: a batch whose answers mostly got no score is warned about
+    on stderr, and enough of them in a row stop the evaluation (`ScoringWatch`).
     """
     if params.n < 1 or params.max_new_tokens < 1:
         raise ValueError(
@@ -372,6 +396,10 @@ def evaluate(
             )
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
+            if scoring_watch is not None:
+                label = f"{source} problems {start + 1}-{start + len(chunk)} of {len(members)}"
+                if warning := scoring_watch.observe(label, batch.timed_out, batch.crashed, len(batch.scores)):
+                    progress.write(warning, file=sys.stderr)
             for offset, problem in enumerate(chunk):
                 span = slice(offset * samples, (offset + 1) * samples)
                 samples_of[problem] = list(zip(rollouts.response_texts[span], batch.scores[span]))
@@ -419,6 +447,7 @@ def evaluate_model(
     show_progress: bool = True,
     engine: str = "hf",
     collectives: Collectives | None = None,
+    stop_after_failing_batches: int = 3,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
@@ -431,7 +460,9 @@ def evaluate_model(
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
-    or with samples whose scoring timed out or crashed, are reported on stderr.
+    or with samples whose scoring timed out or crashed, are reported on stderr; after
+    `stop_after_failing_batches` batches in a row whose answers mostly got no score (0: never) the
+    evaluation stops with an error naming the reward function (`ScoringWatch`).
 
     Every input is checked (on every process) and `out_dir` claimed (by rank 0;
     `pacs.outputs.claim_output_dir`: `overwrite` moves a previous evaluation there aside) before
@@ -445,8 +476,10 @@ def evaluate_model(
         if processes.world_size > 1:
             raise ValueError(f"an evaluation on {processes.world_size} processes needs their collectives")
         collectives = _OneProcess()
-    collectives.run_on_every_rank(
-        processes, lambda: _check_inputs(model_path, specs, reward_function, engine), how_to_fix=SAME_INPUTS_EVERYWHERE
+    rows_by_spec = collectives.run_on_every_rank(
+        processes,
+        lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, engine, probe=processes.is_writer),
+        how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
     collectives.run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
@@ -478,9 +511,8 @@ def evaluate_model(
             config = AutoConfig.from_pretrained(hf_engine_or_model_dir)
         rows, locations = [], []
         for spec in specs:
-            spec_rows = load_rows(spec, default_split="val")
-            rows += spec_rows
-            locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
+            rows += rows_by_spec[spec]
+            locations += [f"{spec}: row {position}" for position in range(len(rows_by_spec[spec]))]
         return tokenizer, hf_engine_or_model_dir, getattr(config, "max_position_embeddings", None), rows, locations
 
     tokenizer, rollout_engine, context_length, rows, locations = collectives.run_on_every_rank(
@@ -493,6 +525,14 @@ def evaluate_model(
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     # closed after the last collective: under torchrun vLLM's teardown ends the job's process group
     with contextlib.closing(rollout_engine), ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
+        watch = ScoringWatch(
+            scorer.function_name,
+            remedy=f"--reward-timeout {reward_timeout_s:g}",
+            stop_after=stop_after_failing_batches,
+            stop_option="--stop-after-failing-batches",
+            batch="batch",
+            batches="batches",
+        )
         share = evaluate(
             rollout_engine,
             tokenizer,
@@ -503,6 +543,7 @@ def evaluate_model(
             context_length=context_length,
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
+            scoring_watch=watch,
         )
         shares = collectives.gather_objects_on_rank0(processes, share)
     if shares is None:
@@ -514,15 +555,34 @@ def evaluate_model(
     return result
 
 
-def _check_inputs(model_path: str, specs: list[str], reward_function: str | None, engine: str) -> None:
-    """Raise ValueError or FileNotFoundError unless the model, every data spec, the reward
-    function and the engine's package can be used here (nothing large is loaded)."""
-    check_model_path(model_path)
-    for spec in specs:
-        check_data_spec(spec, default_split="val")
-    load_reward_function(reward_function)
-    if engine == "vllm" and (problem := vllm_problem()):
-        raise ValueError(problem)
+def _checked_inputs(
+    model_path: str, specs: list[str], reward_function: str | None, reward_timeout_s: float, engine: str, *, probe: bool
+) -> dict[str, list[dict]]:
+    """Every spec's rows (each checked against the schema), once the model is found reachable, the
+    rows scorable (`check_scoring`; with `probe`, the reward function is called on a real row) and
+    the engine's package usable here; otherwise ValueError listing every problem at once. Nothing
+    large is loaded."""
+    rows_by_spec: dict[str, list[dict]] = {}
+
+    def read(spec: str) -> None:
+        rows_by_spec[spec] = load_rows(spec, default_split="val")
+
+    def scoring() -> None:
+        if reward_function is not None:
+            load_reward_function(reward_function)
+        if probe or reward_function is None:
+            check_scoring(rows_by_spec, reward_function, timeout_s=reward_timeout_s)
+
+    checks = [
+        ("--model", lambda: check_model_reachable(model_path)),
+        *((f"--data {spec}", lambda spec=spec: read(spec)) for spec in specs),
+        ("--reward-function" if reward_function else "--data", scoring),
+    ]
+    if engine == "vllm":
+        checks.append(("--engine vllm", check_vllm_usable))
+    if problems := unusable_inputs(checks):
+        raise ValueError(problems)
+    return rows_by_spec
 
 
 def start_vllm_engine(

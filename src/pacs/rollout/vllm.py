@@ -90,6 +90,12 @@ def vllm_problem() -> str | None:
     return vllm_build_problem(current_platform.device_type, trainer_device_type())
 
 
+def check_vllm_usable() -> None:
+    """Raise ValueError with `vllm_problem`'s reason unless rollout engine 'vllm' can run here."""
+    if problem := vllm_problem():
+        raise ValueError(problem)
+
+
 def trainer_device_type() -> str:
     """"cuda" where torch sees a GPU (where pacs trains, `pacs.train.distributed.World`), else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -46,7 +46,7 @@ from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
-from pacs.models.saving import save_streamed, write_safetensors_files
+from pacs.models.saving import save_streamed, with_umask_modes, write_safetensors_files
 from pacs.outputs import MARKER, is_pacs_output
 from pacs.rollout.base import rank_seed
 from pacs.train.distributed.collectives import barrier, gather_rows, run_on_rank0
@@ -95,6 +95,7 @@ def save_checkpoint(
         return directory
     tokenizer.save_pretrained(staging)
     torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
+    with_umask_modes(staging)
     if directory.exists():
         if is_pacs_output(directory):
             shutil.copy2(directory / MARKER, staging / MARKER)

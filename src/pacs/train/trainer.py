@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.algos.core import mixed_group_fraction
 from pacs.algos.base import Algorithm
+from pacs.algos.pacs import LOSS_NOTE as PACS_LOSS_NOTE
 from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
@@ -37,7 +39,7 @@ from pacs.models.precision import Precision
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
-from pacs.rewards.pool import BatchScores
+from pacs.rewards.pool import BatchScores, ScoringWatch
 from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
@@ -186,6 +188,7 @@ class Trainer:
     generation_group: GenerationGroup
     """The ranks that generate together with this one (vLLM's tensor parallelism; alone otherwise)."""
     scorer: ScoringPool
+    scoring_watch: ScoringWatch
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
     sampler: PromptSampler
@@ -214,7 +217,8 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
-        run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
+        # rank 0 checks every input in open_run (before it writes); the other ranks, their own disks' here
+        run_on_every_rank(world, lambda: None if world.is_writer else check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
         resume_from = run_on_rank0(world, lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
@@ -236,6 +240,12 @@ class Trainer:
             timeout_s=config.reward.timeout_s,
             memory_limit_mib=config.reward.memory_limit_mib,
         )
+        scoring_watch = ScoringWatch(
+            scorer.function_name,
+            remedy=f"reward.timeout_s={config.reward.timeout_s:g}, reward.memory_limit_mib={config.reward.memory_limit_mib}",
+            stop_after=config.reward.stop_after_failing_steps,
+            stop_option="reward.stop_after_failing_steps",
+        )
         settings = UpdateSettings(
             mini_batch_size=config.train.mini_batch_size // world.world_size,
             micro_batch_size=config.train.micro_batch_size,
@@ -254,6 +264,7 @@ class Trainer:
             engine=engine,
             generation_group=group,
             scorer=scorer,
+            scoring_watch=scoring_watch,
             train_prompts=train_prompts,
             val_prompts=val_prompts,
             sampler=sampler,
@@ -273,6 +284,8 @@ class Trainer:
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics = 0, {}
+        if config.algorithm.name == "pacs":
+            self.console.print(PACS_LOSS_NOTE)
         try:
             steps = progress_bar(
                 range(self.start_step + 1, config.train.steps + 1),
@@ -287,6 +300,7 @@ class Trainer:
                 if self.validates_at(step):
                     metrics.update(self.validate())
                 logger.log(step, metrics)
+                self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])
                 steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if config.train.save_every and step % config.train.save_every == 0:
@@ -297,6 +311,17 @@ class Trainer:
             self.scorer.close()
         final = self.save("final", config.train.steps, logger.run_ids)
         return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
+
+    def watch_scoring(self, step: int, metrics: dict[str, float], steps) -> None:
+        """Warn (on rank 0, above the progress bar) of a step whose answers mostly got no score,
+        and stop the run on every rank (`ScoringWatch`: global counts, so all ranks agree) after
+        `reward.stop_after_failing_steps` of them in a row."""
+        answers = self.config.train.batch_size * self.config.rollout.n
+        warning = self.scoring_watch.observe(
+            f"step {step}", int(metrics["reward/timeouts"]), int(metrics["reward/crashes"]), answers
+        )
+        if warning and self.world.is_writer:
+            steps.write(warning, file=sys.stderr)
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
