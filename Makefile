@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
 # pacs's extras installed; the W&B and MLflow ones so that the tracker tests run in `make test` (about 200 MB).
 EXTRAS ?= test,lora,wandb,mlflow
 
-.PHONY: install peer-venvs vllm-venv demo test clean
+.PHONY: install peer-venvs vllm-venv demo test warm-model-variants clean
 
 install: $(STAMP)
 
@@ -68,6 +68,11 @@ test: install peer-venvs vllm-venv
 	  echo "---- tests/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \
 	  test $$main_status -eq 0 && test $$vllm_status -eq 0; }; \
 	status=$$?; rm -rf $$cache; exit $$status
+
+# The tests that use the warm-started model, against models built with 1 and 2 threads and seeds
+# 0-2 (benchmarks/warm_model_variants.py; about half an hour, not part of `make test`).
+warm-model-variants: install peer-venvs vllm-venv
+	$(BIN)/python benchmarks/warm_model_variants.py
 
 clean:
 	rm -rf $(VENV) .peer-venvs runs .pytest_cache

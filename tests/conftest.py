@@ -8,6 +8,7 @@ thread: the workers already fill the cores."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if XDIST_WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # tests use some scripts' building blocks
 
 BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 """The public benchmark files kept in the repository (see data/benchmarks/README.md)."""
@@ -54,9 +57,26 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_builtin_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
+WARM_MODEL_VARIANT = "PACS_TEST_WARM_MODEL"
+"""A directory holding another warm-started model for the tests that use `warm_model_dir`
+(benchmarks/warm_model_variants.py sets it to models built with other thread counts and seeds)."""
+
+
 @pytest.fixture(scope="session")
 def warm_model_dir() -> Path:
-    """The warm-started `builtin:tiny-arithmetic` model, built once per test session."""
+    """The warm-started `builtin:tiny-arithmetic` model, built once per test session, or the
+    directory `PACS_TEST_WARM_MODEL` names. Every machine builds its own, and its weights (so every
+    sample drawn from it) follow that CPU's float rounding and thread count: tests that use it must
+    hold for any warm-started model (they carry the `warm_model` mark)."""
+    if variant := os.environ.get(WARM_MODEL_VARIANT):
+        return Path(variant)
     from pacs.train.builtin_models import warm_started_tiny
 
     return warm_started_tiny(0, show_progress=False)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `warm_model` every test that uses the warm-started model, directly or through a fixture."""
+    for item in items:
+        if "warm_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.warm_model)

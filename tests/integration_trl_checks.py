@@ -5,10 +5,14 @@ which asserts on the JSON this writes: `python integration_trl_checks.py MODEL_D
   shuffled micro-batches of 4 (gradient_accumulation_steps = steps_per_generation = 2), against
   `pacs.algos.pacs_loss` on the same 8 rows held whole, at the same parameters: the gradients TRL
   accumulated (read before the optimizer step) and the loss.
-- train: 16 steps of 16 prompts x 8 completions on builtin:arithmetic from the warm-started tiny model:
-  the logged rewards and losses, and the mean log-probability of the correct answers (`\\boxed{N}`)
-  on 64 of the training prompts before and after (a low-noise measure of learning the task; the
-  reward of 128 samples per step moves by a few points over 16 steps, within its noise).
+- train: 16 steps of 16 prompts x 8 completions on builtin:arithmetic prompts from the warm-started
+  tiny model, rewarded for answers that begin with an odd digit (`odd_first_digit_reward`): the
+  logged rewards and losses, and the probability that the model's answer begins with an odd digit
+  on 64 of the training prompts before and after (`odd_first_digit_probability`, read exactly from
+  the next-character distribution after `\\boxed{`, not sampled). A reward this easy to earn moves
+  that probability far beyond what sampling varies; correctness would not: the log-probability of
+  the correct answers moved by -0.12 to +0.15 nats over 16 steps on warm models built on different
+  machines, since every machine builds its own.
 - refusals: the messages of the errors `PACSConfig` raises for settings it cannot compute exactly.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -25,10 +30,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from pacs.algos import pacs_loss
-from pacs.data.arithmetic import answer_text
 from pacs.data.loading import load_rows
 from pacs.integrations.trl import PACSConfig, PACSTrainer
-from pacs.rewards.arithmetic import arithmetic_score
 
 TASK = "builtin:arithmetic?max_operand=19"
 GROUP_SIZE, BETA = 4, 2.0
@@ -39,8 +42,15 @@ def arithmetic_dataset(size: int) -> Dataset:
     return Dataset.from_list([{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]} for row in rows])
 
 
-def arithmetic_reward(completions, ground_truth, **_) -> list[float]:
-    return [arithmetic_score(completion[-1]["content"], truth) for completion, truth in zip(completions, ground_truth)]
+ODD_DIGITS = "13579"
+ANSWER_OPENING = "\\boxed{"
+ODD_ANSWER = re.compile(re.escape(ANSWER_OPENING) + f"[{ODD_DIGITS}]")
+
+
+def odd_first_digit_reward(completions, **_) -> list[float]:
+    """1.0 for a completion whose boxed answer begins with an odd digit: about half of the warm
+    model's answers, on every prompt, so every step carries signal whatever it samples."""
+    return [float(bool(ODD_ANSWER.match(completion[-1]["content"]))) for completion in completions]
 
 
 def alternating_reward(completions, **_) -> list[float]:
@@ -140,16 +150,15 @@ def exact_check(model_dir: str, scratch: str) -> dict:
 
 
 @torch.no_grad()
-def answer_logprob(model, tokenizer, rows: list[dict]) -> float:
-    """Mean over `rows` of log π(correct answer + end of turn | prompt)."""
+def odd_first_digit_probability(model, tokenizer, rows: list[dict]) -> float:
+    """Mean over `rows` of π(the answer's first character is an odd digit | prompt, `\\boxed{`),
+    the expected reward of `odd_first_digit_reward` given the opening the model writes first."""
+    odd_ids = tokenizer.convert_tokens_to_ids(list(ODD_DIGITS))
     total = 0.0
     for row in rows:
         prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        ids = tokenizer(prompt + answer_text(row) + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], dim=-1)
-        targets = torch.tensor(ids[1:])
-        total += logprobs[len(prompt_ids) - 1 :].gather(-1, targets[len(prompt_ids) - 1 :, None]).sum().item()
+        ids = tokenizer(prompt + ANSWER_OPENING, add_special_tokens=False)["input_ids"]
+        total += torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], dim=-1)[odd_ids].sum().item()
     return total / len(rows)
 
 
@@ -163,19 +172,19 @@ def train_check(model_dir: str, scratch: str) -> dict:
     )  # fmt: skip
     recorder = Recorder(model)
     trainer = PACSTrainer(
-        model=model, reward_funcs=arithmetic_reward, args=args, train_dataset=arithmetic_dataset(512),
+        model=model, reward_funcs=odd_first_digit_reward, args=args, train_dataset=arithmetic_dataset(512),
         processing_class=tokenizer, callbacks=[recorder],
     )  # fmt: skip
     probe = load_rows(TASK, default_split="train")[:64]
     model.eval()
-    before = answer_logprob(model, tokenizer, probe)
+    before = odd_first_digit_probability(model, tokenizer, probe)
     trainer.train()
     model.eval()
-    after = answer_logprob(model, tokenizer, probe)
+    after = odd_first_digit_probability(model, tokenizer, probe)
     steps = [log for log in recorder.logs if "reward" in log]
     return {
-        "answer_logprob_before": before,
-        "answer_logprob_after": after,
+        "odd_first_digit_before": before,
+        "odd_first_digit_after": after,
         "reward": [log["reward"] for log in steps],
         "loss": [log["loss"] for log in steps],
         "pacs_loss": [log.get("pacs/loss") for log in steps],

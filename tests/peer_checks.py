@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from peer_venvs import PEER_VENVS, PeerVenvError, peer
+
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY / "benchmarks"))
-from peer_venvs import PEER_VENVS, PeerVenvError, peer  # noqa: E402
 
 
 def run_in_peer_venv(name: str, checks: str, arguments: list[str], out: Path) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import yaml
 
@@ -143,3 +144,30 @@ def test_seeds_that_are_not_integers_are_refused_naming_the_option(tmp_path, cap
     with pytest.raises(SystemExit):
         main(["compare", "--config", "builtin:compare-demo", "--seeds", "0,x", "--out", str(tmp_path)])
     assert "argument --seeds: expected comma-separated integer seeds, got '0,x'" in capsys.readouterr().err
+
+
+def test_one_seed_is_warned_about_in_the_report(comparison):
+    out, report = comparison
+    assert "**Warning: 1 seed.** Compare over at least 3 seeds" in (out / "comparison.md").read_text()
+    assert report["results"]["arithmetic"]["pacs"]["vs_baseline"]["pass@1"]["detectable"] is None
+
+
+def evaluation(correct_counts: list[int], samples: int = 4) -> dict:
+    """One seed's evaluation entry of a data source, as `eval_metrics.json` holds it."""
+    return {"pass@k": {"pass@1": 0.0}, "samples_per_problem": samples, "problem_indices": list(range(len(correct_counts))),
+            "correct_counts": correct_counts}  # fmt: skip
+
+
+def test_each_difference_says_what_its_seeds_can_detect_and_how_many_it_would_need():
+    from pacs.compare import _against_baseline
+    from pacs.eval.significance import minimum_detectable_difference, seeds_needed
+
+    method = [evaluation([4, 2, 1]), evaluation([3, 3, 0]), evaluation([4, 4, 2])]
+    baseline = [evaluation([2, 2, 1]), evaluation([3, 1, 0]), evaluation([2, 2, 2])]
+    pass_at_1 = _against_baseline(method, baseline, "test")["pass@1"]
+    per_seed = [(2 / 4) / 3, (2 / 4) / 3, (4 / 4) / 3]
+    assert pass_at_1["per_seed"] == pytest.approx(per_seed)
+    seed_sd = float(np.std(per_seed, ddof=1))
+    assert pass_at_1["seed_sd"] == pytest.approx(seed_sd)
+    assert pass_at_1["detectable"] == pytest.approx(minimum_detectable_difference(seed_sd, 3))
+    assert pass_at_1["seeds_needed"] == seeds_needed(float(np.mean(per_seed)), seed_sd)

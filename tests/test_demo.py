@@ -7,16 +7,17 @@ import json
 import pytest
 
 from pacs.cli import main
+from pacs.train.builtin_models import warm_started_tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.warm_model]
 
 
-def test_demo_reports_base_and_final_metrics_and_checkpoints(tmp_path, warm_model_dir, capsys):
+def test_demo_reports_base_and_final_metrics_and_checkpoints(tmp_path, capsys):
     out = tmp_path / "demo"
     main(["demo", "--seed", "0", "--out", str(out), "train.steps=3", "train.eval_every=0", "train.save_every=0"])
     report = json.loads((out / "report.json").read_text())
     assert set(report["base"]) == set(report["final"]) == {"pass@1", "pass@2", "pass@4", "pass@8", "pass@16"}
-    assert report["base_checkpoint"] == str(warm_model_dir)
+    assert report["base_checkpoint"] == str(warm_started_tiny(0))
     assert (out / "train" / "checkpoints" / "final" / "model.safetensors").is_file()
     assert report["final_checkpoint"] == str(out / "train" / "checkpoints" / "final")
     printed = capsys.readouterr().out

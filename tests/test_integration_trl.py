@@ -47,12 +47,12 @@ def test_the_optimizer_step_moves_the_parameters(checks) -> None:
     assert checks["exact"]["parameters_moved"]
 
 
-def test_a_short_run_on_builtin_arithmetic_trains(checks) -> None:
-    """16 steps raise the log-probability of the correct answers on training prompts (by 0.15 nats
-    on one warm model here, 8 steps gave +0.01 on another; the sampled reward is too noisy to assert on)."""
+def test_a_short_run_raises_the_probability_of_what_its_reward_pays_for(checks) -> None:
+    """16 steps rewarded for answers that begin with an odd digit raise the probability of such an
+    answer, read exactly from the model, by more than 0.1."""
     train = checks["train"]
     assert len(train["reward"]) == 16 and checks["finite"]
-    assert train["answer_logprob_after"] > train["answer_logprob_before"] + 0.05, train
+    assert train["odd_first_digit_after"] > train["odd_first_digit_before"] + 0.1, train
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,9 @@ from pacs.train.batch import response_logprobs_no_grad
 from pacs.train.checkpoint import save_checkpoint
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import check_resumable, train
+from mixed_rewards import MIXED_GROUPS
 from tiny_architectures import tiny_causal_lm
+from torchrun_jobs import process_env
 
 TOKENS = torch.tensor([[7, 8, 9, 10, 11, 12]])
 
@@ -152,7 +153,7 @@ def lora_overrides(output_dir: Path, model_dir: Path, *extra: str) -> list[str]:
         f"output_dir={output_dir}",
         f"model.path={model_dir}",
         "model.lora_rank=8",
-        "data.train=builtin:arithmetic?size=64&max_operand=19",  # the warm start's range: it solves some
+        "data.train=builtin:arithmetic?size=64&max_operand=19",
         "data.val=null",
         "train.steps=3",
         "train.batch_size=8",
@@ -162,7 +163,7 @@ def lora_overrides(output_dir: Path, model_dir: Path, *extra: str) -> list[str]:
         "rollout.n=4",
         "algorithm.kl_coef=0.05",
         "algorithm.kl_estimator=k2",
-        "reward.num_workers=0",
+        *MIXED_GROUPS,  # the adapters start at B = 0, where the KL term has no gradient: only rewards move them
         *extra,
     ]
 
@@ -251,10 +252,10 @@ def weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def pacs_train(output_dir: Path, model_dir: Path, *options: str) -> subprocess.Popen:
-    """`pacs train` of the LoRA recipe in a new process group (one thread: every run computes alike)."""
+    """`pacs train` of the LoRA recipe in a new process group (one thread: every run computes alike;
+the tests' helpers importable, as its reward function is one of them)."""
     command = [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", *lora_overrides(output_dir, model_dir, *options)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def finished(job: subprocess.Popen) -> None:

@@ -13,6 +13,7 @@ from pacs.config import ConfigError, load_config
 from pacs.train import checkpoint as checkpoint_module
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
+from mixed_rewards import MIXED_GROUPS
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +68,10 @@ def test_the_optimizer_takes_each_steps_learning_rate_from_the_schedule(tmp_path
 
 
 def test_training_changes_the_weights(tmp_path, warm_model_dir):
-    result = train(small_config(tmp_path / "run", warm_model_dir), show_progress=False)
+    """Every group holds both outcomes (`MIXED_GROUPS`), so each step has a gradient whatever the
+    model samples."""
+    result = train(small_config(tmp_path / "run", warm_model_dir, *MIXED_GROUPS), show_progress=False)
+    assert all(row["reward/groups_mixed_fraction"] == 1.0 for row in read_metrics(tmp_path / "run"))
     before, after = weights(warm_model_dir), weights(result.final_checkpoint)
     assert any(not torch.equal(before[name], after[name]) for name in before)
 

@@ -14,6 +14,7 @@ from pacs.models.loading import enable_activation_checkpointing, load_causal_lm
 from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import mixed_precision, train
+from mixed_rewards import MIXED_GROUPS
 from test_train_loop import small_config
 
 
@@ -53,7 +54,7 @@ def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir):
 def test_bfloat16_with_activation_checkpointing_trains_float32_weights(tmp_path, warm_model_dir):
     config = small_config(
         tmp_path, warm_model_dir, "model.dtype=bfloat16", "train.gradient_checkpointing=true", "train.steps=2", "data.val=null",
-        "data.train=builtin:arithmetic?max_operand=19&size=64",  # the warm model's task: groups with both outcomes
+        *MIXED_GROUPS,  # a gradient at every step, whatever the model samples
     )
     train(config, show_progress=False)
     final = load_file(tmp_path / "checkpoints" / "final" / "model.safetensors")

@@ -85,10 +85,3 @@ def save_tiny_model(name: str, directory: Path, *, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
-
-
-def first_character_has_an_even_code(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    """A reward that a random model earns about half the time (`reward.function` of the tests that
-    train these models): 1.0 when the response starts with a character of even code point. Random
-    models never solve the arithmetic task, and groups of equal rewards give PACS no gradient."""
-    return float(bool(solution_str) and ord(solution_str[0]) % 2 == 0)

@@ -241,8 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--baseline",
         default="grpo",
-        help="the method every other one is set against (paired difference of pass@k with a 95%% bootstrap "
-        "interval): one of --algorithms, 'pacs (no weighting)' or 'base model'",
+        help="the method every other one is set against (paired difference of pass@k with a 95%% t interval over "
+        "seeds): one of --algorithms, 'pacs (no weighting)' or 'base model'",
     )
     compare.add_argument(
         "--paper-baselines",

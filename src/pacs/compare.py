@@ -28,10 +28,12 @@ the generation cap. `comparison.md` shows both, one table each.
 
 Each method (and the base model) is also compared with a reference method (`baseline`, GRPO by
 default) problem by problem: under "vs_baseline", per pass@k, the difference of pass@k averaged
-over problems for each seed ("per_seed"), their mean ("difference") and a 95% paired bootstrap
-interval over problems and seeds ("ci95", `pacs.eval.significance`), with "significant" true
-when the interval excludes 0. `comparison.md` shows them in a third table, an interval that
-excludes 0 marked with *.
+over problems for each seed ("per_seed"), their mean ("difference"), the 95% t interval over seeds
+("ci95", `pacs.eval.significance`: seeds are the units, since each run lands somewhere of its own)
+with "significant" true when it excludes 0, the standard deviation of the per-seed differences
+("seed_sd"), the smallest difference these seeds detect with 80% power ("detectable") and the
+seeds this difference would need ("seeds_needed"; null when over 1,000). `comparison.md` shows
+them in a third table, an interval that excludes 0 marked with *, and warns below 3 seeds.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from rich.console import Console
 from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
-from pacs.eval.significance import excludes_zero, paired_bootstrap_interval
+from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
@@ -158,21 +160,37 @@ def _paired_differences(method: list[dict], baseline: list[dict], k: int, where:
 
 
 def _against_baseline(method: list[dict], baseline: list[dict], where: str) -> dict | None:
-    """For every reported k: each seed's mean paired difference of pass@k, their mean, and the 95%
-    bootstrap interval (`paired_bootstrap_interval`); None when a seed generated no problem."""
+    """For every reported k: each seed's mean paired difference of pass@k, their mean, the 95% t
+    interval over seeds (`difference_interval`), and what the seeds' spread lets them detect
+    (`_detection`); None when a seed generated no problem."""
     if any(report["pass@k"] is None for report in [*method, *baseline]):
         return None
     result = {}
     for k in report_ks(method[0]["samples_per_problem"]):
         differences = _paired_differences(method, baseline, k, where)
-        interval = paired_bootstrap_interval(differences)
+        interval = difference_interval(differences)
+        per_seed = differences.mean(axis=1)
         result[f"pass@{k}"] = {
-            "difference": float(differences.mean()),
-            "per_seed": [float(value) for value in differences.mean(axis=1)],
+            "difference": float(per_seed.mean()),
+            "per_seed": [float(value) for value in per_seed],
             "ci95": list(interval),
             "significant": excludes_zero(interval),
+            **_detection(per_seed),
         }
     return result
+
+
+def _detection(per_seed: np.ndarray) -> dict:
+    """The per-seed differences' standard deviation, the smallest difference that many seeds detect
+    with 80% power, and how many seeds their mean difference would need (None with one seed)."""
+    if len(per_seed) < 2:
+        return {"seed_sd": None, "detectable": None, "seeds_needed": None}
+    seed_sd = float(per_seed.std(ddof=1))
+    return {
+        "seed_sd": seed_sd,
+        "detectable": minimum_detectable_difference(seed_sd, len(per_seed)),
+        "seeds_needed": seeds_needed(float(per_seed.mean()), seed_sd),
+    }
 
 
 def _seeds_text(values: list) -> str:
@@ -201,13 +219,17 @@ def _baseline_table(rows: dict, baseline: str) -> list[str]:
     if not compared:
         return []
     ks = list(next(iter(compared.values())))
+    seeds = len(next(iter(compared.values()))[ks[0]]["per_seed"])
     lines = [
         "",
-        f"Against {baseline}: paired difference in percentage points (mean over seeds) [95% bootstrap interval "
-        "over problems and seeds]; * marks an interval that excludes 0. Per seed: each seed's difference.",
+        f"Against {baseline}: paired difference in percentage points (mean over seeds) [95% t interval over "
+        "seeds]; * marks an interval that excludes 0. Per seed: each seed's difference. Detectable: the "
+        f"smallest true difference {seeds} seeds find with 80% power at this spread; seeds needed: for the "
+        "difference measured (pass@1).",
+        *_few_seeds_warning(seeds),
         "",
-        "| method | " + " | ".join(ks) + " | per seed (pass@1) |",
-        "|---" * (len(ks) + 2) + "|",
+        "| method | " + " | ".join(ks) + " | per seed (pass@1) | detectable | seeds needed |",
+        "|---" * (len(ks) + 4) + "|",
     ]
     for method, by_k in compared.items():
         cells = [
@@ -215,9 +237,24 @@ def _baseline_table(rows: dict, baseline: str) -> list[str]:
             + ("*" if by_k[k]["significant"] else "")
             for k in ks
         ]
-        per_seed = " / ".join(_signed(value) for value in by_k[ks[0]]["per_seed"])
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {per_seed} |")
+        first = by_k[ks[0]]
+        per_seed = " / ".join(_signed(value) for value in first["per_seed"])
+        detectable = "—" if first["detectable"] is None else f"{100 * first['detectable']:.1f}"
+        needed = "—" if first["detectable"] is None else str(first["seeds_needed"] or "> 1000")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {per_seed} | {detectable} | {needed} |")
     return lines
+
+
+def _few_seeds_warning(seeds: int) -> list[str]:
+    """comparison.md's warning under FEW_SEEDS seeds: what the interval can and cannot say."""
+    if seeds >= FEW_SEEDS:
+        return []
+    if seeds == 1:
+        reason = ("with one seed the run-to-run spread cannot be seen, so the interval covers only which problems "
+                  "were drawn and sampled and is too narrow")  # fmt: skip
+    else:
+        reason = "with 2 seeds the t interval has 1 degree of freedom and is very wide"
+    return ["", f"**Warning: {seeds} seed{'s' if seeds > 1 else ''}.** Compare over at least {FEW_SEEDS} seeds: {reason}."]
 
 
 def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int, baseline: str) -> str:
