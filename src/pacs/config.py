@@ -126,7 +126,7 @@ class BaseAlgorithmConfig(_Section):
     kl_estimator: KlEstimator = "k3"
     """Per-token KL estimator used as the loss: k2 follows the gradient of KL(π_θ‖π_ref), k3 (GRPO's
     default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0
-    unless the penalty goes into the reward (`kl_in_reward` of grpo, rloo and ppo)."""
+    unless the penalty goes into the reward (`kl_in_reward` of every algorithm but pacs)."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus."""
     loss_agg: LossAggregation = "seq-mean-token-sum-norm"
@@ -249,8 +249,8 @@ class ClippedPolicyGradientConfig(BaseAlgorithmConfig):
         if self.kl_in_reward and self.kl_coef <= 0:
             found.append(
                 f"algorithm.kl_in_reward=true with algorithm.name='{self.name}', algorithm.kl_coef={self.kl_coef}: "
-                "the reward's KL penalty needs a reward-driven baseline (grpo, rloo or ppo; PACS's 0/1 reward is "
-                "a label) and kl_coef > 0 (its weight)"
+                "the reward's KL penalty needs a reward-driven baseline (any algorithm but pacs, whose 0/1 reward "
+                "is a label) and kl_coef > 0 (its weight)"
             )
         return found
 

@@ -245,10 +245,8 @@ def overlong_penalty(response_mask: torch.Tensor, max_length: int, buffer: int, 
 def shaped_rewards(
     rewards: torch.Tensor, response_mask: torch.Tensor, *, max_length: int | None, buffer: int, penalty: float
 ) -> torch.Tensor:
-    """The outcome rewards with DAPO's overlong penalty added (``overlong_penalty``), or as they
-    are when ``buffer`` is 0: (B,) R_i + p · R_length(o_i), constants, at least float32."""
-    if buffer == 0:
-        return rewards
+    """The outcome rewards with DAPO's overlong penalty added (``overlong_penalty``, ``buffer`` >= 1):
+    (B,) R_i + p · R_length(o_i), constants, at least float32."""
     shaping = overlong_penalty(response_mask, max_length, buffer, penalty)
     dtype = torch.promote_types(rewards.dtype, shaping.dtype)
     return rewards.detach().to(dtype) + shaping.to(dtype)

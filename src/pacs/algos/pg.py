@@ -171,6 +171,8 @@ class ClippedPolicyGradient:
     def outcome_rewards(self, batch) -> torch.Tensor:
         """(B,) the verifier's rewards R_i, with DAPO's overlong penalty added when
         ``overlong_buffer`` > 0 (``core.shaped_rewards``)."""
+        if not self.overlong_buffer:
+            return batch["rewards"]
         return shaped_rewards(
             batch["rewards"], batch["response_mask"], max_length=self.horizon, buffer=self.overlong_buffer,
             penalty=self.overlong_penalty,
