@@ -14,6 +14,8 @@ which asserts on the JSON this writes: `python integration_trl_checks.py MODEL_D
   the correct answers moved by -0.12 to +0.15 nats over 16 steps on warm models built on different
   machines, since every machine builds its own.
 - refusals: the messages of the errors `PACSConfig` raises for settings it cannot compute exactly.
+- baselines: pacs's Dr. GRPO, DAPO, GSPO and CISPO against TRL's own loss code
+  (tests/baselines_trl_checks.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+import baselines_trl_checks
 from pacs.algos import pacs_loss
 from pacs.data.loading import load_rows
 from pacs.integrations.trl import PACSConfig, PACSTrainer
@@ -214,6 +217,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="pacs-trl-") as scratch:
         results["refusals"] = refusals(scratch)
+        results["baselines"] = baselines_trl_checks.results()
         results["exact"] = exact_check(model_dir, scratch)
         results["train"] = train_check(model_dir, scratch)
     results["finite"] = all(math.isfinite(x) for x in results["train"]["loss"])

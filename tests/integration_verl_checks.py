@@ -9,7 +9,8 @@ log_prob=..., advantages=..., response_mask=..., loss_agg_mode=..., config=..., 
 and sums the micro-batches' gradients (averaged over data-parallel ranks); the advantages come from
 `get_adv_estimator_fn(algorithm.adv_estimator)(token_level_rewards=..., response_mask=...,
 config=..., index=uid)` as `ray_trainer.compute_advantage` calls it. The checks call them so, on
-float64 tensors, against `pacs.algos.pacs_loss` on the whole batch.
+float64 tensors, against `pacs.algos.pacs_loss` on the whole batch. Under "baselines", pacs's
+Dr. GRPO, DAPO, GSPO and CISPO against verl's own (tests/baselines_verl_checks.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch  # noqa: E402
 from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
+import baselines_verl_checks  # noqa: E402
 from pacs.algos import pacs_loss  # noqa: E402
 from pacs.integrations.verl import register  # noqa: E402
 
@@ -155,6 +157,7 @@ def main() -> None:
             "grpo_beta2": exact("pacs_grpo_beta2", {"beta": 2.0, "estimator": "grpo", "weighting": "none"}, 3, 1),
         },
         "refusals": refusals(),
+        "baselines": baselines_verl_checks.results(),
     }
     out_path.write_text(json.dumps(results, indent=1))
 

@@ -58,3 +58,15 @@ def test_the_registered_functions_called_as_verls_actor_calls_them_give_pacs_los
 def test_settings_it_cannot_compute_exactly_are_refused_by_name(checks, case, named) -> None:
     message = checks["refusals"][case]
     assert message is not None and named in message
+
+
+# --- pacs's 2025 baselines against verl's own code (tests/baselines_verl_checks.py) ---------------
+
+
+@pytest.mark.parametrize("method", ["dr_grpo", "dapo", "gspo", "cispo"])
+def test_pacs_baselines_loss_and_gradient_equal_verls(checks, method) -> None:
+    compared = checks["baselines"][method]
+    assert compared["max_abs_grad"] > 1e-3 and compared["clip_fraction"] > 0
+    assert compared["max_abs_advantage_diff"] <= 1e-6
+    assert compared["max_abs_grad_diff"] <= 1e-6
+    assert compared["pacs_loss"] == pytest.approx(compared["loss"], abs=1e-6)
