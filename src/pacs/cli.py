@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
     prepare.add_argument("--input", help="json, jsonl or parquet file as published (e.g. data/benchmarks/*.jsonl in the repository)")
-    prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k or deepscaler (default: from the file name)")
+    prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k, deepscaler or beyondaime (default: from the file name)")
     prepare.add_argument("--out", help="output .parquet file")
     prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
     prepare.add_argument("--overwrite", action="store_true", help="move an existing --out file aside (to NAME.superseded)")
