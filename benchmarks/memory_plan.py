@@ -3,7 +3,7 @@
 Nothing here is arithmetic. For each config the script
   1. builds the config's model on the meta device from its published hyperparameters (no download),
      with activation checkpointing and LoRA as the config sets them;
-  2. shards it the way training does, `pacs.train.distributed.World.wrap` (FSDP2: `fully_shard` on
+  2. shards it the way training does, `pacs.train.distributed.wrapping.wrap_model` (FSDP2: `fully_shard` on
      each of `decoder_layers`, then the root; bf16 compute with fp32 master weights), inside torch's
      fake process group at the config's world size (one CPU process stands for rank 0 of N);
   3. materialises rank 0's shards as fake tensors (shapes and dtypes, no storage), gives every
@@ -30,7 +30,7 @@ step) at full length: generation runs apart from the update, so it is a separate
 Fake tensors need shapes only, so data-dependent Python in the step (length buckets, boolean masks,
 `int(...)`) runs on the real micro-batch: `RealWhereSmall` keeps tensors of at most
 `MAX_REAL_NUMEL` elements real and makes larger ones fake. Gradients are reduce-scattered on every
-micro-batch, as `World.gradient_sync` has them under FSDP.
+micro-batch, as `gradient_sync` has them under FSDP.
 
 Run: `.venv/bin/python benchmarks/memory_plan.py [CONFIG ...] [--world-size N] [--markdown] [--jobs N]`
 (default: configs/paper-*.yaml at 64 ranks and configs/lora-qwen2.5-7b.yaml on 1; one process per
@@ -71,7 +71,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from pacs.config import Config, load_config
 from pacs.models.loading import disable_dropout, enable_activation_checkpointing, token_classification_class
 from pacs.train.batch import PolicyBatch, response_logprobs, response_values
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import wrap_model
 from pacs.train.trainer import with_training_options
 
 REPO = Path(__file__).resolve().parent.parent
@@ -338,10 +339,10 @@ def plan(config_path: str, world_size: int) -> Plan:
     autocast = bf16 is not None
     batch = full_micro_batch(config)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    policy = world.wrap(build_on_meta(config, hf_config), compute_dtype=bf16)
+    policy = wrap_model(world, build_on_meta(config, hf_config), compute_dtype=bf16)
     update = simulate_micro_batch(policy, policy_loss(batch), autocast, fake)
     notes = []
-    reference = local_bytes(world.wrap(build_on_meta(config, hf_config, reference=True), compute_dtype=bf16).parameters())
+    reference = local_bytes(wrap_model(world, build_on_meta(config, hf_config, reference=True), compute_dtype=bf16).parameters())
     if config.algorithm.kl_coef == 0 or config.model.lora_rank > 0:
         reason = "kl_coef = 0" if config.algorithm.kl_coef == 0 else "LoRA: the base with adapters off"
         notes.append(f"no reference model ({reason}); a bf16 one sharded like the policy: {reference / GIB:.2f} GiB")
@@ -351,7 +352,7 @@ def plan(config_path: str, world_size: int) -> Plan:
     peak = kept + update["gradients"] + update["gathered"] + update["activations"]
     critic_state = 0
     if config.algorithm.name == "ppo":
-        critic = world.wrap(build_on_meta(config, hf_config, critic=True), compute_dtype=bf16)
+        critic = wrap_model(world, build_on_meta(config, hf_config, critic=True), compute_dtype=bf16)
         critic_update = simulate_micro_batch(critic, critic_loss(batch), autocast, fake)
         critic_kept = critic_update["parameters"] + critic_update["optimizer state"]
         critic_state = critic_kept + critic_update["gradients"]
@@ -487,7 +488,7 @@ def check_run(fake: bool, strategy: str) -> dict[str, int]:
         with torch.device("meta") if fake else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_config(Qwen2Config(**CHECK_MODEL), dtype=torch.float32)
         enable_activation_checkpointing(model)
-        model = world.wrap(model, compute_dtype=torch.bfloat16)
+        model = wrap_model(world, model, compute_dtype=torch.bfloat16)
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
         return simulate_micro_batch(model, policy_loss(full_micro_batch(config)), True, fake_mode)
 

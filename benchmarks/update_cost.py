@@ -22,7 +22,7 @@ from rich.table import Table
 from pacs.algos.pacs import PACS
 from pacs.models.loading import load_causal_lm
 from pacs.models.tiny import save_builtin_tiny
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.rollout.base import pad_rows
 from pacs.train.batch import PolicyBatch, response_logprobs_no_grad
 from pacs.train.update import UpdateSettings, update_policy

@@ -46,7 +46,11 @@ from pacs.models.loading import load_causal_lm, load_value_model
 from pacs.models.lora import add_lora
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.distributed import World
+from pacs.train.distributed import collectives
+from pacs.train.distributed.collectives import barrier
+from pacs.train.distributed.state_dict import full_tensors_on_rank0, named_state
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import unwrap, wrap_model
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
 PROMPTS = 8
@@ -103,23 +107,23 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
     critic = load_value_model(model_dir, dtype="float64") if "values" in algorithm.needs else None
     batch = local_batch(world, model.config.vocab_size)
 
-    model = world.wrap(model)
+    model = wrap_model(world, model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     if critic is not None:
-        critic = world.wrap(critic)
+        critic = wrap_model(world, critic)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-2)
     settings = UpdateSettings(
         mini_batch_size=MINI_BATCH_PROMPTS // world.world_size, micro_batch_size=MICRO_BATCH_SIZE, epochs=2, grad_clip=0.5
     )
     batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
     if lora:
-        with world.unwrap(model).disable_adapter():
+        with unwrap(model).disable_adapter():
             batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
     else:
         batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(reference, batch, micro_batch_size=MICRO_BATCH_SIZE)
     if critic is not None:
         batch.row_terms["values"] = response_values_no_grad(critic, batch, micro_batch_size=MICRO_BATCH_SIZE)
-    batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=world.sum))
+    batch.row_terms.update(algorithm.prepare_step(batch.tensors(), sum_over_ranks=lambda value: collectives.sum_over_ranks(world, value)))
     metrics = update_critic(critic, critic_optimizer, world, batch, algorithm, settings) if critic is not None else {}
     metrics.update(update_policy(model, optimizer, world, batch, algorithm, settings))
 
@@ -133,7 +137,7 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
 
 def full_weights(world: World, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The whole model's state on rank 0, gathered as checkpoints gather it (None elsewhere)."""
-    gathered = dict(world.whole_on_writer(world.named_state(model)))
+    gathered = dict(full_tensors_on_rank0(world, named_state(model)))
     return gathered if world.is_writer else None
 
 
@@ -145,13 +149,13 @@ MODES = {"ddp": ("ddp", False), "fsdp": ("fsdp", False), "ddp-local-totals": ("d
 def local_totals() -> Iterator[None]:
     """Normalise by each rank's own rows and tokens (and statistics), not the global mini-batch's,
     until the block ends."""
-    global_totals, world_sum = update_module.global_totals, World.sum
+    global_totals, world_sum = update_module.global_totals, collectives.sum_over_ranks
     update_module.global_totals = lambda minibatch, world: MiniBatchTotals.of(minibatch.response_mask)
-    World.sum = lambda self, value: value.clone()
+    collectives.sum_over_ranks = lambda world, value: value.clone()
     try:
         yield
     finally:
-        update_module.global_totals, World.sum = global_totals, world_sum
+        update_module.global_totals, collectives.sum_over_ranks = global_totals, world_sum
 
 
 def cases_by_mode(arguments: list[str]) -> list[tuple[str, list[str]]]:
@@ -201,7 +205,7 @@ def main() -> None:
             seen = observe(dataclasses.replace(world, strategy="fsdp"), args.model_dir)
             if seen is not None:
                 args.checks.write_text(json.dumps(seen))
-        world.barrier()  # no rank tears its process group down while another still uses it (as `train` does)
+        barrier(world)  # no rank tears its process group down while another still uses it (as `train` does)
     finally:
         world.close()
     if args.checks is not None and world.is_writer:

@@ -240,9 +240,9 @@ def test_kl_in_reward_leaves_no_kl_term_in_the_loss(name):
 
 @pytest.mark.parametrize("name", REWARD_KL_ALGORITHMS)
 def test_kl_in_reward_needs_the_reference_and_every_rows_rollout_logprobs_at_the_step(name):
-    needs = ALGORITHMS[name](kl_coef=0.1, kl_estimator="k1", kl_in_reward=True).needs
-    assert {"ref_logprobs", "step_old_logprobs"} <= needs
-    assert "step_old_logprobs" not in ALGORITHMS[name](kl_coef=0.1).needs
+    penalised = ALGORITHMS[name](kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
+    assert "ref_logprobs" in penalised.needs and not penalised.first_update_may_supply_old_logprobs
+    assert ALGORITHMS[name](kl_coef=0.1).first_update_may_supply_old_logprobs
 
 
 @pytest.mark.parametrize("name", REWARD_KL_ALGORITHMS)

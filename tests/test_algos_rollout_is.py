@@ -69,7 +69,7 @@ def reference_weighted_pacs_loss(logprobs, batch) -> torch.Tensor:
 def test_pacs_scales_each_responses_bce_term_by_its_truncated_weight():
     batch = mismatched_batch()
     algorithm = PACS(GROUP_SIZE, beta=BETA, rollout_is_cap=CAP)
-    assert {"step_old_logprobs", "sampler_logprobs"} <= algorithm.needs
+    assert "sampler_logprobs" in algorithm.needs and not algorithm.first_update_may_supply_old_logprobs
     minibatch = {**batch, **algorithm.prepare_step(batch)}
     generator = torch.Generator().manual_seed(1)
     logprobs = (batch["old_logprobs"] + 0.3 * torch.randn(batch["old_logprobs"].shape, generator=generator, dtype=torch.float64)).requires_grad_()

@@ -23,7 +23,7 @@ from pacs.config import load_config
 from pacs.models.loading import load_value_model
 from pacs.train import batch as batch_module
 from pacs.train.batch import response_logprobs
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
 from torchrun_jobs import EXACT, WORKER, max_difference, torchrun

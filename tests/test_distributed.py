@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from distributed_update import run_case
 from tiny_architectures import save_tiny_model
 from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
-from pacs.train.distributed import DistributedConfigError, World, communication_device
+from pacs.train.distributed.collectives import communication_device, sum_over_ranks
+from pacs.train.distributed.world import DistributedConfigError, World
 
 ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -152,7 +153,7 @@ def test_a_collective_gets_its_tensor_on_a_device_the_backend_serves(backend_con
 
 def test_a_cpu_tensor_reaches_a_cuda_only_backend_through_the_one_place():
     """A gloo group registered for CUDA alone refuses CPU tensors as NCCL does ("No backend type
-    associated with device type cpu"). `World.sum` moves the CPU counts its callers build to the
+    associated with device type cpu"). `sum_over_ranks` moves the CPU counts its callers build to the
     CUDA device first: on a machine without CUDA that move is what fails, never the collective."""
     store = dist.HashStore()
     dist.init_process_group(backend="cuda:gloo", store=store, rank=0, world_size=1)
@@ -162,10 +163,10 @@ def test_a_cpu_tensor_reaches_a_cuda_only_backend_through_the_one_place():
             dist.all_reduce(counts.clone())  # the stand-in refuses CPU tensors
         world = World(rank=0, world_size=2, device=torch.device("cpu"), strategy="ddp")
         if torch.cuda.is_available():
-            assert world.sum(counts).tolist() == [3.0, 5.0]
+            assert sum_over_ranks(world, counts).tolist() == [3.0, 5.0]
         else:
             with pytest.raises((RuntimeError, AssertionError)) as refused:
-                world.sum(counts)
+                sum_over_ranks(world, counts)
             assert "No backend type associated" not in str(refused.value)
             assert "CUDA" in str(refused.value) or "cuda" in str(refused.value)
     finally:

@@ -11,7 +11,7 @@ import torch
 
 from pacs.data.loading import render_prompt
 from pacs.eval.evaluate import evaluate, evaluate_model, merge_repeats
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.models.tiny import build_char_tokenizer
 from pacs.rewards import ScoringPool
 from pacs.rollout.base import Rollouts, SamplingParams

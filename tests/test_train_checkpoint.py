@@ -30,7 +30,7 @@ from pacs.train.checkpoint import (
     write_checkpoint,
 )
 from pacs.train import checkpoint as checkpoint_module
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.sampler import PromptSampler
 
 

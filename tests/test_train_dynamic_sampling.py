@@ -8,7 +8,7 @@ import torch
 
 from pacs.rewards.pool import BatchScores
 from pacs.rollout.base import Rollouts
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
 
 GROUP_SIZE = 2

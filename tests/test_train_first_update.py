@@ -8,13 +8,18 @@ import copy
 import pytest
 import torch
 
+from safetensors.torch import load_file
+
 from batches import policy_batch
-from pacs.config import ALGORITHM_CONFIGS, PacsConfig
+from mixed_rewards import MIXED_GROUPS
+from pacs.config import ALGORITHM_CONFIGS, PacsConfig, load_config
 from pacs.models.loading import load_causal_lm
+from pacs.train import trainer as trainer_module
 from pacs.train import update as update_module
-from pacs.train.batch import fill_rollout_logprobs
-from pacs.train.distributed import World
-from pacs.train.update import UpdateSettings, update_policy
+from pacs.train.batch import fill_rollout_logprobs, not_computed
+from pacs.train.distributed.world import World
+from pacs.train.trainer import train
+from pacs.train.update import FirstUpdateOldLogprobs, UpdateSettings, update_policy
 
 GROUP_SIZE = 4
 PROMPTS = 4
@@ -107,3 +112,51 @@ def test_more_rows_than_one_update_are_refused(model):
     settings = UpdateSettings(mini_batch_size=2, micro_batch_size=5, epochs=1, grad_clip=1.0)
     with pytest.raises(ValueError, match="exceeds one update's 8 rows"):
         update_policy(model, None, World.single(), batch, algorithm, settings, rows_without_old_logprobs=9)
+
+
+def test_the_first_updates_rows_show_the_algorithm_no_old_logprobs_until_its_forward_gives_them(model):
+    batch = step_batch(model, PacsConfig().build(group_size=GROUP_SIZE, horizon=6))
+    first_update = FirstUpdateOldLogprobs(batch, FIRST_UPDATE_ROWS, rows_per_update=FIRST_UPDATE_ROWS)
+    first, second = slice(0, FIRST_UPDATE_ROWS), slice(FIRST_UPDATE_ROWS, 2 * FIRST_UPDATE_ROWS)
+    assert "old_logprobs" not in first_update.algorithm_inputs(batch.rows(first), first)
+    assert "old_logprobs" in first_update.algorithm_inputs(batch.rows(second), second)
+    micro = batch.rows(first)
+    logprobs, entropy = -torch.rand(micro.response_mask.shape, dtype=torch.float64), torch.rand(micro.response_mask.shape, dtype=torch.float64)
+    first_update.give(micro, first, logprobs * micro.response_mask, entropy)
+    assert "old_logprobs" in first_update.algorithm_inputs(batch.rows(first), first)
+    assert torch.equal(batch.old_logprobs[first, : micro.response_ids.shape[1]], logprobs * micro.response_mask)
+
+
+def test_old_logprobs_not_computed_yet_are_nan_on_response_tokens_not_a_plausible_zero():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    placeholder = not_computed(mask)
+    assert torch.equal(placeholder.isnan(), mask.bool())
+    assert (placeholder[mask == 0] == 0).all()
+
+
+@pytest.mark.slow
+def test_the_switch_back_to_the_plain_path_trains_the_same_weights(tmp_path, tiny_model_dir, monkeypatch):
+    first_rows_of_rollout_passes = []
+    original = trainer_module.fill_rollout_logprobs
+
+    def recorded(model, batch, rows, **options):
+        first_rows_of_rollout_passes.append(rows.start)
+        return original(model, batch, rows, **options)
+
+    monkeypatch.setattr(trainer_module, "fill_rollout_logprobs", recorded)
+
+    def final_weights(name: str, *switch: str) -> dict[str, torch.Tensor]:
+        overrides = [
+            f"output_dir={tmp_path / name}", f"model.path={tiny_model_dir}", "model.dtype=float64", "data.val=null",
+            "train.steps=2", "train.batch_size=4", "train.mini_batch_size=2", "train.micro_batch_size=3",
+            "rollout.n=4", "data.max_response_length=6", "train.report_to=[]", *MIXED_GROUPS, *switch,
+        ]
+        result = train(load_config("builtin:demo", overrides), show_progress=False)
+        return load_file(result.final_checkpoint / "model.safetensors")
+
+    shortcut, plain = final_weights("shortcut"), final_weights("plain", "train.old_logprobs_from_first_update=false")
+    assert first_rows_of_rollout_passes == [8, 8, 0, 0]  # the first mini-batch's 2 prompts x 4 responses, then none
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    assert max((shortcut[name] - initial[name]).abs().max().item() for name in initial) > 1e-4
+    # float64 roundoff of passes cut into different length buckets, as AdamW's 1/sqrt(v) scales it
+    assert max((shortcut[name] - plain[name]).abs().max().item() for name in shortcut) < 1e-9

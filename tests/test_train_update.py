@@ -14,7 +14,7 @@ from pacs.algos.pacs import PACS
 from pacs.models.loading import load_causal_lm
 from pacs.train import update as update_module
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, update_policy
 
 GROUP_SIZE = 4

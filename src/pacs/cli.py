@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pacs
+from pacs import EVAL_SAMPLING
 from pacs.outputs import claim_output_dir, claim_output_file
 
 
@@ -79,9 +80,9 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    import pacs.train.builtin_models  # noqa: F401  (makes builtin:tiny-arithmetic loadable)
     from pacs.eval.evaluate import evaluate_model
-    from pacs.train.distributed import World
+    from pacs.train.distributed import collectives
+    from pacs.train.distributed.world import World
 
     world = World.from_environment()  # under torchrun: every process takes its share of the problems
     try:
@@ -100,6 +101,7 @@ def _eval(args: argparse.Namespace) -> None:
             reward_workers=args.reward_workers,
             overwrite=args.overwrite,
             engine=args.engine,
+            collectives=collectives,
         )
     finally:
         world.close()
@@ -204,11 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
     )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
-    evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=0.6, help="0: greedy decoding")
+    evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=EVAL_SAMPLING["temperature"], help="0: greedy decoding")
     evaluate.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="hf: transformers' generate; vllm: needs pacs[vllm]"
     )
-    evaluate.add_argument("--top-p", type=NUCLEUS, default=0.95)
+    evaluate.add_argument("--top-p", type=NUCLEUS, default=EVAL_SAMPLING["top_p"])
     evaluate.add_argument(
         "--max-tokens", type=AT_LEAST_ONE, default=4096, help="per prompt, capped by the context length minus its length"
     )
@@ -244,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--algorithms",
         default="pacs,grpo,ppo,rloo",
-        help="comma-separated: pacs, grpo, ppo, rloo, dr_grpo, dapo, gspo, cispo; one named again is an A/A run of it "
-        "(labelled 'NAME (run 2)', trained with seeds + 1000)",
+        help="comma-separated values of algorithm.name; one named again is an A/A run of it (labelled 'NAME (run 2)', "
+        "trained with seeds + 1000)",
     )
     compare.add_argument("--seeds", type=_comma_list(int, "comma-separated integer seeds"), default="0,1,2")
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")

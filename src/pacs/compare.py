@@ -53,6 +53,7 @@ from typing import NamedTuple
 import numpy as np
 from rich.console import Console
 
+from pacs import EVAL_SAMPLING
 from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
@@ -60,7 +61,7 @@ from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.distributed import World
+from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
@@ -81,7 +82,6 @@ PAPER_METHODS = ("pacs", "grpo", "rloo", "ppo")
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
 REPEAT_SEED_OFFSET = 1000
 """The k-th listing of one algorithm trains with seed S + REPEAT_SEED_OFFSET·(k − 1)."""
-EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")
 """Keys of a data source's entry in `eval_metrics.json` carried into the comparison, per seed."""
 TRAINING_IRRELEVANT = {

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from pacs import EVAL_SAMPLING
 from pacs.algos.base import Algorithm
 from pacs.algos.cispo import CISPO
 from pacs.algos.core import KlEstimator, LossAggregation, check_kl_penalty
@@ -468,6 +469,13 @@ class TrainConfig(_Section):
     reference_reset_optimizer: bool = True
     """With `reference_reset_every`: clear the policy optimizer's state (AdamW's moments and step
     count) at each reset too, as the PACS paper's text does."""
+    old_logprobs_from_first_update: bool = True
+    """Take the step's first mini-batch's rollout-policy log-probs (π_old) from its first update's
+    own forward pass, where the policy is still the rollout policy, saving one no-grad pass over
+    those rows (`pacs.train.update.FirstUpdateOldLogprobs`); false: a separate pass over every row
+    first (the plain path). Both give the same update up to float rounding. Algorithms whose step
+    terms need every row's old log-probs (a KL penalty in the reward, `algorithm.rollout_is_cap`)
+    always take the plain path."""
     save_rollouts: bool = False
     """Write every step's prompts, responses, rewards and producing rank to
     `output_dir/rollouts/step_N.jsonl`."""
@@ -498,10 +506,10 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     n: int = Field(4, ge=1)
     """Samples per validation prompt."""
-    temperature: float = Field(0.6, gt=0, allow_inf_nan=False)
-    """Sampling temperature of validation (the paper's evaluation: 0.6)."""
-    top_p: float = Field(0.95, gt=0, le=1)
-    """Nucleus of validation sampling (the paper's evaluation: 0.95)."""
+    temperature: float = Field(EVAL_SAMPLING["temperature"], gt=0, allow_inf_nan=False)
+    """Sampling temperature of validation (the default: the paper's evaluation)."""
+    top_p: float = Field(EVAL_SAMPLING["top_p"], gt=0, le=1)
+    """Nucleus of validation sampling (the default: the paper's evaluation)."""
 
 
 class RewardConfig(_Section):

@@ -25,10 +25,10 @@ Tensors arrive as a `Mapping[str, Tensor]` with these keys (B rows, R response p
                            only                                          (if "entropy" in needs)
     sampler_logprobs (B, R) log-probs of the response tokens under the rollout engine's sampling
                            distribution μ (vLLM's own)                   (if "sampler_logprobs" in needs)
-plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R). With
-"step_old_logprobs" in needs, `prepare_step` also gets every row's "old_logprobs" (the trainer
-then computes them for the step's first mini-batch too, instead of taking them from its first
-update's forward pass).
+plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R). The trainer
+may take the step's first mini-batch's "old_logprobs" from its first update's own forward pass
+(`pacs.train.update.FirstUpdateOldLogprobs`) when the algorithm says it can wait for them
+(`first_update_may_supply_old_logprobs`); until then they are absent from what the algorithm sees.
 """
 
 from __future__ import annotations
@@ -66,14 +66,20 @@ class Algorithm(Protocol):
     group_size: int
     needs: frozenset[str]
     """Extra tensors the trainer must provide: a subset of {"ref_logprobs", "values", "entropy",
-    "step_old_logprobs", "sampler_logprobs"}."""
+    "sampler_logprobs"}."""
+    first_update_may_supply_old_logprobs: bool
+    """Whether the algorithm works when the step's first mini-batch gets its "old_logprobs" only
+    from its first update's forward pass: `prepare_step` does not read them, and on that update
+    `prepare_update` does without them (it calls `current_logprobs()` for values it needs). False
+    for step terms built from every row's old log-probs (a KL penalty in the reward, the sampler
+    correction): the trainer then computes them all before `prepare_step`."""
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every
         row of the step on this process), e.g. advantages; {} when there are none. `batch` has
-        no "old_logprobs" (see `prepare_update`). Statistics over the whole step (PPO's
-        whitening) reduce with `sum_over_ranks` (None: one process). With "step_old_logprobs" in
-        `needs`, `batch` has "old_logprobs" for every row."""
+        "old_logprobs" for every row, unless the first update gives some of them (module
+        docstring). Statistics over the whole step (PPO's whitening) reduce with `sum_over_ranks`
+        (None: one process)."""
         ...
 
     def prepare_update(
@@ -89,9 +95,10 @@ class Algorithm(Protocol):
         returning (B, R); call it only when the update needs it. `policy_is_rollout_policy` is
         True on the first update after a rollout, when the current log-probs equal
         `old_logprobs` and that pass can be skipped. On the step's very first update
-        `minibatch` has no "old_logprobs": the trainer takes them from that update's own
-        forward pass (π_old = π_θ, detached) and `micro_batch_loss` gets them; what needs
-        their values before then calls `current_logprobs()`. `totals`: counts of the global
+        `minibatch` may have no "old_logprobs" (with `first_update_may_supply_old_logprobs`):
+        the trainer takes them from that update's own forward pass (π_old = π_θ, detached) and
+        `micro_batch_loss` gets them; what needs their values before then calls
+        `current_logprobs()`. `totals`: counts of the global
         mini-batch whose share `minibatch` is (None: `minibatch` is the whole mini-batch);
         losses are normalised by them. Metrics describe this share.
         """
@@ -101,7 +108,7 @@ class Algorithm(Protocol):
         """For each metric of `prepare_update` that is a mean over this share's response tokens
         or over some of its rows, how many it is a mean over (metrics absent here are means over
         all the share's rows, which every rank holds equally many of): the weights that make the
-        ranks' metrics the global mini-batch's (`World.mean_over_ranks`)."""
+        ranks' metrics the global mini-batch's (`pacs.train.distributed.collectives.mean_over_ranks`)."""
         ...
 
     def micro_batch_loss(self, logprobs: torch.Tensor, micro: Tensors, row_terms: Tensors) -> torch.Tensor:

@@ -366,8 +366,10 @@ class PACS:
         self.needs = (
             frozenset({"ref_logprobs"} if kl_coef > 0 or pacs_reference == "fixed" else set())
             | frozenset({"entropy"} if entropy_coef > 0 else set())
-            | frozenset({"step_old_logprobs", "sampler_logprobs"} if rollout_is_cap is not None else set())
+            | frozenset({"sampler_logprobs"} if rollout_is_cap is not None else set())
         )
+        self.first_update_may_supply_old_logprobs = rollout_is_cap is None
+        """The correction's weights are step terms of every row's old log-probs."""
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """With ``rollout_is_cap``, {"rollout_is_weight": (B,) ρ} (module docstring); else nothing:

@@ -81,13 +81,13 @@ class ClippedPolicyGradient:
         entropy_coef: weight ≥ 0 of the entropy bonus; > 0 needs "entropy".
         loss_scale: s > 0 multiplying the whole loss (1: the mean-normalised loss; see above).
         kl_in_reward: subtract the KL estimate of the rollout policy from the reward instead of adding
-            it to the loss; needs kl_coef > 0, "ref_logprobs" and "step_old_logprobs" (every row's
-            ``old_logprobs`` in ``prepare_step``). Any estimator, k1 included, is valid there.
+            it to the loss; needs kl_coef > 0, "ref_logprobs" and every row's ``old_logprobs`` in
+            ``prepare_step``. Any estimator, k1 included, is valid there.
         rollout_is_cap: C >= 1 of the truncated importance-sampling correction of the sampler
             mismatch, or None (off): each token's surrogate ℓ_it is multiplied by
             w_it = min(π_old(o_it) / μ(o_it), C) (``core.truncated_is_weights``; μ the rollout
             engine's "sampler_logprobs"), as verl's TIS does; the KL and entropy terms are not.
-            Needs "step_old_logprobs" and "sampler_logprobs".
+            Needs "sampler_logprobs" and every row's ``old_logprobs`` in ``prepare_step``.
         overlong_buffer: L_cache >= 0 of DAPO's overlong reward shaping (0: off; see the module
             docstring), at most ``horizon``.
         overlong_penalty: p >= 0, the shaping's largest penalty.
@@ -141,13 +141,13 @@ class ClippedPolicyGradient:
         needs = set()
         if kl_coef > 0:
             needs.add("ref_logprobs")
-        if kl_in_reward:
-            needs.add("step_old_logprobs")
         if rollout_is_cap is not None:
-            needs |= {"step_old_logprobs", "sampler_logprobs"}
+            needs.add("sampler_logprobs")
         if entropy_coef > 0:
             needs.add("entropy")
         self.needs = frozenset(needs)
+        self.first_update_may_supply_old_logprobs = not kl_in_reward and rollout_is_cap is None
+        """The reward's KL penalty and the correction's weights are step terms of every row's old log-probs."""
 
     def rollout_is_terms(self, batch) -> dict[str, torch.Tensor]:
         """{"rollout_is_weight": (B, T) per-token truncated IS weights} with ``rollout_is_cap``, else {}."""

@@ -18,7 +18,7 @@ Several processes. Under torchrun, `evaluate_model` splits the problems across t
 (`evaluate`'s `problem_share`: process k of K takes problems k, k + K, ...), each generating all
 the samples of its problems; rank 0 merges the results (`EvalResult.merge`) and writes them, its
 processes' records one after the other. Process k seeds its sampling with `seed` (k = 0, as one
-process does) or `seed * SEED_STRIDE + k`, so a fixed seed and process count give the same
+process does) or `rank_seed(seed, k)`, so a fixed seed and process count give the same
 result run after run; another process count samples differently (pass@k within sampling noise).
 
 `eval_metrics.json` (written by `evaluate_model`):
@@ -49,6 +49,7 @@ from typing import Any, Callable, Protocol, TypeVar
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from pacs import EVAL_SAMPLING
 from pacs.config import VllmConfig
 
 from pacs.data.loading import check_data_spec, load_rows
@@ -58,13 +59,11 @@ from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
-from pacs.rollout.base import RolloutEngine, SamplingParams
+from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
 
 T = TypeVar("T")
-SEED_STRIDE = 1_000_003
-"""Process k > 0 of an evaluation seeds its sampling with seed * SEED_STRIDE + k."""
 SAME_INPUTS_EVERYWHERE = (
     "Every process runs the same pacs eval command and reads --model and --data from its own disk, at the same paths "
     "(a relative path from its own working directory): put what a node lacks there. Only rank 0 writes --out."
@@ -77,8 +76,8 @@ MERGE_RULE = (
 
 
 class Processes(Protocol):
-    """The processes that one evaluation runs on, as `pacs.train.distributed.World` describes them
-    (one process: `World.single()`; under torchrun: `World.from_environment()`)."""
+    """The processes that one evaluation runs on, as `pacs.train.distributed.world.World` describes
+    them (one process: `World.single()`; under torchrun: `World.from_environment()`)."""
 
     rank: int
     world_size: int
@@ -87,13 +86,34 @@ class Processes(Protocol):
     @property
     def is_writer(self) -> bool: ...
 
-    def decided_by_writer(self, decide: Callable[[], T]) -> T: ...
 
-    def on_every_rank(self, action: Callable[[], T], *, remedy: str = "") -> T: ...
+class Collectives(Protocol):
+    """The collectives an evaluation on several processes takes part in: those of
+    `pacs.train.distributed.collectives`, a layer above evaluation, whose callers hand the module in."""
 
-    def on_every_node(self, load: Callable[[], T], *, remedy: str = "") -> T: ...
+    def run_on_every_rank(
+        self, world: Processes, action: Callable[[], T], *, how_to_fix: str = "", node_leader_first: bool = False
+    ) -> T: ...
 
-    def gather_on_writer(self, value: Any) -> list[Any] | None: ...
+    def run_on_rank0(self, world: Processes, action: Callable[[], T]) -> T: ...
+
+    def gather_objects_on_rank0(self, world: Processes, value: Any) -> list[Any] | None: ...
+
+
+class _OneProcess:
+    """The collectives of one process: each the identity."""
+
+    @staticmethod
+    def run_on_every_rank(world: Processes, action: Callable[[], T], **_: object) -> T:
+        return action()
+
+    @staticmethod
+    def run_on_rank0(world: Processes, action: Callable[[], T]) -> T:
+        return action()
+
+    @staticmethod
+    def gather_objects_on_rank0(world: Processes, value: Any) -> list[Any]:
+        return [value]
 
 
 @dataclass(frozen=True)
@@ -386,8 +406,8 @@ def evaluate_model(
     processes: Processes,
     n: int,
     out_dir: Path,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
+    temperature: float = EVAL_SAMPLING["temperature"],
+    top_p: float = EVAL_SAMPLING["top_p"],
     max_tokens: int = 4096,
     seed: int = 0,
     dtype: str = "float32",
@@ -397,11 +417,13 @@ def evaluate_model(
     overwrite: bool = False,
     show_progress: bool = True,
     engine: str = "hf",
+    collectives: Collectives | None = None,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
     `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
-    Every one of `processes` takes its share of the problems (module docstring); the whole
+    Every one of `processes` takes its share of the problems (module docstring), taking part in
+    `collectives` (`pacs.train.distributed.collectives`; None: one process); the whole
     result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
     (transformers' generate) or `vllm` (`load_engine`, one process only); temperature 0 decodes
     greedily with either.
@@ -418,8 +440,14 @@ def evaluate_model(
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
     if engine == "vllm" and processes.world_size > 1:
         raise ValueError("pacs eval --engine vllm runs in one process; under torchrun use --engine hf")
-    processes.on_every_rank(lambda: _check_inputs(model_path, specs, reward_function), remedy=SAME_INPUTS_EVERYWHERE)
-    processes.decided_by_writer(lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
+    if collectives is None:
+        if processes.world_size > 1:
+            raise ValueError(f"an evaluation on {processes.world_size} processes needs their collectives")
+        collectives = _OneProcess()
+    collectives.run_on_every_rank(
+        processes, lambda: _check_inputs(model_path, specs, reward_function), how_to_fix=SAME_INPUTS_EVERYWHERE
+    )
+    collectives.run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
         model_path=model_path,
         specs=list(specs),
@@ -434,7 +462,7 @@ def evaluate_model(
         reward_workers=reward_workers,
         engine=engine,
     )
-    process_seed = seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank
+    process_seed = seed if processes.rank == 0 else rank_seed(seed, processes.rank)
     torch.manual_seed(process_seed)
 
     def load() -> tuple[PreTrainedTokenizerBase, RolloutEngine, int | None, list[dict], list[str]]:
@@ -449,8 +477,8 @@ def evaluate_model(
             locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
         return tokenizer, rollout_engine, context_length, rows, locations
 
-    tokenizer, rollout_engine, context_length, rows, locations = processes.on_every_node(
-        load, remedy=SAME_INPUTS_EVERYWHERE
+    tokenizer, rollout_engine, context_length, rows, locations = collectives.run_on_every_rank(
+        processes, load, how_to_fix=SAME_INPUTS_EVERYWHERE, node_leader_first=True
     )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
@@ -465,7 +493,7 @@ def evaluate_model(
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
         )
-    shares = processes.gather_on_writer(share)
+    shares = collectives.gather_objects_on_rank0(processes, share)
     if shares is None:
         return None
     result = EvalResult.merge(shares)

@@ -46,6 +46,7 @@ from transformers.utils import logging as transformers_logging
 
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
+from pacs.plugins import import_function
 
 BUILTIN_PREFIX = "builtin:"
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -68,7 +69,15 @@ def _cached_builtin_tiny() -> Path:
     return save_builtin_tiny(directory, seed=0)
 
 
-BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"builtin:tiny": _cached_builtin_tiny}
+BUILTIN_MODELS: dict[str, Callable[[], Path] | str] = {
+    "builtin:tiny": _cached_builtin_tiny,
+    "builtin:tiny-arithmetic": "pacs.train.builtin_models:warm_started_tiny",
+}
+"""Built-in name -> what builds its directory into the pacs cache (once): a function, or the
+"package.module:function" that names one, imported when the model is first asked for. The
+warm-started model is trained (`pacs.train`, a layer above this one), so it is named here, not
+imported: every entry point knows every built-in name (`check_model_path`) without importing the
+trainer, and resolving the name imports it."""
 
 
 def register_builtin_model(name: str, build_fn: Callable[[], Path]) -> None:
@@ -118,7 +127,8 @@ def resolve_model_path(path: str) -> str:
     check_model_path(path)
     if path.startswith(BUILTIN_PREFIX):
         with torch.random.fork_rng(devices=[]):
-            return str(BUILTIN_MODELS[path]())
+            build = BUILTIN_MODELS[path]
+            return str((import_function(build) if isinstance(build, str) else build)())
     local = Path(path).expanduser()
     return str(local) if local.is_dir() else path
 
@@ -328,7 +338,7 @@ def _critic_class_over(backbone_class: type[PreTrainedModel]) -> type[PreTrained
 
 def __getattr__(name: str) -> type[PreTrainedModel]:
     """A critic class `token_classification_class` builds, by its name, in any process: what lets
-    a critic pickled in one process (an FSDP skeleton, `pacs.train.distributed.World.load_once`)
+    a critic pickled in one process (an FSDP skeleton, `pacs.train.distributed.wrapping.load_on_rank0`)
     be unpickled in another."""
     backbone_name = name.removesuffix("ForTokenClassification") + "Model"
     if name.endswith("ForTokenClassification"):

@@ -30,6 +30,13 @@ class SamplingParams:
     return_logprobs: bool = False
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of process `rank`'s own random draws (its samples) in a run or an evaluation seeded
+    with `seed`: apart from every other rank's, and from those of any other seed while there are
+    fewer than 1,000,003 ranks."""
+    return seed * 1_000_003 + rank
+
+
 @dataclass
 class Rollouts:
     """Responses grouped by prompt: rows [g*n, (g+1)*n) all answer prompt g (n = group_size).

@@ -26,7 +26,7 @@ fraction counts the whole process against the machine's memory.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -37,10 +37,6 @@ from pacs.rollout.hf import end_of_sequence_ids
 
 CPU_KV_CACHE_GIB = 0.5
 """KV cache of an engine on a CPU when `rollout.vllm.kv_cache_gib` is not set."""
-
-
-def _call(function: Callable[..., Any], **options: Any) -> Any:
-    return function(**options)
 
 
 def require_vllm():
@@ -60,9 +56,9 @@ class VllmEngine:
     """Generate with an in-process vLLM engine built from the model directory `model_path`
     (architecture, and weights until the first `load_weights`); prompts arrive as token ids and
     responses are decoded with `tokenizer`, so vLLM never loads a tokenizer. `max_model_len`:
-    the longest prompt + response (None: the model's context length). `start(vllm.LLM, **options)`
-    starts the engine: under torchrun the trainer's `World.colocated_engine`, where collectives are
-    made (vLLM sets up its process groups on the job's). `sampler_logprobs`: whether `generate`
+    the longest prompt + response (None: the model's context length). Under torchrun every
+    process builds its engine at the same point of its setup: vLLM sets its process groups up on
+    the job's, with collectives that every rank must meet. `sampler_logprobs`: whether `generate`
     may be asked for the sampled tokens' log-probs (`SamplingParams.return_logprobs`)."""
 
     holds_own_weights = True
@@ -77,7 +73,6 @@ class VllmEngine:
         dtype: str,
         max_model_len: int | None,
         seed: int,
-        start: Callable[..., Any] = _call,
         sampler_logprobs: bool = True,
     ):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
@@ -91,8 +86,7 @@ class VllmEngine:
         self.sleep_mode = settings.sleep_mode
         self.sampler_logprobs = sampler_logprobs
         self.asleep = False
-        self.llm = start(
-            vllm.LLM,
+        self.llm = vllm.LLM(
             model=model_path,
             skip_tokenizer_init=True,
             dtype=dtype,

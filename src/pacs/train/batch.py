@@ -30,9 +30,9 @@ class PolicyBatch:
     response_ids:  (B, R) right-padded response tokens
     response_mask: (B, R) 1.0 on response tokens (float, in the model's compute dtype)
     rewards:       (B,)   verifier outcome in [0, 1]
-    old_logprobs:  (B, R) log-probabilities under the rollout policy (zeros until computed)
+    old_logprobs:  (B, R) log-probabilities under the rollout policy (`not_computed` until they are)
     entropy:       (B, R) the rollout policy's entropy at each response position, for metrics
-                   (zeros until computed, with old_logprobs)
+                   (`not_computed` until computed, with old_logprobs)
     row_terms:     per-row (B,) or per-token (B, R) tensors that an algorithm adds (advantages,
                    reference log-probs, values, ...); "sampler_logprobs" (B, R) from the start when
                    the engine returned its own log-probs (`Rollouts.response_logprobs`)
@@ -56,8 +56,8 @@ class PolicyBatch:
             response_ids=rollouts.response_ids,
             response_mask=mask,
             rewards=rewards.to(dtype),
-            old_logprobs=torch.zeros_like(mask),
-            entropy=torch.zeros_like(mask),
+            old_logprobs=not_computed(mask),
+            entropy=not_computed(mask),
             row_terms={} if rollouts.response_logprobs is None else {"sampler_logprobs": rollouts.response_logprobs.to(dtype)},
         )
 
@@ -99,6 +99,13 @@ class PolicyBatch:
     def to(self, device: torch.device) -> PolicyBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "row_terms"}
         return replace(self, **moved, row_terms={k: v.to(device) for k, v in self.row_terms.items()})
+
+
+def not_computed(response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, R) stand-in for per-token values not computed yet: NaN at response tokens, so that one
+    read before it is computed turns every result it enters into NaN instead of passing for a
+    log-prob of 0; 0 at padding, as computed values are there."""
+    return torch.full_like(response_mask, float("nan")).masked_fill(response_mask == 0, 0.0)
 
 
 def _sequence_inputs(batch: PolicyBatch) -> dict[str, torch.Tensor]:

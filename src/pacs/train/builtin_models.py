@@ -18,7 +18,6 @@ from filelock import FileLock
 
 from pacs.data.arithmetic import answer_text
 from pacs.data.loading import load_rows
-from pacs.models.loading import register_builtin_model
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
 from pacs.train.sft import supervised_warm_start
@@ -58,6 +57,3 @@ def _warm_start(seed: int, directory: Path, show_progress: bool) -> Path:
             seed=seed,
             show_progress=show_progress,
         )
-
-
-register_builtin_model("builtin:tiny-arithmetic", warm_started_tiny)

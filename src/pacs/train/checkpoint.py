@@ -49,7 +49,11 @@ from transformers import PreTrainedTokenizerBase
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
 from pacs.models.saving import save_streamed, write_safetensors_files
 from pacs.outputs import MARKER, is_pacs_output
-from pacs.train.distributed import World
+from pacs.rollout.base import rank_seed
+from pacs.train.distributed.collectives import barrier, gather_rows, run_on_rank0
+from pacs.train.distributed.state_dict import from_rank0_like, full_tensors_on_rank0, named_state, parameters_by_name
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import unwrap
 from pacs.train.sampler import PromptSampler
 
 TRAINER_STATE = "trainer_state.pt"
@@ -112,15 +116,15 @@ def save_model(world: World, model: torch.nn.Module, directory: Path | None) -> 
     one file's worth of tensors, never the whole model (`pacs.models.saving.save_streamed`). A
     LoRA model is written as its merged model (`merged_tensors`) plus `ADAPTER_DIR`; its adapter
     tensors (small) are gathered first. Every rank must call it."""
-    named_state = world.named_state(model)
-    inner = world.unwrap(model)
+    state = named_state(model)
+    inner = unwrap(model)
     adapters: dict[str, torch.Tensor] = {}
     if is_lora(inner):
-        adapters = dict(world.whole_on_writer((key, value) for key, value in named_state if is_adapter_weight(key)))
-        base = world.whole_on_writer((key, value) for key, value in named_state if not is_adapter_weight(key))
+        adapters = dict(full_tensors_on_rank0(world, ((key, value) for key, value in state if is_adapter_weight(key))))
+        base = full_tensors_on_rank0(world, ((key, value) for key, value in state if not is_adapter_weight(key)))
         tensors = merged_tensors(inner, base, adapters)
     else:
-        tensors = world.whole_on_writer(named_state)
+        tensors = full_tensors_on_rank0(world, state)
     _written_on_writer(world, tensors, lambda stream: save_streamed(language_model(inner), directory, stream, MODEL_FILE_BYTES))
     if is_lora(inner) and world.is_writer:
         save_adapter(inner, directory / ADAPTER_DIR, adapters)
@@ -148,10 +152,10 @@ def staging_directory(directory: Path) -> Path:
     return staging
 
 
-def _optimized_parameters(world: World, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
+def _optimized_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, parameter) of every parameter `optimizer` updates, in the model's order."""
     updated = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
-    return [(name, parameter) for name, parameter in world.named_parameters(model) if id(parameter) in updated]
+    return [(name, parameter) for name, parameter in parameters_by_name(model) if id(parameter) in updated]
 
 
 def save_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path | None) -> None:
@@ -161,11 +165,11 @@ def save_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
     that has not stepped writes nothing (and is not stepped to fill its state)."""
     named_states = (
         (f"{name}:{key}", value)
-        for name, parameter in _optimized_parameters(world, model, optimizer)
+        for name, parameter in _optimized_parameters(model, optimizer)
         for key, value in optimizer.state.get(parameter, {}).items()
     )
     _written_on_writer(
-        world, world.whole_on_writer(named_states), lambda stream: write_safetensors_files(stream, directory, "optimizer", OPTIMIZER_FILE_BYTES)
+        world, full_tensors_on_rank0(world, named_states), lambda stream: write_safetensors_files(stream, directory, "optimizer", OPTIMIZER_FILE_BYTES)
     )
 
 
@@ -176,10 +180,11 @@ def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
     Every rank must call it."""
     files = sorted(directory.glob("*.safetensors")) if world.is_writer and directory.is_dir() else []
     readers = {key: reader for reader in (safe_open(str(file), "pt") for file in files) for key in reader.keys()}
-    layouts = world.decided_by_writer(
-        lambda: {key: (reader.get_slice(key).get_shape(), reader.get_slice(key).get_dtype()) for key, reader in readers.items()}
+    layouts = run_on_rank0(
+        world,
+        lambda: {key: (reader.get_slice(key).get_shape(), reader.get_slice(key).get_dtype()) for key, reader in readers.items()},
     )
-    for name, parameter in _optimized_parameters(world, model, optimizer):
+    for name, parameter in _optimized_parameters(model, optimizer):
         state = {}
         for key, (shape, dtype) in layouts.items():
             parameter_name, state_name = key.rsplit(":", 1)
@@ -187,7 +192,7 @@ def load_optimizer_state(world: World, model: torch.nn.Module, optimizer: torch.
                 continue
             whole = readers[key].get_tensor(key) if world.is_writer else None
             like = parameter if shape else torch.empty(())
-            state[state_name] = world.from_writer_like(whole, like, shape=torch.Size(shape), dtype=SAFETENSORS_DTYPES[dtype])
+            state[state_name] = from_rank0_like(world, whole, like, shape=torch.Size(shape), dtype=SAFETENSORS_DTYPES[dtype])
         if state:
             optimizer.state[parameter] = state
 
@@ -259,10 +264,10 @@ def rng_states(world: World) -> dict[str, Any]:
     states = {
         "python": random.getstate(),
         "numpy": [name, keys.tolist(), position, has_gauss, cached_gaussian],
-        "torch": world.gather_rows(torch.get_rng_state().unsqueeze(0)),
+        "torch": gather_rows(world, torch.get_rng_state().unsqueeze(0)),
     }
     if torch.cuda.is_available():
-        states["cuda"] = world.gather_rows(torch.cuda.get_rng_state().unsqueeze(0))
+        states["cuda"] = gather_rows(world, torch.cuda.get_rng_state().unsqueeze(0))
     return states
 
 
@@ -281,7 +286,7 @@ def restore_rng_states(states: dict[str, Any], world: World) -> None:
             "training continues, but its random sampling differs from an uninterrupted run",
             stacklevel=2,
         )
-        torch.manual_seed(int(states["torch"][0].long().sum()) * 1_000_003 + world.rank)
+        torch.manual_seed(rank_seed(int(states["torch"][0].long().sum()), world.rank))
         return
     # clone: a row of the stacked states is a view at an offset, which set_rng_state cannot read
     torch.set_rng_state(states["torch"][world.rank].clone())
@@ -317,7 +322,7 @@ def write_checkpoint(
         save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
     state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world), "trackers": dict(tracker_runs or {})}
     save_checkpoint(directory, model, tokenizer, state, world=world, critic=critic_model, staging=staging)
-    world.barrier()
+    barrier(world)
     return directory
 
 
@@ -330,7 +335,7 @@ def restore_training_state(
     """The optimizers' states and every rank's random states put back from `checkpoint`, which
     rank 0 alone reads; returns the trainer state (step, sampler, tracker run ids: "trackers",
     empty for a checkpoint written before pacs kept them) on every rank."""
-    state = world.decided_by_writer(lambda: load_trainer_state(checkpoint))
+    state = run_on_rank0(world, lambda: load_trainer_state(checkpoint))
     load_optimizer_state(world, *policy, checkpoint / OPTIMIZER_DIR)
     if critic is not None:
         load_optimizer_state(world, *critic, checkpoint / CRITIC_OPTIMIZER_DIR)

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from pacs.algos.core import mixed_groups
 from pacs.rewards.pool import BatchScores
 from pacs.rollout.base import Rollouts
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import sum_over_ranks
+from pacs.train.distributed.world import World
 
 
 @dataclass
@@ -62,7 +63,7 @@ def sample_mixed_groups(
         rewards = torch.tensor(draws[-1].scored.scores, dtype=torch.float64)
         for group, is_mixed in enumerate(mixed_groups(rewards, group_size).tolist()):
             (mixed if is_mixed else unmixed).append((len(draws) - 1, group))
-        missing = world.sum(torch.tensor([float(max(groups - len(mixed), 0))], dtype=torch.float64))
+        missing = sum_over_ranks(world, torch.tensor([float(max(groups - len(mixed), 0))], dtype=torch.float64))
         if missing.item() == 0 or len(draws) == max_rounds:
             break
     chosen = (mixed + unmixed)[:groups]

@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 
 from pacs.config import Config
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import gather_objects
+from pacs.train.distributed.world import World
 from pacs.train.trackers import Tracker, open_trackers
 
 
@@ -77,7 +78,7 @@ class MetricsLogger:
             }
             for row, response, reward in zip(rows, responses, rewards)
         ]
-        gathered = [record for rank_records in self.world.gather_objects(records) for record in rank_records]
+        gathered = [record for rank_records in gather_objects(self.world, records) for record in rank_records]
         if self.trackers is None:
             return
         self.rollouts_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ from pacs.config import Config, ConfigError
 from pacs.data.loading import check_data_spec
 from pacs.models.loading import check_model_path
 from pacs.rewards import load_reward_function
-from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
 from pacs.train.trackers import check_tracker_packages
 
 

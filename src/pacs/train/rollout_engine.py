@@ -20,10 +20,14 @@ import torch
 from pacs.config import Config
 from pacs.models.loading import resolve_model_path
 from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
-from pacs.rollout.base import RolloutEngine
+from pacs.models.precision import Precision
+from pacs.rollout.base import RolloutEngine, rank_seed
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import max_over_ranks, sum_over_ranks
+from pacs.train.distributed.state_dict import full_tensors
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import unwrap
 
 _DECODER_LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -31,8 +35,7 @@ _DECODER_LAYER = re.compile(r"\.layers\.(\d+)\.")
 def build_engine(config: Config, world: World, policy_module: torch.nn.Module, tokenizer) -> TransformersEngine | VllmEngine:
     """`rollout.engine`'s engine for this process: transformers' generate on `policy_module`
     (the unwrapped language model), or a vLLM engine built from `model.path` in the run's compute
-    dtype, seeded per rank (its weights are pushed before the first rollout), one in each process
-    (`World.colocated_engine`)."""
+    dtype, seeded per rank (its weights are pushed before the first rollout), one in each process."""
     if config.rollout.engine == "hf":
         return TransformersEngine(policy_module, tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
     settings = config.rollout.vllm
@@ -40,10 +43,9 @@ def build_engine(config: Config, world: World, policy_module: torch.nn.Module, t
         resolve_model_path(config.model.path),
         tokenizer,
         settings,
-        dtype="bfloat16" if config.model.dtype == "bfloat16" else "float32",
+        dtype=Precision(config.model.dtype).engine,
         max_model_len=settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
-        seed=config.seed * 1_000_003 + world.rank,
-        start=world.colocated_engine,
+        seed=rank_seed(config.seed, world.rank),
     )
 
 
@@ -53,12 +55,12 @@ def pushes_weights(engine: RolloutEngine, config: Config) -> bool:
     return engine.holds_own_weights and config.rollout.vllm.sync_weights
 
 
-def policy_weights(world: World, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights as a Hugging Face model names them, whole, one at a time on every
-    rank (`World.whole_state`); with LoRA, W + (alpha / r) B A for each adapted weight, merged a
+    rank (`full_tensors`); with LoRA, W + (alpha / r) B A for each adapted weight, merged a
     decoder layer at a time (`pacs.models.lora.merged_tensors`) and without the adapters."""
-    state = world.whole_state(model)
-    module = world.unwrap(model)
+    state = full_tensors(model)
+    module = unwrap(model)
     if not is_lora(module):
         yield from state
         return
@@ -90,11 +92,11 @@ def sampler_mismatch(
     """
     on_tokens = response_mask > 0
     log_ratio = (old_logprobs.double() - sampler_logprobs.to(old_logprobs.device).double())[on_tokens]
-    totals = world.sum(torch.tensor([float(log_ratio.abs().sum()), float(log_ratio.numel())], dtype=torch.float64))
+    totals = sum_over_ranks(world, torch.tensor([float(log_ratio.abs().sum()), float(log_ratio.numel())], dtype=torch.float64))
     none = log_ratio.numel() == 0
     return {
         "rollout/logprob_abs_diff_mean": float(totals[0] / totals[1].clamp(min=1)),
-        "rollout/logprob_abs_diff_max": world.max(0.0 if none else float(log_ratio.abs().max())),
-        "rollout/importance_ratio_min": -world.max(-1.0 if none else -float(log_ratio.min().exp())),
-        "rollout/importance_ratio_max": world.max(1.0 if none else float(log_ratio.max().exp())),
+        "rollout/logprob_abs_diff_max": max_over_ranks(world, 0.0 if none else float(log_ratio.abs().max())),
+        "rollout/importance_ratio_min": -max_over_ranks(world, -1.0 if none else -float(log_ratio.min().exp())),
+        "rollout/importance_ratio_max": max_over_ranks(world, 1.0 if none else float(log_ratio.max().exp())),
     }

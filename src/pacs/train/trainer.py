@@ -2,10 +2,11 @@
 
 Each step: draw `train.batch_size` prompts -> sample `rollout.n` responses each -> score them
 with the verifier -> recompute the rollout policy's log-probs (except for the first mini-batch,
-whose first update takes them from its own forward pass) -> `train.epochs` passes of optimizer
+whose first update takes them from its own forward pass; `train.old_logprobs_from_first_update`)
+-> the algorithm's step terms -> `train.epochs` passes of optimizer
 updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint.
 Launched by torchrun or `accelerate launch`, each process takes its share of every mini-batch
-(a prompt's whole group stays on one rank) and `pacs.train.distributed.World` says who does
+(a prompt's whole group stays on one rank) and `pacs.train.distributed` says who does
 what; one process is the trivial case.
 """
 
@@ -17,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -30,17 +31,29 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
-from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
+from pacs.models.loading import enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
+from pacs.models.precision import Precision
 from pacs.outputs import claim_output_dir
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores
-from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
-from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
+from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams, rank_seed
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, REFERENCE_DIR, latest_checkpoint, restore_training_state, write_checkpoint
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import (
+    barrier,
+    gather_objects,
+    gather_rows,
+    run_on_every_rank,
+    run_on_rank0,
+    slowest_timings,
+    sum_over_ranks,
+)
+from pacs.train.distributed.generation import unsharded_for_generation
+from pacs.train.distributed.state_dict import parameters_by_name
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
 from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
@@ -48,7 +61,7 @@ from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weigh
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
-NODE_INPUTS_REMEDY = (
+NODE_INPUTS_HOW_TO_FIX = (
     "Every node runs the same command and reads model.path, the data files and the reward function from its own "
     "disk, at the same paths (a relative path from its own working directory): put what a node lacks there. "
     "Only rank 0 needs the output_dir and its checkpoints."
@@ -99,14 +112,6 @@ def rollout_metrics(
     }
 
 
-def mixed_precision(device: torch.device, dtype: str):
-    """The context forward passes run in: bfloat16 autocast for `model.dtype=bfloat16` (the
-    weights stay float32), nothing otherwise."""
-    if dtype == "bfloat16":
-        return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
-
-
 def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
     """`model/trainable_parameters` (those the optimizer updates) and `model/total_parameters`
     (tied weights counted once)."""
@@ -144,7 +149,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
     trainer = Trainer.setup(config, world)
     with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
         result = trainer.run(show_progress=show_progress)
-        world.barrier()  # no rank tears its process group down while another still uses it
+        barrier(world)  # no rank tears its process group down while another still uses it
     return result
 
 
@@ -159,14 +164,22 @@ class Policy:
     """`parameter_counts` of the unwrapped model, logged at a run's first step."""
 
 
-@dataclass
+class Critic(NamedTuple):
+    """PPO's value model (wrapped for the strategy) and its optimizer."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass(kw_only=True)
 class Trainer:
     """What a run builds once (`setup`), and the step that uses it (`step`, `run`)."""
 
     config: Config
     world: World
     policy: Policy
-    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None
+    critic: Critic | None
+    """PPO's critic; None for algorithms without one."""
     reference: torch.nn.Module | None
     """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
     is the policy with its adapters disabled)."""
@@ -197,8 +210,8 @@ class Trainer:
                 require_peft()
             except ImportError as error:
                 raise ConfigError(str(error)) from None
-        world.on_every_rank(lambda: check_node_inputs(config), remedy=NODE_INPUTS_REMEDY)
-        resume_from = world.decided_by_writer(lambda: open_run(config))
+        run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
+        resume_from = run_on_rank0(world, lambda: open_run(config))
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
         algorithm = config.algorithm.build(group_size=config.rollout.n, horizon=config.data.max_response_length)
@@ -206,13 +219,13 @@ class Trainer:
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
         reference = load_reference(config, world, resume_from) if needs_reference else None
-        train_prompts, val_prompts = world.on_every_rank(
-            lambda: load_train_and_val_prompts(config, policy.tokenizer, console), remedy=NODE_INPUTS_REMEDY
+        train_prompts, val_prompts = run_on_every_rank(
+            world, lambda: load_train_and_val_prompts(config, policy.tokenizer, console), how_to_fix=NODE_INPUTS_HOW_TO_FIX
         )
         sampler, start_step, tracker_runs = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
-        engine = build_engine(config, world, language_model(world.unwrap(policy.model)), policy.tokenizer)
+        engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
         scorer = ScoringPool(
             config.reward.function,
             num_workers=config.reward.num_workers,
@@ -225,11 +238,26 @@ class Trainer:
             epochs=config.train.epochs,
             grad_clip=config.train.grad_clip,
             temperature=config.rollout.temperature,
-            autocast=mixed_precision(world.device, config.model.dtype),
+            autocast=Precision(config.model.dtype).autocast(world.device),
         )
-        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, tracker_runs, settings, console,
-                   engine_has_policy_weights=not pushes_weights(engine, config))
+        return cls(
+            config=config,
+            world=world,
+            policy=policy,
+            critic=critic,
+            reference=reference,
+            algorithm=algorithm,
+            engine=engine,
+            scorer=scorer,
+            train_prompts=train_prompts,
+            val_prompts=val_prompts,
+            sampler=sampler,
+            start_step=start_step,
+            tracker_runs=tracker_runs,
+            settings=settings,
+            console=console,
+            engine_has_policy_weights=not pushes_weights(engine, config),
+        )
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -267,7 +295,8 @@ class Trainer:
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
-        → old log-probs (and reference log-probs, values) → updates; its global metrics."""
+        → old log-probs → step terms (reference log-probs, values, advantages) → updates; its
+        global metrics."""
         started = time.perf_counter()
         resets_reference = self.reset_reference(step)
         self.sync_engine_weights()
@@ -276,11 +305,12 @@ class Trainer:
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
-        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), self.compute_dtype).to(self.world.device)
+        batch_dtype = Precision(self.config.model.dtype).tensors
+        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), batch_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
-        takes_first_old_logprobs = updates_policy and "step_old_logprobs" not in self.algorithm.needs
-        first_update_rows = min(len(batch), self.settings.mini_batch_size * self.config.rollout.n) if takes_first_old_logprobs else 0
-        self.fill_step_terms(batch, first_update_rows)
+        first_update_rows = self.rows_from_first_update(len(batch), updates_policy)
+        self.fill_old_logprobs(batch, slice(first_update_rows, None))
+        self.fill_step_terms(batch, old_logprobs_known=first_update_rows == 0)
         train = self.config.train
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
         metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows)}
@@ -293,7 +323,7 @@ class Trainer:
             "time/weight_sync_s": synced - started,
             "time/generate_s": sample.generate_s,
         }
-        metrics.update(self.world.slowest(timings))
+        metrics.update(slowest_timings(self.world, timings))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
@@ -338,44 +368,59 @@ class Trainer:
         """Push the policy's weights into an engine that holds its own copy (vLLM) if they
         changed since it last got them (`pacs.train.rollout_engine.policy_weights`)."""
         if not self.engine_has_policy_weights:
-            self.engine.load_weights(policy_weights(self.world, self.policy.model))
+            self.engine.load_weights(policy_weights(self.policy.model))
             self.engine_has_policy_weights = True
 
     def generation(self) -> contextlib.AbstractContextManager:
         """The context an engine generates in: for transformers' generate on the policy itself,
-        the whole policy gathered (`World.generation`); vLLM holds its own weights."""
-        return contextlib.nullcontext() if self.engine.holds_own_weights else self.world.generation(self.policy.model)
+        the whole policy gathered (`unsharded_for_generation`); vLLM holds its own weights."""
+        return contextlib.nullcontext() if self.engine.holds_own_weights else unsharded_for_generation(self.policy.model)
 
-    def fill_step_terms(self, batch: PolicyBatch, first_update_rows: int) -> None:
-        """The rollout policy's log-probs (but for the first update's rows, whose update takes
-        them from its own forward pass), the reference's log-probs and the critic's values the
-        algorithm needs, then the algorithm's step terms (advantages)."""
-        micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
+    def rows_from_first_update(self, batch_rows: int, updates_policy: bool) -> int:
+        """How many of the step's first rows take their old log-probs from the first update's own
+        forward pass (`pacs.train.update.FirstUpdateOldLogprobs`): one update's, when the policy
+        updates this step, `train.old_logprobs_from_first_update` is on and the algorithm can wait
+        for them (`Algorithm.first_update_may_supply_old_logprobs`); else 0, the plain path."""
+        shortcut = self.config.train.old_logprobs_from_first_update and self.algorithm.first_update_may_supply_old_logprobs
+        return min(batch_rows, self.settings.mini_batch_size * self.config.rollout.n) if updates_policy and shortcut else 0
+
+    def fill_old_logprobs(self, batch: PolicyBatch, rows: slice) -> None:
+        """The rollout policy's log-probs and entropy at `rows` of `batch` (no gradient)."""
         with self.settings.autocast():
             fill_rollout_logprobs(
-                self.policy.model, batch, slice(first_update_rows, None), micro_batch_size=micro, temperature=temperature
+                self.policy.model,
+                batch,
+                rows,
+                micro_batch_size=self.config.train.micro_batch_size,
+                temperature=self.config.rollout.temperature,
             )
+
+    def fill_step_terms(self, batch: PolicyBatch, *, old_logprobs_known: bool) -> None:
+        """The reference's log-probs and the critic's values the algorithm needs, then the
+        algorithm's step terms (advantages), from every row's old log-probs if `old_logprobs_known`
+        (else the first update gives some, and the algorithm sees none)."""
+        micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
+        with self.settings.autocast():
             if "ref_logprobs" in self.algorithm.needs:
                 with self.reference_policy() as reference:
                     batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
                         reference, batch, micro_batch_size=micro, temperature=temperature
                     )
             if self.critic is not None:
-                batch.row_terms["values"] = response_values_no_grad(self.critic[0], batch, micro_batch_size=micro)
-        step_inputs = {
-            name: value
-            for name, value in batch.tensors().items()
-            if name != "old_logprobs" or "step_old_logprobs" in self.algorithm.needs
-        }
-        batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=self.world.sum))
+                batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, micro_batch_size=micro)
+        step_inputs = batch.tensors()
+        if not old_logprobs_known:
+            del step_inputs["old_logprobs"]
+        batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=functools.partial(sum_over_ranks, self.world)))
 
     def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int) -> dict[str, float]:
         """The critic's updates (PPO), then the policy's (none while the critic warms up)."""
         metrics: dict[str, float] = {}
         if self.critic is not None:
-            critic, critic_optimizer = self.critic
             critic_settings = replace(self.settings, grad_clip=self.config.critic.grad_clip or self.config.train.grad_clip)
-            metrics.update(update_critic(critic, critic_optimizer, self.world, batch, self.algorithm, critic_settings))
+            metrics.update(
+                update_critic(self.critic.model, self.critic.optimizer, self.world, batch, self.algorithm, critic_settings)
+            )
         if not updates_policy:
             return {**metrics, "loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0}
         policy = self.policy
@@ -401,9 +446,9 @@ class Trainer:
         every = self.config.train.reference_reset_every
         if not every or step == 1 or (step - 1) % every:
             return False
-        reference = dict(self.world.named_parameters(self.reference))
+        reference = dict(parameters_by_name(self.reference))
         with torch.no_grad():
-            for name, parameter in self.world.named_parameters(self.policy.model):
+            for name, parameter in parameters_by_name(self.policy.model):
                 reference[name].copy_(parameter)
         if self.config.train.reference_reset_optimizer:
             self.policy.optimizer.state.clear()
@@ -417,7 +462,7 @@ class Trainer:
         if self.reference is not None:
             yield self.reference
             return
-        with self.world.unwrap(self.policy.model).disable_adapter():
+        with unwrap(self.policy.model).disable_adapter():
             yield self.policy.model
 
     # ----- validation and checkpoints ----------------------------------------------------------
@@ -449,7 +494,7 @@ class Trainer:
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
-        result = EvalResult.merge(world.gather_objects(share.without_records()))
+        result = EvalResult.merge(gather_objects(world, share.without_records()))
         metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
@@ -469,10 +514,6 @@ class Trainer:
             tracker_runs=tracker_runs,
             reference=self.reference if self.config.train.reference_reset_every else None,
         )
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return DTYPES["float64" if self.config.model.dtype == "float64" else "float32"]
 
 
 # ----- what `Trainer.setup` builds ---------------------------------------------------------------
@@ -507,38 +548,34 @@ def resume_point(config: Config) -> Path | None:
     return latest
 
 
-def weights_dtype(config: Config) -> str:
-    """The dtype trained weights are held in: float64 for float64 runs, float32 otherwise (bf16
-    runs compute in bf16 under autocast or FSDP's mixed precision)."""
-    return "float64" if config.model.dtype == "float64" else "float32"
-
-
 def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
     """The policy, wrapped for the strategy, with its optimizer over the trainable parameters.
     Its tokenizer comes from `model.path` on every node (a checkpoint may be on rank 0's disk
     alone). The full model (from the checkpoint, or `model.path`) is read by rank 0 alone and
-    sent to every rank (`World.load_once`); with LoRA every rank loads the base from `model.path`
+    sent to every rank (`load_on_rank0`); with LoRA every rank loads the base from `model.path`
     in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
     which every rank receives."""
-    lora = config.model.lora_rank > 0
-    tokenizer = world.on_every_node(lambda: load_tokenizer(config.model.path), remedy=NODE_INPUTS_REMEDY)
+    lora, precision = config.model.lora_rank > 0, Precision(config.model.dtype)
+    tokenizer = run_on_every_rank(
+        world, lambda: load_tokenizer(config.model.path), how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True
+    )
     adapter = None
     if lora:
-        load_base = functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype)
-        model, aside = world.on_every_node(load_base, remedy=NODE_INPUTS_REMEDY), None
+        load_base = functools.partial(load_causal_lm, config.model.path, dtype=precision.frozen)
+        model = run_on_every_rank(world, load_base, how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True)
+        rank0_weights = None
         if resume_from:
-            adapter = world.decided_by_writer(lambda: read_adapter(resume_from / ADAPTER_DIR))
+            adapter = run_on_rank0(world, lambda: read_adapter(resume_from / ADAPTER_DIR))
     else:
-        model, aside = world.load_once(
-            functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
-        )
+        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=precision.weights)
+        model, rank0_weights = load_on_rank0(world, load_full)
     model = with_training_options(model, config, lora=lora, adapter=adapter)
     sizes = parameter_counts(model)
     console.print(
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
     )
-    model = world.wrap(model, compute_dtype=bf16_compute(config), aside=aside)
+    model = wrap_model(world, model, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
@@ -568,15 +605,16 @@ def with_training_options(
         )
 
 
-def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def load_critic(config: Config, world: World, resume_from: Path | None) -> Critic:
     """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
     the policy, and its optimizer."""
     source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-    critic, aside = world.load_once(functools.partial(load_value_model, source, dtype=weights_dtype(config)))
+    precision = Precision(config.model.dtype)
+    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=precision.weights))
     critic = with_training_options(critic, config, lora=False)
-    critic = world.wrap(critic, compute_dtype=bf16_compute(config), aside=aside)
+    critic = wrap_model(world, critic, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
-    return critic, optimizer
+    return Critic(critic, optimizer)
 
 
 def load_reference(config: Config, world: World, resume_from: Path | None) -> torch.nn.Module:
@@ -586,8 +624,9 @@ def load_reference(config: Config, world: World, resume_from: Path | None) -> to
     checkpoint's `reference/`."""
     moves = config.train.reference_reset_every > 0
     source = str(resume_from / REFERENCE_DIR) if resume_from and moves else config.model.path
-    reference, aside = world.load_once(functools.partial(load_causal_lm, source, dtype=config.model.dtype))
-    return world.shard_frozen(reference, aside=aside)
+    load = functools.partial(load_causal_lm, source, dtype=Precision(config.model.dtype).frozen)
+    reference, rank0_weights = load_on_rank0(world, load)
+    return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
 
 
 def load_train_and_val_prompts(config: Config, tokenizer, console: Console) -> tuple[EncodedPrompts, EncodedPrompts | None]:
@@ -611,7 +650,7 @@ def restore_progress(
     world: World,
     resume_from: Path | None,
     policy: Policy,
-    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None,
+    critic: Critic | None,
     num_prompts: int,
 ) -> tuple[PromptSampler, int, dict[str, str]]:
     """The prompt sampler, the last step done and the tracker runs to continue: from the
@@ -619,15 +658,10 @@ def restore_progress(
     seeded apart, so ranks sample apart)."""
     if not resume_from:
         if world.rank > 0:
-            torch.manual_seed(config.seed * 1_000_003 + world.rank)
+            torch.manual_seed(rank_seed(config.seed, world.rank))
         return PromptSampler(num_prompts, config.seed), 0, {}
     state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic)
     return PromptSampler(**state["sampler"]), state["step"], state["trackers"]
-
-
-def bf16_compute(config: Config) -> torch.dtype | None:
-    """bfloat16 when the run computes in it (FSDP's mixed-precision policy), else None."""
-    return torch.bfloat16 if config.model.dtype == "bfloat16" else None
 
 
 def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:
@@ -642,8 +676,8 @@ def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_siz
         ],
         dim=1,
     )
-    rewards, lengths, entropy, prompt_lengths = world.gather_rows(per_row.double()).unbind(dim=1)
-    timeouts, crashes = world.sum(torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
+    rewards, lengths, entropy, prompt_lengths = gather_rows(world, per_row.double()).unbind(dim=1)
+    timeouts, crashes = sum_over_ranks(world, torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
     return {
         **rollout_metrics(rewards, lengths, entropy, group_size),
         "reward/timeouts": timeouts,

@@ -10,7 +10,7 @@ PPO's critic.
 
 With several processes each rank holds its share of every mini-batch (`pacs.train.distributed`):
 the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
-by `world.loss_scale` so that the synchronised gradient is the sum over ranks, and only the last
+by `World.loss_scale` so that the synchronised gradient is the sum over ranks, and only the last
 micro-batch of an update synchronises gradients.
 """
 
@@ -27,7 +27,9 @@ from torch.distributed.tensor import DTensor
 from pacs.algos.base import Algorithm, MiniBatchTotals
 from pacs.algos.ppo import PPO
 from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad, response_values
-from pacs.train.distributed import World
+from pacs.train.distributed.collectives import mean_over_ranks, sum_over_ranks
+from pacs.train.distributed.world import World
+from pacs.train.distributed.wrapping import gradient_sync
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def run_updates(
             for micro_start in micro_starts:
                 micro_rows = slice(micro_start, min(micro_start + settings.micro_batch_size, len(minibatch)))
                 micro = minibatch.rows(micro_rows)
-                with world.gradient_sync(model, sync=micro_start == micro_starts[-1]):
+                with gradient_sync(world, model, sync=micro_start == micro_starts[-1]):
                     with settings.autocast():
                         loss = micro_batch_loss(micro, slice(start + micro_rows.start, start + micro_rows.stop))
                     (loss * world.loss_scale).backward()
@@ -125,17 +127,17 @@ _LOSS_NOT_FINITE = "loss is not finite"
 
 
 def _over_ranks(world: World, metrics: dict[str, float], weights: dict[str, float]) -> tuple[dict[str, float], bool]:
-    """An update's metrics over every rank (`World.mean_over_ranks`) and whether every rank's
+    """An update's metrics over every rank (`mean_over_ranks`) and whether every rank's
     loss is finite, in one collective: each rank adds a flag, 1.0 when its loss is not finite,
     whose unweighted mean over the ranks is 0 only when no rank's is."""
     flag = 0.0 if math.isfinite(metrics.get("loss", 0.0)) else 1.0
-    reduced = world.mean_over_ranks({**metrics, _LOSS_NOT_FINITE: flag}, weights)
+    reduced = mean_over_ranks(world, {**metrics, _LOSS_NOT_FINITE: flag}, weights)
     return reduced, reduced.pop(_LOSS_NOT_FINITE) == 0.0
 
 
 def global_totals(minibatch: PolicyBatch, world: World) -> MiniBatchTotals:
     """Rows and response tokens of the global mini-batch whose share `minibatch` is."""
-    counts = world.sum(torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
+    counts = sum_over_ranks(world, torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
     return MiniBatchTotals(num_rows=int(counts[0]), num_tokens=max(float(counts[1]), 1.0))
 
 
@@ -144,6 +146,103 @@ def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     Under FSDP2 the gradients are sharded DTensors and the norm is reduced over every shard."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+class FirstUpdateOldLogprobs:
+    """The first update's shortcut to the rollout policy's log-probs (π_old), owned by
+    `update_policy` for one step.
+
+    The step's first `rows` rows (at most one update's) come without old log-probs: the trainer's
+    rollout-policy pass left them out (`Trainer.rows_from_first_update`), because the first update's
+    own forward pass gives them: the policy has not changed since the rollout, so its log-probs
+    there, detached, are π_old, and its entropy is the rollout policy's. That saves a no-grad pass
+    over those rows. Until they are given, the algorithm sees no "old_logprobs" for their
+    mini-batch (`prepare_update` calls `current_logprobs()` for values it needs before, see
+    `pacs.algos.base`). `rows=0` is the plain path: every row's old log-probs came first.
+    """
+
+    def __init__(self, batch: PolicyBatch, rows: int, rows_per_update: int):
+        if rows > rows_per_update:
+            raise ValueError(f"rows_without_old_logprobs={rows} exceeds one update's {rows_per_update} rows")
+        self.batch = batch
+        self.missing = torch.zeros(len(batch), dtype=torch.bool)
+        """Which rows of `batch` have no old log-probs yet."""
+        self.missing[:rows] = True
+
+    def lacks(self, rows: slice) -> bool:
+        """Whether some of `rows` (of the step's batch) have no old log-probs yet."""
+        return bool(self.missing[rows].any())
+
+    def algorithm_inputs(self, minibatch: PolicyBatch, rows: slice) -> dict[str, torch.Tensor]:
+        """What the algorithm sees of the mini-batch at `rows`: its tensors, without
+        "old_logprobs" while some of its rows have none."""
+        tensors = minibatch.tensors()
+        if self.lacks(rows):
+            del tensors["old_logprobs"]
+        return tensors
+
+    def give(self, micro: PolicyBatch, rows: slice, logprobs: torch.Tensor, entropy: torch.Tensor) -> None:
+        """The old log-probs and entropy of the micro-batch at `rows`, (b, R) from its forward pass
+        with gradient, into `micro` and into the step's batch."""
+        micro.old_logprobs = logprobs.detach()
+        width = micro.response_ids.shape[1]
+        self.batch.old_logprobs[rows, :width] = micro.old_logprobs.to(self.batch.old_logprobs.dtype)
+        self.batch.entropy[rows, :width] = entropy.detach().to(self.batch.entropy.dtype)
+        self.missing[rows] = False
+
+
+class PolicyPasses:
+    """The policy's forward passes during one step's updates, for `run_updates`: `prepare` gives
+    the algorithm a mini-batch (and its current log-probs, when it asks), `micro_batch_loss` a
+    micro-batch's loss. A mini-batch that is a single micro-batch is forwarded once: the pass that
+    gives `prepare_update` its current log-probs keeps its graph and is the one that
+    back-propagates. The first update's forward passes give the old log-probs `first_update` lacks."""
+
+    def __init__(
+        self, model: torch.nn.Module, algorithm: Algorithm, settings: UpdateSettings, first_update: FirstUpdateOldLogprobs
+    ):
+        self.model, self.algorithm, self.settings, self.first_update = model, algorithm, settings, first_update
+        self.kept: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        """A single-micro-batch mini-batch's forward from `current_logprobs`, by (start, stop) rows,
+        until its `micro_batch_loss` back-propagates it."""
+
+    def forward(self, micro: PolicyBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(b, R) log-probs with gradient, and the (b, R) entropy when this pass gives the old
+        log-probs or the algorithm uses it (else None)."""
+        temperature = self.settings.temperature
+        if self.first_update.lacks(rows) or "entropy" in self.algorithm.needs:
+            return response_logprobs(self.model, micro, temperature=temperature, with_entropy=True)
+        return response_logprobs(self.model, micro, temperature=temperature), None
+
+    def current_logprobs(self, minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
+        """(B, R) log-probs of the current policy over the mini-batch at `rows`, without gradient."""
+        settings = self.settings
+        with settings.autocast():
+            if len(minibatch) > settings.micro_batch_size:
+                return response_logprobs_no_grad(
+                    self.model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
+                )
+            self.kept[rows.start, rows.stop] = self.forward(minibatch, rows)
+            return self.kept[rows.start, rows.stop][0].detach()
+
+    def prepare(self, minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
+        tensors = self.first_update.algorithm_inputs(minibatch, rows)
+        row_terms, metrics = self.algorithm.prepare_update(
+            tensors,
+            lambda: self.current_logprobs(minibatch, rows),
+            policy_is_rollout_policy=not policy_changed,
+            totals=totals,
+        )
+        return row_terms, metrics, self.algorithm.metric_weights(tensors)
+
+    def micro_batch_loss(self, micro: PolicyBatch, rows: slice) -> torch.Tensor:
+        logprobs, entropy = self.kept.pop((rows.start, rows.stop), None) or self.forward(micro, rows)
+        if self.first_update.lacks(rows):
+            self.first_update.give(micro, rows, logprobs, entropy)
+        inputs = micro.tensors()
+        if "entropy" in self.algorithm.needs:
+            inputs["entropy"] = entropy
+        return self.algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
 
 
 def update_policy(
@@ -161,66 +260,13 @@ def update_policy(
 
     batch: B = prompts * group_size rows with the algorithm's step terms filled in; rows of one
     prompt are contiguous. `old_logprobs` and `entropy` are filled in for every row but the first
-    `rows_without_old_logprobs` (at most one mini-batch): the first update takes those from its
-    own forward pass, π_old = π_θ detached (the policy has not changed since the rollout), and
-    writes them into `batch`, so the step needs no separate rollout-policy pass for them. On
-    that update the algorithm's `prepare_update` sees no "old_logprobs" (`pacs.algos.base`).
+    `rows_without_old_logprobs` (at most one mini-batch), which the first update's own forward
+    pass gives (`FirstUpdateOldLogprobs`; 0: the plain path).
     """
-    old_logprobs_known = torch.ones(len(batch), dtype=torch.bool)
-    old_logprobs_known[:rows_without_old_logprobs] = False
     rows_per_update = settings.mini_batch_size * algorithm.group_size
-    if rows_without_old_logprobs > rows_per_update:
-        raise ValueError(
-            f"rows_without_old_logprobs={rows_without_old_logprobs} exceeds one update's {rows_per_update} rows"
-        )
-
-    forwards_kept: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
-    """A single-micro-batch mini-batch's forward from `current_logprobs`, by (start, stop) rows,
-    until its `micro_loss` back-propagates it."""
-
-    def forward(micro: PolicyBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, R) log-probs with gradient, and the (B, R) entropy when this pass fills in the old
-        log-probs or the algorithm uses it (else None)."""
-        if not old_logprobs_known[rows].all() or "entropy" in algorithm.needs:
-            return response_logprobs(model, micro, temperature=settings.temperature, with_entropy=True)
-        return response_logprobs(model, micro, temperature=settings.temperature), None
-
-    def current_logprobs(minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
-        with settings.autocast():
-            if len(minibatch) > settings.micro_batch_size:
-                return response_logprobs_no_grad(
-                    model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
-                )
-            forwards_kept[rows.start, rows.stop] = forward(minibatch, rows)
-            return forwards_kept[rows.start, rows.stop][0].detach()
-
-    def prepare(minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
-        tensors = minibatch.tensors()
-        if not old_logprobs_known[rows].all():
-            del tensors["old_logprobs"]
-        row_terms, metrics = algorithm.prepare_update(
-            tensors,
-            lambda: current_logprobs(minibatch, rows),
-            policy_is_rollout_policy=not policy_changed,
-            totals=totals,
-        )
-        return row_terms, metrics, algorithm.metric_weights(tensors)
-
-    def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
-        sets_old_logprobs = not old_logprobs_known[rows].all()
-        logprobs, entropy = forwards_kept.pop((rows.start, rows.stop), None) or forward(micro, rows)
-        if sets_old_logprobs:
-            micro.old_logprobs = logprobs.detach()
-            width = micro.response_ids.shape[1]
-            batch.old_logprobs[rows, :width] = micro.old_logprobs.to(batch.old_logprobs.dtype)
-            batch.entropy[rows, :width] = entropy.detach().to(batch.entropy.dtype)
-            old_logprobs_known[rows] = True
-        inputs = micro.tensors()
-        if "entropy" in algorithm.needs:
-            inputs["entropy"] = entropy
-        return algorithm.micro_batch_loss(logprobs, inputs, micro.row_terms)
-
-    return run_updates(model, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)
+    first_update = FirstUpdateOldLogprobs(batch, rows_without_old_logprobs, rows_per_update)
+    passes = PolicyPasses(model, algorithm, settings, first_update)
+    return run_updates(model, optimizer, world, batch, rows_per_update, settings, passes.prepare, passes.micro_batch_loss)
 
 
 def update_critic(
