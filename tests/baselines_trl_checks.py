@@ -20,29 +20,16 @@ from types import SimpleNamespace
 import torch
 from trl import GRPOTrainer
 
+from baseline_peer_data import GROUPS, HORIZON, SHIFTS, N, T, pacs_plugin_loss, rollout
 from pacs.algos import CISPO, DAPO, GSPO, DrGRPO
 
-GROUPS, N, T, HORIZON = 3, 4, 6, 8
-REWARDS = [1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1]
-
 CASES = {
-    "dr_grpo": dict(pacs=DrGRPO, shift=0.3, trl=dict(loss_type="dr_grpo", epsilon_low=0.2, epsilon_high=0.2)),
-    "dapo": dict(pacs=DAPO, shift=0.3, trl=dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28)),
-    "gspo": dict(pacs=GSPO, shift=1e-3, trl=dict(loss_type="grpo", importance_sampling_level="sequence", epsilon_low=3e-4, epsilon_high=4e-4)),
-    "cispo": dict(pacs=CISPO, shift=1.5, trl=dict(loss_type="cispo", epsilon_low=0.2, epsilon_high=5.0)),
+    "dr_grpo": dict(pacs=DrGRPO, trl=dict(loss_type="dr_grpo", epsilon_low=0.2, epsilon_high=0.2)),
+    "dapo": dict(pacs=DAPO, trl=dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28)),
+    "gspo": dict(pacs=GSPO, trl=dict(loss_type="grpo", importance_sampling_level="sequence", epsilon_low=3e-4, epsilon_high=4e-4)),
+    "cispo": dict(pacs=CISPO, trl=dict(loss_type="cispo", epsilon_low=0.2, epsilon_high=5.0)),
 }  # fmt: skip
 """Each method's pacs class at its defaults and TRL's settings of the same method."""
-
-
-def rollout(shift: float, seed: int = 0) -> dict:
-    """GROUPS prompts x N responses: float64 log-probs (current = old + shift·noise), masks, rewards."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = GROUPS * N
-    lengths = torch.randint(1, T + 1, (rows,), generator=generator)
-    mask = (torch.arange(T) < lengths.unsqueeze(1)).to(torch.float64)
-    old = -3 * torch.rand(rows, T, generator=generator, dtype=torch.float64) * mask
-    current = (old + shift * torch.randn(rows, T, generator=generator, dtype=torch.float64)) * mask
-    return {"old": old, "current": current, "mask": mask, "rewards": torch.tensor(REWARDS, dtype=torch.float64)}
 
 
 def trainer_stand_in(settings: dict, logprobs: torch.Tensor) -> SimpleNamespace:
@@ -72,17 +59,13 @@ def trl_loss(case: dict, batch: dict, advantages: torch.Tensor, logprobs: torch.
     return GRPOTrainer._compute_loss(trainer_stand_in(case["trl"], logprobs), None, inputs)
 
 
-def compare(case: dict) -> dict:
-    batch = rollout(case["shift"])
-    algorithm = case["pacs"](N, horizon=HORIZON)
-    rows = {"old_logprobs": batch["old"], "response_mask": batch["mask"], "rewards": batch["rewards"]}
-    rows.update(algorithm.prepare_step(rows))
+def compare(name: str, case: dict) -> dict:
+    batch = rollout(SHIFTS[name])
     logprobs = batch["current"].clone().requires_grad_(True)
-    row_terms, metrics = algorithm.prepare_update(rows, lambda: logprobs.detach(), False)
-    pacs_value = algorithm.micro_batch_loss(logprobs, rows, row_terms)
+    advantages, pacs_value, metrics = pacs_plugin_loss(case["pacs"](N, horizon=HORIZON), batch, logprobs)
     (pacs_grad,) = torch.autograd.grad(pacs_value, logprobs)
     trl_logprobs = batch["current"].clone().requires_grad_(True)
-    trl_value = trl_loss(case, batch, rows["advantages"], trl_logprobs)
+    trl_value = trl_loss(case, batch, advantages.detach(), trl_logprobs)
     (trl_grad,) = torch.autograd.grad(trl_value, trl_logprobs)
     return {
         "loss": trl_value.item(),
@@ -94,4 +77,4 @@ def compare(case: dict) -> dict:
 
 
 def results() -> dict:
-    return {name: compare(case) for name, case in CASES.items()}
+    return {name: compare(name, case) for name, case in CASES.items()}

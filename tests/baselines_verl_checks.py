@@ -12,52 +12,34 @@ is set out of reach (1e6) for Dr. GRPO and DAPO, whose papers have none (pacs: `
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
+from baseline_peer_data import GROUPS, HORIZON, SHIFTS, N, pacs_plugin_loss, rollout
 from pacs.algos import CISPO, DAPO, GSPO, DrGRPO
 
-GROUPS, N, T, HORIZON = 3, 4, 6, 8
-REWARDS = [1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1]
 NO_DUAL_CLIP = 1e6
 
 CASES = {
     "dr_grpo": dict(
-        pacs=DrGRPO, shift=0.3, norm_by_std=False, loss_mode="vanilla",
+        pacs=DrGRPO, norm_by_std=False, loss_mode="vanilla",
         actor=dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=NO_DUAL_CLIP, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=HORIZON),
     ),
     "dapo": dict(
-        pacs=DAPO, shift=0.3, norm_by_std=True, loss_mode="vanilla",
+        pacs=DAPO, norm_by_std=True, loss_mode="vanilla",
         actor=dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=NO_DUAL_CLIP, loss_agg_mode="token-mean"),
     ),
     "gspo": dict(
-        pacs=GSPO, shift=1e-3, norm_by_std=True, loss_mode="gspo",
+        pacs=GSPO, norm_by_std=True, loss_mode="gspo",
         actor=dict(clip_ratio_low=3e-4, clip_ratio_high=4e-4, loss_agg_mode="seq-mean-token-mean"),
     ),
     "cispo": dict(
-        pacs=CISPO, shift=1.5, norm_by_std=True, loss_mode="cispo",
+        pacs=CISPO, norm_by_std=True, loss_mode="cispo",
         actor=dict(clip_ratio_low=1.0, clip_ratio_high=4.0, loss_agg_mode="token-mean"),
     ),
 }  # fmt: skip
 """Each method's pacs class at its defaults and the verl settings of the same method."""
-
-
-def rollout(shift: float, seed: int = 0) -> dict:
-    """GROUPS prompts x N responses: float64 log-probs (current = old + shift·noise), masks,
-    rewards on each response's last token, prompt ids."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = GROUPS * N
-    lengths = torch.randint(1, T + 1, (rows,), generator=generator)
-    mask = (torch.arange(T) < lengths.unsqueeze(1)).to(torch.float64)
-    old = -3 * torch.rand(rows, T, generator=generator, dtype=torch.float64) * mask
-    current = (old + shift * torch.randn(rows, T, generator=generator, dtype=torch.float64)) * mask
-    token_rewards = torch.zeros(rows, T, dtype=torch.float64)
-    token_rewards[torch.arange(rows), lengths - 1] = torch.tensor(REWARDS, dtype=torch.float64)
-    uid = np.array([f"prompt-{row // N}" for row in range(rows)], dtype=object)
-    return {"old": old, "current": current, "mask": mask, "rewards": torch.tensor(REWARDS, dtype=torch.float64),
-            "token_rewards": token_rewards, "uid": uid}  # fmt: skip
 
 
 def verl_loss(case: dict, batch: dict, log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,22 +72,19 @@ def verl_loss(case: dict, batch: dict, log_prob: torch.Tensor) -> tuple[torch.Te
 def pacs_loss(case: dict, batch: dict, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """pacs's advantages (B,) and its plug-in's loss on the whole batch; the fraction of tokens
     (GSPO: responses) clipped in `case["clip_fraction"]`."""
-    algorithm = case["pacs"](N, horizon=HORIZON)
-    rows = {"old_logprobs": batch["old"], "response_mask": batch["mask"], "rewards": batch["rewards"]}
-    rows.update(algorithm.prepare_step(rows))
-    row_terms, metrics = algorithm.prepare_update(rows, lambda: logprobs.detach(), False)
+    advantages, loss, metrics = pacs_plugin_loss(case["pacs"](N, horizon=HORIZON), batch, logprobs)
     case["clip_fraction"] = metrics["actor/clip_fraction"]
-    return rows["advantages"], algorithm.micro_batch_loss(logprobs, rows, row_terms)
+    return advantages, loss
 
 
-def compare(case: dict) -> dict:
-    batch = rollout(case["shift"])
+def compare(name: str, case: dict) -> dict:
+    batch = rollout(SHIFTS[name])
     results = {}
-    for name, compute in (("verl", verl_loss), ("pacs", pacs_loss)):
+    for side, compute in (("verl", verl_loss), ("pacs", pacs_loss)):
         logprobs = batch["current"].clone().requires_grad_(True)
         advantages, loss = compute(case, batch, logprobs)
         (grad,) = torch.autograd.grad(loss, logprobs)
-        results[name] = (advantages.detach(), loss.detach(), grad)
+        results[side] = (advantages.detach(), loss.detach(), grad)
     (verl_adv, verl_value, verl_grad), (pacs_adv, pacs_value, pacs_grad) = results["verl"], results["pacs"]
     return {
         "loss": verl_value.item(),
@@ -118,4 +97,4 @@ def compare(case: dict) -> dict:
 
 
 def results() -> dict:
-    return {name: compare(dict(case)) for name, case in CASES.items()}
+    return {name: compare(name, dict(case)) for name, case in CASES.items()}

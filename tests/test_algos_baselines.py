@@ -136,17 +136,23 @@ def test_the_batches_reach_both_sides_of_each_clip(name):
     assert inside.any() and (~inside).any()
 
 
-def test_dapo_clips_higher_than_grpo():
-    """A token of a positive advantage at ratio 1.25 still gets DAPO's gradient (ε_high = 0.28), not GRPO's (0.2)."""
-    rows = {
+def one_token_pair(ratio: float) -> dict[str, torch.Tensor]:
+    """A group of two one-token responses, the right one (A > 0) at `ratio` to the rollout policy,
+    the wrong one at 1."""
+    return {
         "old_logprobs": torch.zeros(2, 1, dtype=torch.float64),
+        "logprobs": torch.tensor([[math.log(ratio)], [0.0]], dtype=torch.float64, requires_grad=True),
         "response_mask": torch.ones(2, 1, dtype=torch.float64),
         "rewards": torch.tensor([1.0, 0.0], dtype=torch.float64),
     }
-    logprobs = torch.tensor([[math.log(1.25)], [0.0]], dtype=torch.float64, requires_grad=True)
+
+
+def test_dapo_clips_higher_than_grpo():
+    """A token of a positive advantage at ratio 1.25 still gets DAPO's gradient (ε_high = 0.28), not GRPO's (0.2)."""
+    batch = one_token_pair(1.25)
     for algorithm, moves in ((DAPO(2, horizon=1), True), (GRPO(2, horizon=1), False)):
-        loss, _ = plugin_loss(algorithm, {**rows, "logprobs": logprobs}, 2)
-        assert (gradient(loss, logprobs)[0, 0] != 0) == moves
+        loss, _ = plugin_loss(algorithm, batch, 2)
+        assert (gradient(loss, batch["logprobs"])[0, 0] != 0) == moves
 
 
 def test_dr_grpo_advantages_are_group_centred_rewards_without_the_std():
@@ -168,15 +174,10 @@ def test_gspo_weighs_every_token_of_a_response_alike():
 
 def test_cispo_keeps_the_gradient_of_tokens_beyond_the_cap():
     """PPO's clip zeroes the gradient of a ratio-10 token with A > 0; CISPO weighs it by the cap (5)."""
-    rows = {
-        "old_logprobs": torch.zeros(2, 1, dtype=torch.float64),
-        "response_mask": torch.ones(2, 1, dtype=torch.float64),
-        "rewards": torch.tensor([1.0, 0.0], dtype=torch.float64),
-    }
-    logprobs = torch.tensor([[math.log(10.0)], [0.0]], dtype=torch.float64, requires_grad=True)
-    loss, metrics = plugin_loss(CISPO(2, horizon=1), {**rows, "logprobs": logprobs}, 2)
+    batch = one_token_pair(10.0)
+    loss, metrics = plugin_loss(CISPO(2, horizon=1), batch, 2)
     advantage = 0.5 / (math.sqrt(0.5) + 1e-6)
-    assert gradient(loss, logprobs)[0, 0].item() == pytest.approx(-5.0 * advantage / 2, rel=1e-12)
+    assert gradient(loss, batch["logprobs"])[0, 0].item() == pytest.approx(-5.0 * advantage / 2, rel=1e-12)
     assert metrics["actor/clip_fraction"] == 0.5
 
 

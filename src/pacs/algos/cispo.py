@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from pacs.algos.core import GRPO_STD_EPS, MAX_LOG_RATIO, check_clip_range, check_same_shape, masked_mean
+from pacs.algos.core import MAX_LOG_RATIO, check_clip_range, masked_mean, per_token_advantages
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -62,13 +62,7 @@ def cispo_surrogate(
         ValueError: invalid clip values, shapes that differ, or ``advantages`` neither (B,) nor (B, T).
     """
     check_clip_range(clip_low, clip_high)
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
-    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
-        raise ValueError(
-            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = {tuple(logprobs.shape)}; "
-            f"got {tuple(advantages.shape)}"
-        )
-    token_advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    token_advantages = per_token_advantages(logprobs, old_logprobs, advantages, response_mask)
     is_response = response_mask.bool()
     log_ratio = torch.where(is_response, logprobs - old_logprobs, torch.zeros_like(logprobs)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = log_ratio.exp().detach()
@@ -84,7 +78,8 @@ def cispo_surrogate(
 
 
 class CISPO(ClippedPolicyGradient):
-    """CISPO as a trainer plug-in: GRPO's advantages, the clipped-weight REINFORCE loss, ``token-mean``.
+    """CISPO as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``), the
+    clipped-weight REINFORCE loss (``cispo_surrogate``), ``token-mean``.
 
     ``CISPO(group_size, *, horizon, clip_low=1.0, clip_high=4.0, loss_agg="token-mean",
     kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_scale=1.0, kl_in_reward=False,
@@ -94,6 +89,7 @@ class CISPO(ClippedPolicyGradient):
     """
 
     min_group_size = 2
+    per_token_loss = staticmethod(cispo_surrogate)
     surrogate_needs_logprobs = True
 
     def __init__(
@@ -109,19 +105,3 @@ class CISPO(ClippedPolicyGradient):
         if dual_clip is not None:
             raise ValueError(f"CISPO has no dual clip (no token's gradient is clipped away); got dual_clip={dual_clip!r}")
         super().__init__(group_size, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg, **options)
-
-    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) GRPO's group-normalised ``sequence_rewards``} (and the
-        ``rollout_is_terms``)."""
-        return self.group_relative_terms(batch, norm_by_std=True, eps=GRPO_STD_EPS)
-
-    def surrogate(self, logprobs, rows) -> tuple[torch.Tensor, dict[str, float]]:
-        """``cispo_surrogate`` of ``rows``."""
-        return cispo_surrogate(
-            logprobs,
-            rows["old_logprobs"],
-            rows["advantages"],
-            rows["response_mask"],
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-        )

@@ -303,6 +303,27 @@ def check_clip_range(clip_low: float, clip_high: float, dual_clip: float | None 
         raise ValueError(f"dual_clip must be None or a finite number > 1 (e.g. 3.0), got {dual_clip!r}")
 
 
+def per_token_advantages(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """``advantages`` broadcastable against the (B, T) per-token tensors of a policy loss: (B, 1)
+    for per-response advantages (B,), as they are when per token (B, T).
+
+    Raises:
+        ValueError: ``logprobs`` not 2-D, the three (B, T) tensors of different shapes, or
+            ``advantages`` neither (B,) nor (B, T).
+    """
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be 2-D (B, T), got shape {tuple(logprobs.shape)}")
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
+            f"{tuple(logprobs.shape)}, matching logprobs; got {tuple(advantages.shape)}"
+        )
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+
+
 def clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -346,15 +367,7 @@ def clipped_surrogate(
             that differ, or ``advantages`` neither (B,) nor (B, T).
     """
     check_clip_range(clip_low, clip_high, dual_clip)
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be 2-D (B, T), got shape {tuple(logprobs.shape)}")
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
-    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
-        raise ValueError(
-            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
-            f"{tuple(logprobs.shape)}, matching logprobs; got {tuple(advantages.shape)}"
-        )
-    token_advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    token_advantages = per_token_advantages(logprobs, old_logprobs, advantages, response_mask)
     is_response = response_mask.bool()
     log_ratio = torch.where(is_response, logprobs - old_logprobs, torch.zeros_like(logprobs))
     log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)

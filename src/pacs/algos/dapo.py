@@ -27,14 +27,12 @@ objective (verl adds its dual clip, ``clip_ratio_c = 3``, which DAPO does not ha
 
 from __future__ import annotations
 
-import torch
-
-from pacs.algos.core import GRPO_STD_EPS
 from pacs.algos.pg import ClippedPolicyGradient
 
 
 class DAPO(ClippedPolicyGradient):
-    """DAPO's objective as a trainer plug-in: GRPO's advantages, clip-higher, token-level loss.
+    """DAPO's objective as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``),
+    clip-higher, token-level loss.
 
     ``DAPO(group_size, *, horizon, clip_low=0.2, clip_high=0.28, dual_clip=None,
     loss_agg="token-mean", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_scale=1.0,
@@ -46,8 +44,3 @@ class DAPO(ClippedPolicyGradient):
 
     def __init__(self, group_size: int, *, clip_high: float = 0.28, loss_agg: str = "token-mean", **options):
         super().__init__(group_size, clip_high=clip_high, loss_agg=loss_agg, **options)
-
-    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) GRPO's group-normalised ``sequence_rewards``} (and the
-        ``rollout_is_terms``)."""
-        return self.group_relative_terms(batch, norm_by_std=True, eps=GRPO_STD_EPS)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from pacs.algos.core import GRPO_STD_EPS, check_same_shape, clipped_surrogate, masked_sum
+from pacs.algos.core import check_same_shape, clipped_surrogate, masked_sum
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -82,8 +82,8 @@ def sequence_clipped_surrogate(
 
 
 class GSPO(ClippedPolicyGradient):
-    """GSPO as a trainer plug-in: GRPO's advantages, the sequence-level clipped surrogate,
-    ``seq-mean-token-mean``.
+    """GSPO as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``), the
+    sequence-level clipped surrogate (``sequence_clipped_surrogate``), ``seq-mean-token-mean``.
 
     ``GSPO(group_size, *, horizon, clip_low=3e-4, clip_high=4e-4, dual_clip=None,
     loss_agg="seq-mean-token-mean", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
@@ -92,6 +92,7 @@ class GSPO(ClippedPolicyGradient):
     """
 
     min_group_size = 2
+    per_token_loss = staticmethod(sequence_clipped_surrogate)
 
     def __init__(
         self,
@@ -103,20 +104,3 @@ class GSPO(ClippedPolicyGradient):
         **options,
     ):
         super().__init__(group_size, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg, **options)
-
-    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """{"advantages": (B,) GRPO's group-normalised ``sequence_rewards``} (and the
-        ``rollout_is_terms``)."""
-        return self.group_relative_terms(batch, norm_by_std=True, eps=GRPO_STD_EPS)
-
-    def surrogate(self, logprobs, rows) -> tuple[torch.Tensor, dict[str, float]]:
-        """``sequence_clipped_surrogate`` of ``rows``."""
-        return sequence_clipped_surrogate(
-            logprobs,
-            rows["old_logprobs"],
-            rows["advantages"],
-            rows["response_mask"],
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            dual_clip=self.dual_clip,
-        )

@@ -65,9 +65,9 @@ from pacs.algos.core import (
 
 
 class ClippedPolicyGradient:
-    """Base of the policy-gradient plug-ins (`pacs.algos.base.Algorithm`); a subclass defines
-    ``prepare_step``, returning at least ``{"advantages": (B,) or (B, T)}``, and may override
-    ``surrogate`` (the per-token loss; PPO's clipped surrogate here).
+    """Base of the policy-gradient plug-ins (`pacs.algos.base.Algorithm`). A subclass may define
+    ``prepare_step``, returning at least ``{"advantages": (B,) or (B, T)}`` (here GRPO's
+    group-normalised rewards), and ``per_token_loss`` (here PPO's clipped surrogate).
 
     Args:
         group_size: responses per prompt n.
@@ -94,6 +94,9 @@ class ClippedPolicyGradient:
     """
 
     min_group_size = 1
+    per_token_loss = staticmethod(clipped_surrogate)
+    """The surrogate ℓ: ``(logprobs, old_logprobs, advantages, response_mask, *, clip_low, clip_high,
+    [dual_clip]) -> ((B, T) per-token losses, {"clip_fraction", "approx_kl"})``."""
     surrogate_needs_logprobs = False
     """True when the surrogate's value depends on the log-probs themselves, not only on the ratio
     to ``old_logprobs`` (CISPO): its first-update "loss" metric then needs them."""
@@ -212,18 +215,23 @@ class ClippedPolicyGradient:
             return token_rewards
         return token_rewards - self.reward_kl_penalty(batch).to(token_rewards.dtype)
 
+    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
+        """{"advantages": (B,) GRPO's group-normalised ``sequence_rewards``} (and the
+        ``rollout_is_terms``): DAPO's, GSPO's and CISPO's; the other algorithms define their own."""
+        return self.group_relative_terms(batch, norm_by_std=True)
+
     def surrogate(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
-        """(B, T) per-token policy loss ℓ and its metrics ("clip_fraction", "approx_kl"): PPO's
-        clipped surrogate (``core.clipped_surrogate``) on ``rows``' "old_logprobs", "advantages" and
-        "response_mask". GSPO and CISPO override it."""
-        return clipped_surrogate(
+        """(B, T) per-token policy loss ℓ and its metrics: ``per_token_loss`` on ``rows``'
+        "old_logprobs", "advantages" and "response_mask", with the clip range (and dual clip, when set)."""
+        dual_clip = {} if self.dual_clip is None else {"dual_clip": self.dual_clip}
+        return self.per_token_loss(
             logprobs,
             rows["old_logprobs"],
             rows["advantages"],
             rows["response_mask"],
             clip_low=self.clip_low,
             clip_high=self.clip_high,
-            dual_clip=self.dual_clip,
+            **dual_clip,
         )
 
     def _policy_loss(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
