@@ -2,9 +2,9 @@
 GSPO and CISPO.
 
 Each algorithm supplies advantages A (``prepare_step``: per response (B,) or per token (B, T));
-the update is a per-token surrogate ℓ (by default PPO's clipped surrogate below; GSPO and CISPO
-override ``surrogate``) with an optional KL penalty to a reference policy and an entropy bonus,
-aggregated over tokens by one loss aggregation mode:
+the update is a per-token surrogate ℓ (``per_token_loss``: PPO's clipped surrogate below, GSPO's
+sequence-level one, CISPO's clipped-weight loss) with an optional KL penalty to a reference policy
+and an entropy bonus, aggregated over tokens by one loss aggregation mode:
 
     ρ_it = π_θ(o_it) / π_old(o_it)
     ℓ_it = max(−A_it ρ_it, −A_it clip(ρ_it, 1 − ε_low, 1 + ε_high))

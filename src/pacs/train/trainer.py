@@ -181,8 +181,9 @@ class Trainer:
     critic: Critic | None
     """PPO's critic; None for algorithms without one."""
     reference: torch.nn.Module | None
-    """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
-    is the policy with its adapters disabled)."""
+    """The frozen reference (the KL penalty's, PACS's with a fixed reference) when the algorithm
+    needs one and the run has no LoRA (with LoRA it is the policy with its adapters disabled): the
+    initial policy, or the policy at its last reset (`reset_reference`)."""
     algorithm: Algorithm
     engine: RolloutEngine
     scorer: ScoringPool
@@ -456,7 +457,7 @@ class Trainer:
 
     @contextlib.contextmanager
     def reference_policy(self) -> Iterator[torch.nn.Module]:
-        """The frozen initial policy to compute reference log-probs with: with LoRA, the policy
+        """The frozen reference policy to compute reference log-probs with: with LoRA, the policy
         itself with its adapters disabled (run through its wrapper, so FSDP gathers its shards);
         otherwise the loaded reference model."""
         if self.reference is not None:
