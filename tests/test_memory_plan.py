@@ -10,6 +10,7 @@ import torch
 from transformers import Qwen2Config
 
 from pacs.config import load_config
+from pacs.train.distributed.wrapping import wrap_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_plan.py"
 
@@ -34,7 +35,7 @@ def test_each_of_8_fake_ranks_holds_an_eighth_of_the_parameters_up_to_padding():
         model = memory_plan.build_on_meta(config, tiny)
         total = sum(parameter.numel() for parameter in model.parameters())
         padding = sum(math.prod(parameter.shape[1:]) for parameter in model.parameters())  # < 1 row of dim 0 each
-        sharded = memory_plan.world_of(config, world_size).wrap(model, compute_dtype=torch.bfloat16)
+        sharded = wrap_model(memory_plan.world_of(config, world_size), model, compute_dtype=torch.bfloat16)
         local = memory_plan.local_bytes(sharded.parameters()) // 4  # fp32 master weights
     assert total / world_size <= local < total / world_size + padding
 
@@ -52,7 +53,7 @@ def test_the_plans_peak_only_trackers_report_the_peak_of_torchs_trackers(monkeyp
 
     def simulated() -> dict[str, int]:
         with memory_plan.fake_process_group(8):
-            model = memory_plan.world_of(config, 8).wrap(memory_plan.build_on_meta(config, tiny), compute_dtype=torch.bfloat16)
+            model = wrap_model(memory_plan.world_of(config, 8), memory_plan.build_on_meta(config, tiny), compute_dtype=torch.bfloat16)
             fake = memory_plan.FakeTensorMode(allow_non_fake_inputs=True)
             return memory_plan.simulate_micro_batch(model, memory_plan.policy_loss(batch), True, fake)
 
