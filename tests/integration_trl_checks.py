@@ -28,6 +28,8 @@ which asserts on the JSON this writes: `python integration_trl_checks.py MODEL_D
   the correct answers moved by -0.12 to +0.15 nats over 16 steps on warm models built on different
   machines, since every machine builds its own.
 - refusals: the messages of the errors `PACSConfig` raises for settings it cannot compute exactly.
+- baselines: pacs's Dr. GRPO, DAPO, GSPO and CISPO against TRL's own loss code
+  (tests/baselines_trl_checks.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+import baselines_trl_checks
 from pacs.algos import pacs_loss
 from pacs.data.loading import load_rows
 from pacs.integrations.trl import PACSConfig, PACSTrainer
@@ -469,6 +472,7 @@ def main() -> None:
     results = {}
     checks = {
         "refusals": lambda scratch: refusals(scratch),
+        "baselines": lambda scratch: baselines_trl_checks.results(),
         "exact": lambda scratch: exact_check(model_dir, scratch),
         "sampler_correction": lambda scratch: sampler_correction_check(model_dir, scratch),
         "unscored_rewards": lambda scratch: unscored_rewards_check(model_dir, scratch),

@@ -20,6 +20,8 @@ functions, on float64 tensors standing in for one rollout (log-probs instead of 
 The gradient with respect to the current log-probs, at θ = θ_old, is compared with
 `pacs.algos.pacs_loss`'s on the whole batch in group order, each response's part scaled by the
 rollout-correction weight verl's settings define (computed here from the log-probs).
+Under "baselines", pacs's Dr. GRPO, DAPO, GSPO and CISPO against verl's own loss and advantage
+functions (tests/baselines_verl_checks.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from verl.workers.engine.utils import prepare_micro_batches  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
+import baselines_verl_checks  # noqa: E402
 import pacs.integrations.verl as integration  # noqa: E402
 from pacs.algos import pacs_loss  # noqa: E402
 
@@ -288,6 +291,7 @@ def main() -> None:
         "two_mini_batches": lambda: exact("pacs", {}, mini_batch_prompts=PROMPTS // 2),
         "one_rank_grpo_beta2": lambda: exact("pacs_grpo_beta2", grpo_beta2, dp_size=1),
         "refusals": refusals,
+        "baselines": baselines_verl_checks.results,
         "failed_registration": failed_registration,  # last: it runs pacs's module again
     }
     results = {"registered_on_import": REGISTERED_ON_IMPORT}

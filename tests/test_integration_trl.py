@@ -115,3 +115,14 @@ def test_a_short_run_raises_the_probability_of_what_its_reward_pays_for(checks) 
 def test_settings_it_cannot_compute_exactly_are_refused_by_name(checks, case, setting) -> None:
     message = check_result(checks, "refusals")[case]
     assert message is not None and setting in message
+
+
+# --- pacs's 2025 baselines against TRL's own loss code (tests/baselines_trl_checks.py) ------------
+
+
+@pytest.mark.parametrize("method", ["dr_grpo", "dapo", "gspo", "cispo"])
+def test_pacs_baselines_loss_and_gradient_equal_trls(checks, method) -> None:
+    compared = check_result(checks, "baselines")[method]
+    assert compared["max_abs_grad"] > 1e-3 and compared["clip_fraction"] > 0
+    assert compared["max_abs_grad_diff"] <= 1e-6
+    assert compared["pacs_loss"] == pytest.approx(compared["loss"], abs=1e-6)

@@ -89,3 +89,15 @@ def test_a_failed_registration_is_logged_as_an_error_and_raised(checks) -> None:
     assert failed["raised"] is not None and "already been registered" in failed["raised"]
     assert [level for level, _ in failed["logged"]] == ["ERROR"]
     assert "Unsupported loss mode: pacs" in failed["logged"][0][1]
+
+
+# --- pacs's 2025 baselines against verl's own code (tests/baselines_verl_checks.py) ---------------
+
+
+@pytest.mark.parametrize("method", ["dr_grpo", "dapo", "gspo", "cispo"])
+def test_pacs_baselines_loss_and_gradient_equal_verls(checks, method) -> None:
+    compared = check_result(checks, "baselines")[method]
+    assert compared["max_abs_grad"] > 1e-3 and compared["clip_fraction"] > 0
+    assert compared["max_abs_advantage_diff"] <= 1e-6
+    assert compared["max_abs_grad_diff"] <= 1e-6
+    assert compared["pacs_loss"] == pytest.approx(compared["loss"], abs=1e-6)

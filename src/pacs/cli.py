@@ -178,11 +178,18 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from pacs.compare import PAPER_BASELINES, run_comparison
+    from pacs.compare import PAPER_BASELINES, PAPER_METHODS, run_comparison
 
+    algorithms = [name for name in args.algorithms.split(",") if name]
+    if args.paper_baselines and (others := sorted(set(algorithms) - set(PAPER_METHODS))):
+        raise ValueError(
+            f"--paper-baselines sets what the paper's verl baselines used ({', '.join(PAPER_BASELINES)}), which are "
+            f"not the settings of {', '.join(others)}: each of those has its own paper's loss aggregation. Compare them "
+            f"without --paper-baselines, or leave them out ({', '.join(PAPER_METHODS)} take it)"
+        )
     run_comparison(
         args.config,
-        [name for name in args.algorithms.split(",") if name],
+        algorithms,
         args.seeds,
         args.out,
         eval_n=args.eval_n,
@@ -313,7 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser("compare", help="train PACS and baselines identically and tabulate pass@k")
     compare.add_argument("--config", required=True, help="YAML file or builtin:NAME, e.g. builtin:compare-demo")
-    compare.add_argument("--algorithms", default="pacs,grpo,ppo,rloo", help="comma-separated values of algorithm.name")
+    compare.add_argument(
+        "--algorithms",
+        default="pacs,grpo,ppo,rloo",
+        help="comma-separated values of algorithm.name; one named again is an A/A run of it (labelled 'NAME (run 2)', "
+        "trained with seeds + 1000)",
+    )
     compare.add_argument(
         "--seeds",
         type=_comma_list(int, "comma-separated integer seeds"),
@@ -332,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--paper-baselines",
         action="store_true",
         help="grpo, rloo, ppo update as the paper's verl baselines did (dual clip 3, verl's loss scale); "
-        "default: as the config says",
+        "default: as the config says. Only with pacs, grpo, rloo, ppo",
     )
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
     compare.set_defaults(run=_compare)

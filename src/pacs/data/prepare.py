@@ -20,6 +20,8 @@ their fields as follows, first match wins:
 - ``gsm8k``: question, answer (a worked solution ending in ``#### 1,234``: the ground truth is the
   text after ``####`` without thousands separators, the whole text is kept as ``solution``).
 - ``deepscaler``: problem, answer; kept: solution, difficulty. Split ``train`` by default.
+- ``beyondaime``: problem, answer (an integer, or its text), as ByteDance-Seed/BeyondAIME publishes
+  its 100 problems (split ``test``; the PACS paper's v2 evaluates on it).
 
 Each output row asks the problem as one user message followed by ``PROMPT_SUFFIX``, with
 ``ability`` "math", ``reward_model = {"style": "rule", "ground_truth": <answer text>}`` and
@@ -118,6 +120,7 @@ SOURCE_FILE_NAMES = {
     "amc23": re.compile(r"amc"),
     "gsm8k": re.compile(r"gsm8k"),
     "deepscaler": re.compile(r"deepscaler"),
+    "beyondaime": re.compile(r"beyond[_-]?aime"),
 }
 """Source name -> pattern that recognises it in a (lower-cased) file name."""
 
@@ -239,6 +242,7 @@ SOURCES: dict[str, SourceFormat] = {
         kept={key: (key,) for key in ("solution", "answer", "difficulty")},
         default_split="train",
     ),
+    "beyondaime": SourceFormat(problem=("problem",), answer=("answer",), kept={"answer": ("answer",)}),
 }
 """Source name (the rows' ``data_source``) -> its converter."""
 

@@ -9,6 +9,8 @@
                           tensor, in safetensors files of at most 1 GiB each (none before the
                           first update)
                           critic/, critic_optimizer/: PPO's critic (value head) and its optimizer
+                          reference/: with `train.reference_reset_every`, the reference model as
+                          last reset (a snapshot of the policy, which resuming starts from)
                           adapter/: with LoRA, the adapter (adapter_config.json,
                           adapter_model.safetensors); the model files beside it are then the
                           merged model (base + adapter), and resuming loads the base from
@@ -59,6 +61,7 @@ TRAINER_STATE = "trainer_state.pt"
 TRAINER_STATE_FORMAT = 3
 """Written into every trainer state as "format"; bumped when its layout changes."""
 CRITIC_DIR = "critic"
+REFERENCE_DIR = "reference"
 OPTIMIZER_DIR = "optimizer"
 CRITIC_OPTIMIZER_DIR = "critic_optimizer"
 OPTIMIZER_FILE_BYTES = 1 << 30
@@ -303,12 +306,16 @@ def write_checkpoint(
     policy: tuple[torch.nn.Module, torch.optim.Optimizer],
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
     tracker_runs: dict[str, str] | None = None,
+    reference: torch.nn.Module | None = None,
 ) -> Path:
     """The training checkpoint of every rank: the optimizers' states, then the models (with the
     random states, `save_checkpoint`), each gathered one tensor at a time into rank 0's files;
     all wait until it is in place. `tracker_runs`: tracker name -> run id (rank 0's), which
-    resuming continues (`pacs.train.trackers`)."""
+    resuming continues (`pacs.train.trackers`). `reference`: a reference model that moves during
+    the run (`train.reference_reset_every`), written to `REFERENCE_DIR`."""
     staging = staging_directory(directory) if world.is_writer else None
+    if reference is not None:
+        save_model(world, reference, staging and staging / REFERENCE_DIR)
     model, optimizer = policy
     save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
     critic_model = None

@@ -42,7 +42,7 @@ from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores, ScoringWatch
 from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.checkpoint import CRITIC_DIR, latest_checkpoint, restore_training_state, write_checkpoint
+from pacs.train.checkpoint import CRITIC_DIR, REFERENCE_DIR, latest_checkpoint, restore_training_state, write_checkpoint
 from pacs.train.distributed.collectives import (
     barrier,
     gather_objects,
@@ -53,8 +53,10 @@ from pacs.train.distributed.collectives import (
     sum_over_ranks,
 )
 from pacs.train.distributed.generation import unsharded_for_generation
+from pacs.train.distributed.state_dict import parameters_by_name
 from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
+from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs, check_run_inputs
 from pacs.train.rollout_engine import build_engine, generation_group, policy_weights, pushes_weights, sampler_mismatch
@@ -181,8 +183,9 @@ class Trainer:
     critic: Critic | None
     """PPO's critic; None for algorithms without one."""
     reference: torch.nn.Module | None
-    """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
-    is the policy with its adapters disabled)."""
+    """The frozen reference (the KL penalty's, PACS's with a fixed reference) when the algorithm
+    needs one and the run has no LoRA (with LoRA it is the policy with its adapters disabled): the
+    initial policy, or the policy at its last reset (`reset_reference`)."""
     algorithm: Algorithm
     engine: RolloutEngine
     generation_group: GenerationGroup
@@ -226,7 +229,7 @@ class Trainer:
         policy = load_policy(config, world, resume_from, console)
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
-        reference = load_reference(config, world) if needs_reference else None
+        reference = load_reference(config, world, resume_from) if needs_reference else None
         train_prompts, val_prompts = run_on_every_rank(
             world, lambda: load_train_and_val_prompts(config, policy.tokenizer, console), how_to_fix=NODE_INPUTS_HOW_TO_FIX
         )
@@ -328,11 +331,11 @@ class Trainer:
         → old log-probs → step terms (reference log-probs, values, advantages) → updates; its
         global metrics."""
         started = time.perf_counter()
+        resets_reference = self.reset_reference(step)
         self.sync_engine_weights()
         synced = time.perf_counter()
-        rows, rollouts = self.rollout()
-        generated = time.perf_counter()
-        scored = self.scorer.score(rows, rollouts.response_texts)
+        sample, sampling_metrics = self.sample()
+        rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
         batch_dtype = Precision(self.config.model.dtype).tensors
@@ -343,19 +346,40 @@ class Trainer:
         self.fill_step_terms(batch, old_logprobs_known=first_update_rows == 0)
         train = self.config.train
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
-        metrics = {"lr": lr, **self.update(batch, updates_policy, first_update_rows)}
+        metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows)}
+        if self.config.train.reference_reset_every:
+            metrics["reference/reset"] = float(resets_reference)
         if "sampler_logprobs" in batch.row_terms:  # the trainer's old log-probs are all known after the update
             metrics.update(sampler_mismatch(self.world, batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask))
         timings = {
             "time/step_s": time.perf_counter() - started,
             "time/weight_sync_s": synced - started,
-            "time/generate_s": generated - synced,
+            "time/generate_s": sample.generate_s,
         }
         metrics.update(slowest_timings(self.world, timings))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
         return metrics
+
+    def sample(self) -> tuple[Draw, dict[str, float]]:
+        """The step's rollouts on this rank, scored: one `draw`, or with `rollout.dynamic_sampling`
+        as many as it takes to fill the step with groups of mixed rewards
+        (`pacs.train.dynamic_sampling`), and its metrics."""
+        rollout = self.config.rollout
+        if not rollout.dynamic_sampling:
+            return self.draw(), {}
+        groups = self.config.train.batch_size // self.world.world_size
+        return sample_mixed_groups(
+            self.draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds
+        )
+
+    def draw(self) -> Draw:
+        """This rank's share of `train.batch_size` fresh prompts, sampled (`rollout`) and scored."""
+        started = time.perf_counter()
+        rows, rollouts = self.rollout()
+        generated = time.perf_counter()
+        return Draw(rows, rollouts, self.scorer.score(rows, rollouts.response_texts), generated - started)
 
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
@@ -454,9 +478,25 @@ class Trainer:
         self.engine_has_policy_weights = not pushes_weights(self.engine, self.config)
         return metrics
 
+    def reset_reference(self, step: int) -> bool:
+        """The hard reset of the PACS paper's text and ProRL: before every step s > 1 with s − 1 a
+        multiple of `train.reference_reset_every`, the reference model takes the policy's current
+        weights and (`train.reference_reset_optimizer`) the policy optimizer's state is cleared, so
+        AdamW starts its moments and step count afresh. Whether it reset."""
+        every = self.config.train.reference_reset_every
+        if not every or step == 1 or (step - 1) % every:
+            return False
+        reference = dict(parameters_by_name(self.reference))
+        with torch.no_grad():
+            for name, parameter in parameters_by_name(self.policy.model):
+                reference[name].copy_(parameter)
+        if self.config.train.reference_reset_optimizer:
+            self.policy.optimizer.state.clear()
+        return True
+
     @contextlib.contextmanager
     def reference_policy(self) -> Iterator[torch.nn.Module]:
-        """The frozen initial policy to compute reference log-probs with: with LoRA, the policy
+        """The frozen reference policy to compute reference log-probs with: with LoRA, the policy
         itself with its adapters disabled (run through its wrapper, so FSDP gathers its shards);
         otherwise the loaded reference model."""
         if self.reference is not None:
@@ -514,6 +554,7 @@ class Trainer:
             policy=(self.policy.model, self.policy.optimizer),
             critic=self.critic,
             tracker_runs=tracker_runs,
+            reference=self.reference if self.config.train.reference_reset_every else None,
         )
 
 
@@ -618,10 +659,14 @@ def load_critic(config: Config, world: World, resume_from: Path | None) -> Criti
     return Critic(critic, optimizer)
 
 
-def load_reference(config: Config, world: World) -> torch.nn.Module:
-    """The frozen initial policy for the KL penalty, from `model.path` (in bfloat16 under mixed
-    precision: it is never trained), sharded under FSDP like the policy."""
-    load = functools.partial(load_causal_lm, config.model.path, dtype=Precision(config.model.dtype).frozen)
+def load_reference(config: Config, world: World, resume_from: Path | None) -> torch.nn.Module:
+    """The frozen reference policy (the KL penalty's, PACS's with a fixed reference), from
+    `model.path` (in bfloat16 under mixed precision: it is never trained), sharded under FSDP like
+    the policy; a run whose reference is reset (`train.reference_reset_every`) resumes it from the
+    checkpoint's `reference/`."""
+    moves = config.train.reference_reset_every > 0
+    source = str(resume_from / REFERENCE_DIR) if resume_from and moves else config.model.path
+    load = functools.partial(load_causal_lm, source, dtype=Precision(config.model.dtype).frozen)
     reference, rank0_weights = load_on_rank0(world, load)
     return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
 
