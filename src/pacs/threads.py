@@ -13,7 +13,7 @@ training step: 20 s instead of 2.6 beside another heavy process). So, unless the
 
 The trade, measured by `benchmarks/threads.py` (docs/results.md): the spinning wait is what
 collapses (steps 5 to 25 times as long beside other busy processes), and a passive wait alone
-removes most of that; on a quiet machine it costs a little. The thread count is the smaller
+removes most of that; on an otherwise idle machine it costs a little. The thread count is the smaller
 choice: beside one busy process one thread per idle core is fastest, while on a machine crowded
 by many processes more threads would take a larger share of the CPU from the others, which pacs
 leaves to the user (`OMP_NUM_THREADS`).
