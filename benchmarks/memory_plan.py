@@ -1,6 +1,7 @@
-"""Per-rank memory of a training step, by simulation: the paper's models at the paper's world size.
+"""Per-rank GPU memory of a training step, phase by phase, by simulation: the paper's models at the
+paper's world size, the colocated vLLM engine included.
 
-Nothing here is arithmetic. For each config the script
+Nothing here is arithmetic on the trainer's side. For each config the script
   1. builds the config's model on the meta device from its published hyperparameters (no download),
      with activation checkpointing and LoRA as the config sets them;
   2. shards it the way training does, `pacs.train.distributed.wrapping.wrap_model` (FSDP2: `fully_shard` on
@@ -12,30 +13,43 @@ Nothing here is arithmetic. For each config the script
      `data.max_prompt_length` + `data.max_response_length` tokens (every response at full length,
      the peak) through pacs's own `response_logprobs` (chunked log-prob head, length buckets,
      bf16 autocast) and backward, under torch's `FSDPMemTracker` (`MemTracker` without FSDP),
-     which records every tensor's bytes as the step allocates and frees them.
+     which records every tensor's bytes as the step allocates and frees them; then the same
+     micro-batch without gradients, as the rollout policy's log-probs are computed.
 
-Rows (GiB per rank): parameters, gradients and optimizer state are the bytes of rank 0's tensors;
-the reference model is a bf16 copy sharded like the policy (the target design), counted only when
-the config loads one (`algorithm.kl_coef > 0` without LoRA); "gathered weights" and "activations"
-split the peak of the micro-batch above the persistent state by the tracker's categories (gathered:
-all-gathered layer weights and unsharded gradients). Gradients exist from an update's first
-backward to its optimizer step (`zero_grad(set_to_none=True)` frees them), and PPO updates its
-critic (pacs's own value model, fp32 master weights, its own micro-batch of the value loss) before
-the policy: the update's peak is the larger of the critic's update (the policy's weights and AdamW
-state held, the critic's whole state and micro-batch) and the policy's (the critic's weights and
-AdamW state held). "KV cache" is the bytes of transformers' own cache after a fake forward
-of one generation call (`rollout.generation_batch_size` sequences, at most this rank's share of a
-step) at full length: generation runs apart from the update, so it is a separate peak.
+Phases (GiB per rank; the plan's peak is the largest): `generation`, `old log-probs` (the rollout
+policy's log-probs, no gradients) and `update`. Every phase holds the persistent state: parameters
+and optimizer state are the bytes of rank 0's tensors; the reference model is a bf16 copy sharded
+like the policy, counted only when the config loads one (`algorithm.kl_coef > 0` without LoRA);
+PPO's critic (pacs's own value model, fp32 master weights) keeps its weights and AdamW state.
+Gradients exist from an update's first backward to its optimizer step (`zero_grad(set_to_none=True)`
+frees them), so only `update` holds them; PPO updates its critic (its own micro-batch of the value
+loss) before the policy, and `update` is the larger of the two. "gathered weights" and
+"activations" split a micro-batch's peak above the state by the tracker's categories (gathered:
+all-gathered layer weights and unsharded gradients).
+
+Generation with `rollout.engine: vllm` adds the engine: its weights (the whole model in the compute
+dtype, 1/`tensor_parallel_size` of it per rank) and the rest of what `gpu_memory_utilization` gives
+it of a `--gpu-gib` GPU (its KV cache and activations: vLLM keeps its total within that fraction),
+or `kv_cache_gib` when set (vLLM's activations then uncounted). With sleep mode (on by default on
+GPUs) the engine drops both after each rollout, so the other phases do not hold it; without, every
+phase does. Generation with `hf` holds the whole model gathered (FSDP unshards every layer at once
+for `generate`, in the compute dtype) and transformers' key/value cache after a fake forward of
+one generation call (`rollout.generation_batch_size` sequences, at most this rank's share of a
+step) at full length.
 
 Fake tensors need shapes only, so data-dependent Python in the step (length buckets, boolean masks,
 `int(...)`) runs on the real micro-batch: `RealWhereSmall` keeps tensors of at most
 `MAX_REAL_NUMEL` elements real and makes larger ones fake. Gradients are reduce-scattered on every
-micro-batch, as `gradient_sync` has them under FSDP.
+micro-batch, as `gradient_sync` has them under FSDP. Not counted: CUDA's context and NCCL's
+buffers, the allocator's fragmentation and cache, and what vLLM keeps asleep (CUDA graphs'
+memory pool): keep headroom (`HEADROOM`).
 
-Run: `.venv/bin/python benchmarks/memory_plan.py [CONFIG ...] [--world-size N] [--markdown] [--jobs N]`
-(default: configs/paper-*.yaml at 64 ranks and configs/lora-qwen2.5-7b.yaml on 1; one process per
-simulation, as many at once as CPU cores); `--check` compares the simulation with a real run of a
-small model on this CPU (peak RSS).
+Run: `.venv/bin/python benchmarks/memory_plan.py [CONFIG ...] [--world-size N] [--gpu-gib G]
+[--markdown] [--json] [--jobs N]` (default: configs/paper-*.yaml at 64 ranks and
+configs/lora-qwen2.5-7b.yaml on 1; one process per simulation, as many at once as CPU cores);
+`--json` prints one JSON object per config, `{"peak_gib": ..., "phases": {phase: {"total_gib": ...,
+"parts_gib": {...}}}, ...}`; `--check` compares the simulation with a real run of a small model on
+this CPU (peak RSS).
 """
 
 from __future__ import annotations
@@ -93,31 +107,65 @@ QWEN25 = {
         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
     ),
 }
-ROWS = (
+GPU_GIB = 80.0
+"""An 80 GB card (A100 / H100 80GB), the paper's."""
+HEADROOM = 0.10
+"""The share of the GPU a plan leaves free for what it does not count (CUDA context, NCCL buffers,
+fragmentation): a config fits when its peak is at most (1 - HEADROOM) of the GPU."""
+PHASES = ("generation", "old log-probs", "update")
+PARTS = (
     "parameters",
-    "gradients",
     "optimizer state",
+    "gradients",
     "reference model",
-    "critic: parameters, gradients, optimizer state",
+    "critic: parameters, optimizer state (and gradients in its update)",
     "gathered weights (peak of a micro-batch)",
     "activations (peak of a micro-batch)",
-    "total: peak of the update",
-    "KV cache of one generation call",
+    "gathered model for generate (hf)",
+    "transformers KV cache of one generation call (hf)",
+    "vLLM: weights",
+    "vLLM: KV cache and activations",
 )
+"""What a phase holds (`Plan.phases`), in the order the tables print."""
 GATHERED = {"Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"}
 
 
 @dataclass
 class Plan:
-    """Bytes per rank of one config at one world size (`ROWS`), and how long simulating took
-    (wall-clock and CPU seconds of its process: the CPU's count holds on a busy machine)."""
+    """Bytes per rank of one config at one world size on a `gpu_gib` GPU: for each of `PHASES`,
+    what it holds (`PARTS`, absent: none); and how long simulating took (wall-clock and CPU seconds
+    of its process: the CPU's count holds on a busy machine)."""
 
     config: str
     world_size: int
-    bytes: dict[str, int]
+    gpu_gib: float
+    phases: dict[str, dict[str, int]]
     notes: list[str]
     seconds: float
     cpu_seconds: float
+
+    def total(self, phase: str) -> int:
+        return sum(self.phases[phase].values())
+
+    @property
+    def peak(self) -> int:
+        return max(self.total(phase) for phase in PHASES)
+
+    def as_json(self) -> dict:
+        """`--json`'s object: the peak and each phase's total and parts, in GiB."""
+        return {
+            "config": self.config,
+            "world_size": self.world_size,
+            "gpu_gib": self.gpu_gib,
+            "peak_gib": round(self.peak / GIB, 2),
+            "fits_with_headroom": self.peak <= (1 - HEADROOM) * self.gpu_gib * GIB,
+            "phases": {
+                phase: {"total_gib": round(self.total(phase) / GIB, 2),
+                        "parts_gib": {part: round(size / GIB, 2) for part, size in self.phases[phase].items()}}
+                for phase in PHASES
+            },
+            "notes": self.notes,
+        }
 
 
 class RealWhereSmall(TorchDispatchMode):
@@ -241,7 +289,38 @@ def simulate_micro_batch(
         "gradients": local_bytes(parameter.grad for parameter in trained),
         "optimizer state": local_bytes(tensor for state in optimizer.state.values() for tensor in state.values() if tensor.dim()),
     }
-    is_fsdp = any(isinstance(parameter, DTensor) for parameter in trained)
+    rss_before = _current_rss_bytes()
+    peak = tracked_peak(model, optimizer, lambda: loss_of(model), autocast, fake, sum(persistent.values()), backward=True)
+    measured = {"rss_above_state": _peak_rss_bytes() - rss_before} if fake is None else {}
+    return {**persistent, **peak, **measured}
+
+
+def simulate_no_grad_micro_batch(
+    model: torch.nn.Module, loss_of: Callable[[torch.nn.Module], torch.Tensor], autocast: bool, fake: FakeTensorMode
+) -> dict[str, int]:
+    """The peak of one micro-batch of `loss_of(model)` without gradients (the rollout policy's
+    log-probs) above the model's weights, split as `simulate_micro_batch` splits it; the model's
+    tensors are already materialised (`simulate_micro_batch`), and its gradients freed first."""
+    for parameter in model.parameters():
+        parameter.grad = None
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return loss_of(model)
+
+    weights = local_bytes(model.parameters()) + local_bytes(model.buffers())
+    return tracked_peak(model, None, forward, autocast, fake, weights, backward=False)
+
+
+def tracked_peak(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, forward: Callable[[], torch.Tensor], autocast: bool,
+    fake: FakeTensorMode | None, persistent: int, *, backward: bool,
+) -> dict[str, int]:
+    """The peak of `forward()` (under bf16 autocast with `autocast`) and, with `backward`, of its
+    output's backward (outside autocast, as the trainer runs it) above `persistent` bytes (what the
+    tracker counts of the model and optimizer before it starts), as "gathered" (the tracker's
+    `GATHERED` categories) and "activations" (the rest)."""
+    is_fsdp = any(isinstance(parameter, DTensor) for parameter in model.parameters())
     tracker = FSDPPeakTracker(model, optimizer) if is_fsdp else PeakTracker()
     if not is_fsdp:
         # MemTracker hooks every parameter's gradient, which fails on frozen ones (LoRA's base):
@@ -250,27 +329,26 @@ def simulate_micro_batch(
         for parameter in model.parameters():
             if not parameter.requires_grad:
                 tracker._param_to_grad_hook_handles[parameter] = (RemovableHandle(no_hooks), RemovableHandle(no_hooks))
-        tracker.track_external(model, optimizer)
+        tracker.track_external(model, *([optimizer] if optimizer is not None else []))
     # the trackers refuse a second forward of the root per session (pacs runs one per length
     # bucket): forget the root's statistics (not the peak) before each
     handle = register_module_forward_pre_hook(lambda module, args: _forget(tracker, model) if module is model else None)
     model.train()
-    rss_before = _current_rss_bytes()
     try:
         with fake if fake is not None else contextlib.nullcontext(), tracker, RealWhereSmall() if fake else contextlib.nullcontext():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = loss_of(model)
-            loss.backward()
+                output = forward()
+            if backward:
+                output.backward()
     finally:
         handle.remove()
     kinds: dict[str, int] = {}
     for peak_by_kind in tracker.get_tracker_snapshot("peak").values():  # one device: the CPU
         for kind, size in peak_by_kind.items():
             kinds[getattr(kind, "value", kind)] = kinds.get(getattr(kind, "value", kind), 0) + size
-    transient = kinds.pop("Total") - sum(persistent.values())
+    transient = kinds.pop("Total") - persistent
     gathered = sum(size for kind, size in kinds.items() if kind in GATHERED)
-    measured = {"rss_above_state": _peak_rss_bytes() - rss_before} if fake is None else {}
-    return {**persistent, "gathered": gathered, "activations": transient - gathered, **measured}
+    return {"gathered": gathered, "activations": transient - gathered}
 
 
 def _forget(tracker: MemTracker, module: torch.nn.Module) -> None:
@@ -327,7 +405,10 @@ def world_of(config: Config, world_size: int) -> World:
     return World(rank=0, world_size=world_size, device=torch.device("meta"), strategy=strategy)
 
 
-def plan(config_path: str, world_size: int) -> Plan:
+CRITIC, GATHERED_PART, ACTIVATIONS, HF_MODEL, HF_CACHE, VLLM_WEIGHTS, VLLM_REST = PARTS[4:]
+
+
+def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB) -> Plan:
     """Simulate `config_path`'s training step on rank 0 of `world_size` (see the module docstring)."""
     start, cpu_start = time.perf_counter(), time.process_time()
     config = load_config(config_path)
@@ -336,46 +417,101 @@ def plan(config_path: str, world_size: int) -> Plan:
     if world.strategy == "ddp":
         raise SystemExit(f"{config_path}: train.strategy={config.train.strategy} at {world_size} ranks is DDP; plan fsdp or 1 rank")
     bf16 = torch.bfloat16 if config.model.dtype == "bfloat16" else None
-    autocast = bf16 is not None
     batch = full_micro_batch(config)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     policy = wrap_model(world, build_on_meta(config, hf_config), compute_dtype=bf16)
-    update = simulate_micro_batch(policy, policy_loss(batch), autocast, fake)
+    update = simulate_micro_batch(policy, policy_loss(batch), bf16 is not None, fake)
+    old = simulate_no_grad_micro_batch(policy, policy_loss(batch), bf16 is not None, fake)
     notes = []
-    reference = local_bytes(wrap_model(world, build_on_meta(config, hf_config, reference=True), compute_dtype=bf16).parameters())
+    whole_model = build_on_meta(config, hf_config, reference=True)
+    reference = local_bytes(wrap_model(world, whole_model, compute_dtype=bf16).parameters())
     if config.algorithm.kl_coef == 0 or config.model.lora_rank > 0:
         reason = "kl_coef = 0" if config.algorithm.kl_coef == 0 else "LoRA: the base with adapters off"
         notes.append(f"no reference model ({reason}); a bf16 one sharded like the policy: {reference / GIB:.2f} GiB")
         reference = 0
-    # gradients exist from an update's first backward to its optimizer step (then set to None)
-    kept = update["parameters"] + update["optimizer state"] + reference
-    peak = kept + update["gradients"] + update["gathered"] + update["activations"]
-    critic_state = 0
+    kept = {"parameters": update["parameters"], "optimizer state": update["optimizer state"], "reference model": reference}
+    policy_update = {**kept, "gradients": update["gradients"], GATHERED_PART: update["gathered"], ACTIVATIONS: update["activations"]}
     if config.algorithm.name == "ppo":
-        critic = wrap_model(world, build_on_meta(config, hf_config, critic=True), compute_dtype=bf16)
-        critic_update = simulate_micro_batch(critic, critic_loss(batch), autocast, fake)
-        critic_kept = critic_update["parameters"] + critic_update["optimizer state"]
-        critic_state = critic_kept + critic_update["gradients"]
-        critic_peak = kept + critic_state + critic_update["gathered"] + critic_update["activations"]
-        notes.append(
-            f"PPO: the critic's update (before the policy's) peaks at {critic_peak / GIB:.2f} GiB, "
-            f"the policy's at {(peak + critic_kept) / GIB:.2f} GiB"
-        )
-        peak = max(peak + critic_kept, critic_peak)
-    sequences = generation_sequences(config, world_size)
-    cache = kv_cache_bytes(policy, sequences, config.data.max_prompt_length + config.data.max_response_length, fake)
-    notes.append(f"KV cache for {sequences} sequences of {config.data.max_prompt_length} + {config.data.max_response_length} tokens")
-    rows = dict(zip(ROWS, (
-        update["parameters"], update["gradients"], update["optimizer state"], reference, critic_state,
-        update["gathered"], update["activations"], peak, cache,
-    )))
-    return Plan(config_path, world_size, rows, notes, time.perf_counter() - start, time.process_time() - cpu_start)
+        kept[CRITIC], policy_update = ppo_update(config, hf_config, world, batch, fake, kept, policy_update, notes)
+    phases = {
+        "old log-probs": {**kept, GATHERED_PART: old["gathered"], ACTIVATIONS: old["activations"]},
+        "update": policy_update,
+    }
+    numel = sum(parameter.numel() for parameter in whole_model.parameters())
+    compute_bytes = 2 if bf16 is not None else 4
+    if config.rollout.engine == "vllm":
+        engine = vllm_engine(config, hf_config, world_size, gpu_gib, numel * compute_bytes, compute_bytes, notes)
+        phases["generation"] = {**kept, **engine}
+        if config.rollout.vllm.sleep_mode is False:  # None: on, on a GPU
+            notes.append("sleep mode off: the engine holds its memory in every phase")
+            for phase in ("old log-probs", "update"):
+                phases[phase].update(engine)
+    else:
+        sequences = generation_sequences(config, world_size)
+        cache = kv_cache_bytes(policy, sequences, config.data.max_prompt_length + config.data.max_response_length, fake)
+        notes.append(f"transformers' KV cache for {sequences} sequences of {config.data.max_prompt_length} + "
+                     f"{config.data.max_response_length} tokens")
+        gathered = 0 if world.strategy == "none" else numel * compute_bytes
+        phases["generation"] = {**kept, HF_MODEL: gathered, HF_CACHE: cache}
+    ordered = {phase: {part: phases[phase][part] for part in PARTS if phases[phase].get(part)} for phase in PHASES}
+    return Plan(config_path, world_size, gpu_gib, ordered, notes, time.perf_counter() - start, time.process_time() - cpu_start)
 
 
-def simulate(config_path: str, world_size: int) -> Plan:
+def ppo_update(
+    config: Config, hf_config: Qwen2Config, world: World, batch: PolicyBatch, fake: FakeTensorMode,
+    kept: dict[str, int], policy_update: dict[str, int], notes: list[str],
+) -> tuple[int, dict[str, int]]:
+    """The bytes of PPO's critic outside its update (its weights and AdamW state), and PPO's update
+    phase: the larger of the critic's update (before the policy's: the policy's weights and AdamW
+    state held, the critic's whole state and micro-batch) and the policy's (the critic's weights
+    and AdamW state held)."""
+    bf16 = torch.bfloat16 if config.model.dtype == "bfloat16" else None
+    critic = wrap_model(world, build_on_meta(config, hf_config, critic=True), compute_dtype=bf16)
+    critic_update = simulate_micro_batch(critic, critic_loss(batch), bf16 is not None, fake)
+    critic_kept = critic_update["parameters"] + critic_update["optimizer state"]
+    critic_phase = {**kept, CRITIC: critic_kept + critic_update["gradients"],
+                    GATHERED_PART: critic_update["gathered"], ACTIVATIONS: critic_update["activations"]}
+    policy_phase = {**policy_update, CRITIC: critic_kept}
+    notes.append(
+        f"PPO: the critic's update (before the policy's) peaks at {sum(critic_phase.values()) / GIB:.2f} GiB, "
+        f"the policy's at {sum(policy_phase.values()) / GIB:.2f} GiB"
+    )
+    return critic_kept, max(critic_phase, policy_phase, key=lambda phase: sum(phase.values()))
+
+
+def vllm_engine(
+    config: Config, hf_config: Qwen2Config, world_size: int, gpu_gib: float, weights: int, compute_bytes: int, notes: list[str]
+) -> dict[str, int]:
+    """The colocated vLLM engine's bytes on a rank: its share of the weights (1/tensor_parallel_size
+    of `weights`), and the rest of `gpu_memory_utilization` x the GPU (KV cache and activations),
+    or `kv_cache_gib`. Notes how many full-length sequences that KV cache holds at once."""
+    settings = config.rollout.vllm
+    tp = settings.tensor_parallel_size
+    own_weights = weights // tp
+    if settings.kv_cache_gib is not None:
+        rest = int(settings.kv_cache_gib * GIB)
+        notes.append("vLLM's activations not counted (rollout.vllm.kv_cache_gib sizes its KV cache alone)")
+    else:
+        rest = int(settings.gpu_memory_utilization * gpu_gib * GIB) - own_weights
+        if rest <= 0:
+            notes.append(f"rollout.vllm.gpu_memory_utilization={settings.gpu_memory_utilization} does not hold vLLM's weights")
+            rest = 0
+    head_dim = hf_config.hidden_size // hf_config.num_attention_heads
+    per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * compute_bytes // tp
+    length = settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length
+    group_sequences = config.train.batch_size // world_size * tp * config.rollout.n
+    sequences = min(config.rollout.generation_batch_size, group_sequences)
+    notes.append(
+        f"vLLM: {sequences} sequences at once (max_num_seqs) of up to {length} tokens need {sequences * length * per_token / GIB:.2f} GiB "
+        f"of KV cache per rank; what the engine has beside its weights holds at most {rest // (length * per_token)} at full length"
+    )
+    return {VLLM_WEIGHTS: own_weights, VLLM_REST: rest}
+
+
+def simulate(config_path: str, world_size: int, gpu_gib: float = GPU_GIB) -> Plan:
     """`plan` inside a fake process group of `world_size` ranks."""
     with fake_process_group(world_size):
-        return plan(config_path, world_size)
+        return plan(config_path, world_size, gpu_gib)
 
 
 @contextlib.contextmanager
@@ -391,26 +527,36 @@ def fake_process_group(world_size: int):
 
 
 def table(plan: Plan) -> str:
-    width = max(map(len, ROWS))
-    lines = [f"{plan.config}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s, {plan.cpu_seconds:.1f} s of CPU)"]
-    lines += [f"  {row:<{width}}  {size / GIB:7.2f} GiB" for row, size in plan.bytes.items()]
+    """What each phase holds (a column each), its total, the peak and whether it fits."""
+    parts = [part for part in PARTS if any(part in plan.phases[phase] for phase in PHASES)]
+    width = max(map(len, parts))
+    fits = "fits" if plan.peak <= (1 - HEADROOM) * plan.gpu_gib * GIB else "does NOT fit"
+    lines = [
+        f"{plan.config}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s, {plan.cpu_seconds:.1f} s of CPU)",
+        f"  {'GiB per rank':<{width}}  " + "  ".join(f"{phase:>13}" for phase in PHASES),
+    ]
+    for part in [*parts, "total"]:
+        sizes = [plan.total(phase) if part == "total" else plan.phases[phase].get(part, 0) for phase in PHASES]
+        lines.append(f"  {part:<{width}}  " + "  ".join(f"{size / GIB:13.2f}" for size in sizes))
+    lines.append(f"  peak {plan.peak / GIB:.2f} GiB: {fits} a {plan.gpu_gib:g} GiB GPU with {HEADROOM:.0%} headroom")
     lines += [f"  ({note})" for note in plan.notes]
     return "\n".join(lines)
 
 
 def markdown(plans: list[Plan]) -> str:
-    """One column per config (configs with the same figures share a column)."""
+    """Each phase's total and the peak, one column per config (configs with the same figures
+    share a column)."""
     columns: dict[tuple, list[Plan]] = {}
     for plan in plans:
-        columns.setdefault((plan.world_size, tuple(plan.bytes.values())), []).append(plan)
+        columns.setdefault((plan.world_size, tuple(plan.total(phase) for phase in PHASES)), []).append(plan)
     header = [
         " / ".join(Path(plan.config).stem for plan in group) + f", {group[0].world_size} rank" + ("s" if group[0].world_size > 1 else "")
         for group in columns.values()
     ]
     lines = ["| GiB per rank | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
-    for index, row in enumerate(ROWS):
-        cells = [f"{group[0].bytes[row] / GIB:.2f}" for group in columns.values()]
-        lines.append(f"| {row} | " + " | ".join(f"**{c}**" if row.startswith("total") else c for c in cells) + " |")
+    for phase in PHASES:
+        lines.append(f"| {phase} | " + " | ".join(f"{group[0].total(phase) / GIB:.2f}" for group in columns.values()) + " |")
+    lines.append("| **peak** | " + " | ".join(f"**{group[0].peak / GIB:.2f}**" for group in columns.values()) + " |")
     return "\n".join(lines)
 
 
@@ -423,7 +569,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="*", help="config files (default: the paper's at 64 ranks, the LoRA 7B on 1)")
     parser.add_argument("--world-size", type=int, help="ranks for every config given")
-    parser.add_argument("--markdown", action="store_true", help="also print the README's table")
+    parser.add_argument("--gpu-gib", type=float, default=GPU_GIB, help=f"GPU memory in GiB (default {GPU_GIB:g})")
+    parser.add_argument("--markdown", action="store_true", help="also print the table of docs/results.md")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per config instead of tables")
     parser.add_argument("--jobs", type=int, help="simulations run at once (default: one per CPU core)")
     parser.add_argument("--check", action="store_true", help="compare with a real run of a small model (peak RSS)")
     parser.add_argument("--check-run", nargs=2, metavar=("fake|real", "none|fsdp"), help=argparse.SUPPRESS)
@@ -441,12 +589,14 @@ def main() -> None:
     first_run = dict(zip(reversed(keys), reversed(runs)))
     # one process per simulation (each its own fake process group), forked before torch computes
     with ProcessPoolExecutor(args.jobs or min(len(first_run), os.cpu_count() or 1), mp_context=get_context("fork")) as pool:
-        futures = {key: pool.submit(simulate, *run) for key, run in first_run.items()}
+        futures = {key: pool.submit(simulate, *run, args.gpu_gib) for key, run in first_run.items()}
         plans = []
         for (path, world_size), key in zip(runs, keys):
             done = futures[key].result()
-            plans.append(Plan(path, world_size, done.bytes, done.notes, done.seconds, done.cpu_seconds))
-            print(table(plans[-1]) + "\n", flush=True)
+            plans.append(Plan(path, world_size, done.gpu_gib, done.phases, done.notes, done.seconds, done.cpu_seconds))
+            print(json.dumps(plans[-1].as_json()) if args.json else table(plans[-1]) + "\n", flush=True)
+    if args.json:
+        return
     print(f"{len(plans)} configs, {len(first_run)} simulations, {time.perf_counter() - start:.1f} s")
     if args.markdown:
         print("\n" + markdown(plans))
@@ -460,6 +610,8 @@ def simulation_key(config: Config) -> tuple:
         config.data.max_response_length,
         config.algorithm.name == "ppo",
         config.algorithm.kl_coef > 0,
+        config.rollout.engine,
+        config.rollout.vllm.model_dump_json(),
         config.rollout.n,
         config.rollout.generation_batch_size,
         config.train.batch_size,
@@ -491,6 +643,28 @@ def check_run(fake: bool, strategy: str) -> dict[str, int]:
         model = wrap_model(world, model, compute_dtype=torch.bfloat16)
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
         return simulate_micro_batch(model, policy_loss(full_micro_batch(config)), True, fake_mode)
+
+
+def check_run_on_gpu() -> dict[str, int]:
+    """`check_run`'s real micro-batch (one process) on the GPU, measured by CUDA's allocator: its
+    peak above the state (all "activations": nothing is gathered without FSDP)."""
+    config = load_config("configs/demo.yaml", CHECK_SETTINGS)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**CHECK_MODEL), dtype=torch.float32).cuda()
+    enable_activation_checkpointing(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    batch = full_micro_batch(config).to("cuda")
+    torch.cuda.synchronize()
+    state = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = policy_loss(batch)(model)
+    loss.backward()
+    torch.cuda.synchronize()
+    return {"gathered": 0, "activations": torch.cuda.max_memory_allocated() - state}
 
 
 def check() -> None:

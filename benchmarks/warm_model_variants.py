@@ -45,7 +45,8 @@ def integers(text: str) -> list[int]:
 def build(threads: int, seed: int, cache: Path) -> Path:
     """The warm model of `seed` built on `threads` threads, cached in `cache`/threads-N."""
     code = f"from pacs.train.builtin_models import warm_started_tiny; print(warm_started_tiny({seed}, show_progress=False))"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PACS_CACHE_DIR": str(cache / f"threads-{threads}")}
+    # A passive OpenMP wait: the same arithmetic, without threads spinning against a busy machine.
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "PACS_CACHE_DIR": str(cache / f"threads-{threads}")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"building the warm model ({threads} threads, seed {seed}) failed:\n{done.stderr[-3000:]}")

@@ -7,14 +7,17 @@ collective gets must be on a device the backend serves.
 
 runs `pacs ARGS...` with the collectives wrapped; each call is attributed to the first frame, from
 the caller outwards, that is torch's own distributed code (FSDP hooks, DTensor, checkpoint
-helpers: allowed) or pacs code (allowed only where `ALLOWED` says). Frames of other
-libraries are looked through: transformers' `generate` all-reducing per token under pacs's
-rollout counts against the rollout. Any violation ends the process with exit code 3 and a list.
+helpers: allowed), vLLM's (an engine's own process groups, which it sets up on the job's and puts
+on its own devices: allowed, at start-up and in tensor-parallel generation alike) or pacs code
+(allowed only where `ALLOWED` says). Frames of other libraries are looked through: transformers'
+`generate` all-reducing per token under pacs's rollout counts against the rollout. Any violation
+ends the process with exit code 3 and a list.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 import traceback
 from pathlib import Path
@@ -34,19 +37,23 @@ COLLECTIVES = (
 PACS = str(Path(__import__("pacs").__file__).parent)
 ALLOWED: dict[str, set[str] | None] = {
     str(Path(PACS) / "train" / "distributed" / "collectives.py"): None,  # any of its functions
-    # vLLM's LLM, built in each process, sets its process groups up on the job's (barriers, an
-    # all_reduce, a broadcast of objects): every rank builds its engine at the same point of its setup
-    str(Path(PACS) / "rollout" / "vllm.py"): {"__init__"},
 }
-"""pacs file -> the functions in it that may call a collective (None: every one)."""
+"""pacs file -> the functions in it that may call a collective (None: every one). vLLM's engine
+(`pacs.rollout.vllm.VllmEngine`) needs no entry: the collectives it makes are vLLM's own frames'
+(`OWNERS_OF_THEIR_COLLECTIVES`), while pacs's code around it may call none itself."""
 TORCH_DISTRIBUTED = str(Path(torch.__file__).parent / "distributed")
+_VLLM = importlib.util.find_spec("vllm")
+OWNERS_OF_THEIR_COLLECTIVES = (TORCH_DISTRIBUTED, *([str(Path(_VLLM.origin).parent)] if _VLLM else []))
+"""Libraries whose collectives are their own: torch's distributed code (FSDP hooks, DTensor,
+checkpoint helpers) and vLLM (its process groups: set up on the job's by every rank's engine at
+the same point of its setup, then used by tensor-parallel generation and weight loading)."""
 violations: list[str] = []
 
 
 def attribute(stack: list[traceback.FrameSummary]) -> str | None:
     """Why the call at the end of `stack` breaks the rule, or None."""
     for frame in reversed(stack[:-1]):  # the last frame is the wrapper itself
-        if frame.filename.startswith(TORCH_DISTRIBUTED):
+        if frame.filename.startswith(OWNERS_OF_THEIR_COLLECTIVES):
             return None
         if frame.filename.startswith(PACS):
             allowed = ALLOWED.get(frame.filename, set())
@@ -82,11 +89,16 @@ def install() -> None:
             setattr(dist, name, wrapped)
 
 
-if __name__ == "__main__":
+def main(arguments: list[str]) -> None:
+    """`pacs ARGUMENTS` with the collectives audited."""
     install()
     try:
-        pacs_main(sys.argv[1:])
+        pacs_main(arguments)
     finally:
         if violations:
             print("collectives outside pacs.train.distributed.collectives:\n" + "\n".join(sorted(set(violations))), file=sys.stderr)
             sys.exit(3)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

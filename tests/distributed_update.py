@@ -105,7 +105,7 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
     if lora:
         model = add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
     critic = load_value_model(model_dir, dtype="float64") if "values" in algorithm.needs else None
-    batch = local_batch(world, model.config.vocab_size)
+    batch = local_batch(world, model.config.vocab_size).to(world.device)
 
     model = wrap_model(world, model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

@@ -1,5 +1,6 @@
 """Running a checks script in a peer venv (TRL, verl; see benchmarks/peer_venvs.py) for the
-integration tests: one subprocess that writes a JSON of results, which the tests assert on."""
+integration tests: one subprocess that writes a JSON of results, which the tests assert on (a check
+that raised holds {"error": its traceback})."""
 
 from __future__ import annotations
 
@@ -28,3 +29,9 @@ def run_in_peer_venv(name: str, checks: str, arguments: list[str], out: Path) ->
     done = subprocess.run([str(python), str(script), *arguments, str(out)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, f"{checks} failed in {python}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return json.loads(out.read_text())
+
+
+def check_result(checks: dict, name: str) -> dict:
+    """The results of the check `name`, or the traceback of its failure as the calling test's failure."""
+    assert "error" not in checks[name], checks[name]["error"]
+    return checks[name]

@@ -15,9 +15,11 @@ from pacs.algos import (
     WEIGHTINGS,
     class_weights,
     group_scores,
+    pacs_advantages,
     pacs_loss,
     pacs_loss_from_proxy,
     reward_proxy,
+    sampler_corrected_coefficients,
 )
 from pacs.algos.core import group_view, masked_mean, masked_sum
 
@@ -289,6 +291,104 @@ def test_none_weights_are_all_ones():
 def test_class_weights_carry_no_gradient():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0], requires_grad=True)
     assert all(not class_weights(rewards, 4, weighting=weighting).requires_grad for weighting in WEIGHTINGS)
+
+
+# --- advantages and the sampler correction --------------------------------------------------
+
+
+def actor_critic_advantages(proxy_rewards, rewards, group_size):
+    """A_k = e_k − 1/(n−1) · Σ_{i≠k} e_i, e_i = w_i (R_i − σ(ψ_i)), ψ the rloo score, from the
+    gradient formula of the module docstring, one group and one row at a time (float64)."""
+    advantages = []
+    for group in range(len(rewards) // group_size):
+        rows = range(group * group_size, (group + 1) * group_size)
+        proxies = [float(proxy_rewards[row]) for row in rows]
+        labels = [float(rewards[row]) for row in rows]
+        num_classes = len(set(labels))
+        errors = []
+        for k in range(group_size):
+            score = proxies[k] - sum(proxies[j] for j in range(group_size) if j != k) / (group_size - 1)
+            weight = group_size / (num_classes * labels.count(labels[k])) if num_classes > 1 else 1.0
+            errors.append(weight * (labels[k] - 1 / (1 + math.exp(-score))))
+        for k in range(group_size):
+            advantages.append(errors[k] - sum(errors[i] for i in range(group_size) if i != k) / (group_size - 1))
+    return torch.tensor(advantages, dtype=torch.float64)
+
+
+def test_advantages_are_the_actor_critic_coefficients_of_the_gradient_formula():
+    group_size = 4
+    logprobs, old_logprobs, response_mask, rewards = make_batch(group_size)
+    proxy_rewards = reward_proxy(logprobs.detach(), old_logprobs, response_mask, beta=1.5)
+    group_ids = torch.arange(len(rewards)) // group_size
+    summed_loss, advantages = pacs_advantages(proxy_rewards, rewards, group_ids)
+    torch.testing.assert_close(advantages, actor_critic_advantages(proxy_rewards, rewards, group_size), atol=1e-12, rtol=0)
+    loss = pacs_loss_from_proxy(proxy_rewards, rewards, group_size)
+    torch.testing.assert_close(summed_loss, loss * len(rewards), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_advantages_do_not_depend_on_where_a_groups_rows_are(estimator):
+    group_size = 4
+    logprobs, old_logprobs, response_mask, rewards = make_batch(group_size, soft_rewards=True)
+    proxy_rewards = reward_proxy(logprobs.detach(), old_logprobs, response_mask)
+    group_ids = torch.arange(len(rewards)) // group_size
+    in_order = pacs_advantages(proxy_rewards, rewards, group_ids, estimator=estimator)
+    shuffled = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(1))
+    scattered = pacs_advantages(proxy_rewards[shuffled], rewards[shuffled], 7 * group_ids[shuffled], estimator=estimator)
+    torch.testing.assert_close(scattered[1], in_order[1][shuffled], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(scattered[0], in_order[0], atol=1e-9, rtol=1e-12)
+
+
+def test_advantages_of_groups_of_different_sizes_are_each_groups_own():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    proxy_rewards = torch.linspace(-0.3, 0.4, 7, dtype=torch.float64)
+    group_ids = torch.tensor([5, 5, 5, 9, 9, 9, 9])
+    _, advantages = pacs_advantages(proxy_rewards, rewards, group_ids)
+    torch.testing.assert_close(advantages[:3], actor_critic_advantages(proxy_rewards[:3], rewards[:3], 3), atol=1e-12, rtol=0)
+    torch.testing.assert_close(advantages[3:], actor_critic_advantages(proxy_rewards[3:], rewards[3:], 4), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_a_group_of_one_row_is_not_scored_by_estimators_that_compare_within_a_group(estimator):
+    rewards = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+    summed_loss, advantages = pacs_advantages(torch.zeros(3, dtype=torch.float64), rewards, torch.tensor([0, 0, 1]), estimator=estimator)
+    alone_loss, _ = pacs_advantages(torch.zeros(2, dtype=torch.float64), rewards[:2], torch.tensor([0, 0]), estimator=estimator)
+    assert advantages[2] == 0 and advantages[:2].abs().min() > 0
+    assert summed_loss == alone_loss
+
+
+def test_the_naive_estimator_scores_a_group_of_one_row():
+    _, advantages = pacs_advantages(torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.long), estimator="naive")
+    assert advantages.item() == pytest.approx(0.5)
+
+
+def test_sampler_correction_scales_each_responses_whole_coefficient_by_its_own_weight():
+    """From the gradient formula, in float64: with the corrected coefficients the surrogate
+    1/B · Σ_k A'_k r_k(θ) has gradient ∂/∂log π(o_kt) = −β/B · ρ_k A_k m_kt; a response of weight 0
+    gets none, where weighting its BCE term (`sample_weights`) leaves it pushed by the others."""
+    beta, group_size = 2.0, 4
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    weights = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.5, 2.0, 1.0, 0.0], dtype=torch.float64)
+    old_logprobs = -torch.rand(8, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    response_mask = torch.ones(8, 5, dtype=torch.float64)
+    response_mask[1, 3:] = 0
+    logprobs = old_logprobs.clone().requires_grad_()
+    proxy_rewards = reward_proxy(logprobs, old_logprobs, response_mask, beta=beta)
+    _, advantages = pacs_advantages(proxy_rewards, rewards, torch.arange(8) // group_size)
+    corrected = sampler_corrected_coefficients(advantages, weights)
+    (gradient,) = torch.autograd.grad(-(corrected * proxy_rewards).sum() / 8, logprobs, retain_graph=True)
+    formula = actor_critic_advantages(torch.zeros(8), rewards, group_size)
+    torch.testing.assert_close(gradient, -beta / 8 * (weights * formula)[:, None] * response_mask, atol=1e-12, rtol=0)
+    assert gradient[3].abs().max() == 0 and gradient[7].abs().max() == 0 and gradient[:3].abs().sum(dim=-1).min() > 0
+    bce_weighted = pacs_loss_from_proxy(proxy_rewards, rewards, group_size, sample_weights=weights)
+    (bce_gradient,) = torch.autograd.grad(bce_weighted, logprobs)
+    assert bce_gradient[3].abs().min() > 0.01
+
+
+@pytest.mark.parametrize("bad_weight", [-0.5, math.inf, math.nan])
+def test_sampler_correction_refuses_weights_that_are_negative_or_not_finite(bad_weight):
+    with pytest.raises(ValueError, match="response_weights must be finite and >= 0"):
+        sampler_corrected_coefficients(torch.ones(2), torch.tensor([1.0, bad_weight]))
 
 
 # --- errors ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The property of DESIGN.md section 1: on the first update after a rollout, PACS (logratio proxy,
+"""The property of docs/design.md, section 1: on the first update after a rollout, PACS (logratio proxy,
 rloo score, no class weights) is RLOO, scaled by β.
 
 Derivation. With θ = θ_old every proxy r_i = β Σ_t m_it (log π_θ − log π_old)(o_it) is 0, so ψ = 0

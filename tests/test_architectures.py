@@ -1,4 +1,4 @@
-"""The README's table of architectures, as tested: tiny random models of each, built here
+"""The table of docs/architectures.md, as tested: tiny random models of each, built here
 (`tiny_architectures`).
 
 - pacs's per-token log-probs and entropy are those of the model's own forward logits (softcapped

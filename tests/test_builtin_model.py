@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import string
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -223,3 +225,11 @@ def test_the_warm_started_model_asked_for_at_once_is_built_once(tmp_path: Path, 
         directories = list(callers.map(lambda _: builtin_models.warm_started_tiny(0, show_progress=False), range(2)))
     assert builds == [0]
     assert directories[0] == directories[1]
+
+
+def test_every_built_in_name_is_known_in_a_fresh_interpreter_without_importing_the_trainer():
+    code = (
+        "import sys; from pacs.models.loading import check_model_path; "
+        "check_model_path('builtin:tiny-arithmetic'); print('pacs.train' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -23,13 +23,15 @@ TINY = [
     "data.val=builtin:arithmetic?max_operand=19&size=8",
     "reward.num_workers=0",  # scored in-process: a pool of scoring processes costs each run about a core-second
 ]
+ALGORITHMS = ["pacs", "grpo", "ppo", "dr_grpo", "dapo", "gspo", "cispo", "pacs"]
+"""Every algorithm, and PACS a second time (an A/A run)."""
 
 
 @pytest.fixture(scope="module")
 def comparison(tmp_path_factory, warm_model_dir):
     out = tmp_path_factory.mktemp("compare")
     report = run_comparison(
-        "builtin:compare-demo", ["pacs", "grpo", "ppo"], [0], out, eval_n=4, overrides=TINY, show_progress=False
+        "builtin:compare-demo", ALGORITHMS, [0], out, eval_n=4, overrides=TINY, show_progress=False
     )
     return out, report
 
@@ -37,7 +39,9 @@ def comparison(tmp_path_factory, warm_model_dir):
 def test_every_method_and_the_unweighted_ablation_is_trained_and_evaluated(comparison):
     out, report = comparison
     rows = report["results"]["arithmetic"]
-    assert list(rows) == ["base model", "pacs", "grpo", "ppo", "pacs (no weighting)"]
+    assert list(rows) == [
+        "base model", "pacs", "grpo", "ppo", "dr_grpo", "dapo", "gspo", "cispo", "pacs (run 2)", "pacs (no weighting)"
+    ]  # fmt: skip
     assert set(rows["pacs"]["pass@k"]) == {"pass@1", "pass@2", "pass@4"}
     assert rows["pacs"]["pass@k"]["pass@1"]["std"] == 0.0 and len(rows["pacs"]["pass@k"]["pass@1"]["per_seed"]) == 1
     assert json.loads((out / "comparison.json").read_text())["seeds"] == [0]
@@ -71,6 +75,34 @@ def test_runs_differ_only_in_the_algorithm(comparison):
     assert {key: algorithms["grpo"][key] for key in shared} == {key: algorithms["pacs"][key] for key in shared}
 
 
+def test_each_method_trains_with_its_own_papers_aggregation(comparison):
+    out, _ = comparison
+    loss_agg = {
+        name: yaml.safe_load((out / name / "seed_0" / "config.yaml").read_text())["algorithm"]["loss_agg"]
+        for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
+    }
+    assert loss_agg == {
+        "grpo": "seq-mean-token-sum-norm", "dr_grpo": "seq-mean-token-sum-norm", "dapo": "token-mean",
+        "gspo": "seq-mean-token-mean", "cispo": "token-mean",
+    }  # fmt: skip
+
+
+def test_an_algorithm_listed_again_is_an_a_a_run_with_other_training_seeds(comparison):
+    out, report = comparison
+    first, again = (yaml.safe_load((out / name / "seed_0" / "config.yaml").read_text()) for name in ("pacs", "pacs_run_2"))
+    assert (first["seed"], again["seed"]) == (0, 1000) and first["model"] == again["model"]
+    assert {**again, "seed": 0, "output_dir": first["output_dir"]} == first
+    assert report["training_seed_offsets"]["pacs (run 2)"] == 1000 and report["training_seed_offsets"]["pacs"] == 0
+    assert "pacs (run 2) with seeds + 1000" in (out / "comparison.md").read_text()
+
+
+def test_paper_baselines_are_refused_for_methods_the_paper_did_not_compare(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", "builtin:compare-demo", "--algorithms", "pacs,dapo", "--paper-baselines", "--out", str(tmp_path / "out")])
+    assert "which are not the settings of dapo" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "out").exists()
+
+
 def test_table_and_plots_are_written(comparison):
     out, _ = comparison
     table = (out / "comparison.md").read_text()
@@ -83,7 +115,7 @@ def test_an_interrupted_comparison_reuses_finished_runs_and_evaluations(comparis
     out, report = comparison
     monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     monkeypatch.setattr("pacs.compare.evaluate_model", lambda *a, **k: pytest.fail("a finished evaluation was redone"))
-    again = run_comparison("builtin:compare-demo", ["pacs", "grpo", "ppo"], [0], out, eval_n=4, overrides=TINY, show_progress=False)
+    again = run_comparison("builtin:compare-demo", ALGORITHMS, [0], out, eval_n=4, overrides=TINY, show_progress=False)
     assert again["results"] == report["results"]
 
 
@@ -135,7 +167,7 @@ def test_unknown_algorithm_is_named(tmp_path, capsys):
 def test_tables_are_printed_unwrapped_in_a_log(comparison, monkeypatch, capsys):
     out, _ = comparison
     monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
-    run_comparison("builtin:compare-demo", ["pacs", "grpo", "ppo"], [0], out, eval_n=4, overrides=TINY, show_progress=False)
+    run_comparison("builtin:compare-demo", ALGORITHMS, [0], out, eval_n=4, overrides=TINY, show_progress=False)
     header = "| method | problems | samples per problem | prompts too long | timeouts | crashes | max new tokens |"
     assert header in capsys.readouterr().out.splitlines()
 

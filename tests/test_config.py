@@ -179,15 +179,15 @@ def test_k1_in_the_reward_is_accepted():
 
 
 def test_kl_in_reward_needs_a_coefficient():
-    with pytest.raises(ConfigError, match=r"algorithm.kl_in_reward=true .*grpo, rloo or ppo.*kl_coef > 0"):
+    with pytest.raises(ConfigError, match=r"algorithm.kl_in_reward=true .*any algorithm but pacs.*kl_coef > 0"):
         load_config(None, ["algorithm.name=grpo", "algorithm.kl_coef=0", "algorithm.kl_in_reward=true"])
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algorithm.name=pacs", "algorithm.clip_low=0.1"], "algorithm.clip_low: an option of grpo, rloo or ppo, not of algorithm.name='pacs'"),
-        (["algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"], "algorithm.kl_in_reward: an option of grpo, rloo or ppo, not of algorithm.name='pacs'"),
+        (["algorithm.name=pacs", "algorithm.clip_low=0.1"], "algorithm.clip_low: an option of grpo, rloo, ppo, dr_grpo, dapo, gspo or cispo, not of algorithm.name='pacs'"),
+        (["algorithm.kl_coef=0.1", "algorithm.kl_in_reward=true"], "algorithm.kl_in_reward: an option of grpo, rloo, ppo, dr_grpo, dapo, gspo or cispo, not of algorithm.name='pacs'"),
         (["algorithm.name=grpo", "algorithm.gamma=0.5"], "algorithm.gamma: an option of ppo, not of algorithm.name='grpo'"),
     ],
     ids=["clip_low-with-pacs", "kl_in_reward-with-pacs", "gamma-with-grpo"],
@@ -205,12 +205,12 @@ def test_an_override_that_switches_the_algorithm_keeps_the_options_it_shares_wit
 
 
 def test_a_misspelled_option_of_another_algorithm_is_suggested_with_its_algorithms():
-    with pytest.raises(ConfigError, match=r"algorithm.clip_lo: unknown key \(did you mean 'clip_low', an option of grpo, rloo or ppo\?\)"):
+    with pytest.raises(ConfigError, match=r"algorithm.clip_lo: unknown key \(did you mean 'clip_low', an option of grpo, rloo, ppo, dr_grpo, dapo, gspo or cispo\?\)"):
         load_config(None, ["algorithm.clip_lo=0.1"])
 
 
 def test_an_unknown_algorithm_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match=r"algorithm.name: Input should be 'pacs', 'grpo', 'rloo' or 'ppo' \(got 'dpo'\)"):
+    with pytest.raises(ConfigError, match=r"algorithm.name: Input should be 'pacs', 'grpo', 'rloo', 'ppo', 'dr_grpo', 'dapo', 'gspo' or 'cispo' \(got 'dpo'\)"):
         load_config(None, ["algorithm.name=dpo"])
 
 
@@ -225,7 +225,8 @@ def test_each_algorithm_is_built_from_its_own_section_with_every_option():
     built = algorithm.build(group_size=4, horizon=8)
     assert (type(built).__name__, built.clip_low, built.norm_by_std, built.horizon) == ("GRPO", 0.1, False, 8)
     for name, section in ALGORITHM_CONFIGS.items():
-        assert type(section().build(group_size=4, horizon=8)).__name__ == name.upper()
+        assert type(section().build(group_size=4, horizon=8)) is section.builds
+        assert section.builds.__module__ == f"pacs.algos.{name}"
 
 
 def test_every_option_has_a_description():

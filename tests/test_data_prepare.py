@@ -305,6 +305,8 @@ def test_missing_required_field_names_file_row_and_accepted_spellings(tmp_path: 
         ("AMC.parquet", "amc23"),
         ("gsm8k_test.jsonl", "gsm8k"),
         ("DeepScaleR_sample.json", "deepscaler"),
+        ("BeyondAIME.parquet", "beyondaime"),
+        ("beyond_aime_test.jsonl", "beyondaime"),
     ],
 )
 def test_source_is_detected_from_the_file_name(file_name: str, source: str) -> None:
@@ -312,7 +314,7 @@ def test_source_is_detected_from_the_file_name(file_name: str, source: str) -> N
 
 
 def test_undetectable_file_name_is_refused_listing_the_valid_sources() -> None:
-    with pytest.raises(ValueError, match=r"'bench\.jsonl'.*--source.*math500, aime2024, aime2025, amc23, gsm8k, deepscaler"):
+    with pytest.raises(ValueError, match=r"'bench\.jsonl'.*--source.*math500, aime2024, aime2025, amc23, gsm8k, deepscaler, beyondaime"):
         detect_source("bench.jsonl")
 
 
@@ -324,6 +326,31 @@ def test_explicit_source_is_used_whatever_the_file_name(tmp_path: Path) -> None:
 def test_unknown_source_is_refused_listing_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"Unknown source 'aime2026'; valid: math500, .*deepscaler"):
         prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl", source="aime2026")
+
+
+def test_beyondaime_rows_in_its_published_layout_prepare_to_math_rows(tmp_path: Path) -> None:
+    """ByteDance-Seed/BeyondAIME publishes a `test` split of records {problem, answer}, the answer an
+    integer; these three rows are written in that layout (the data itself is not shipped)."""
+    records = [
+        {"problem": "Find the number of ordered pairs $(a, b)$ of positive integers with $a + b = 2025$.", "answer": 2024},
+        {"problem": "Let $N = \\frac{10^{6}}{8}$. Find $N$.", "answer": 125000},
+        {"problem": "What is $3^{3}$?", "answer": "27"},
+    ]
+    path = tmp_path / "BeyondAIME.parquet"
+    pq.write_table(pa.Table.from_pylist(records[:2]), path)
+    prepared = prepare_dataset(path)
+    rows = prepared.rows + prepare_dataset(_write_jsonl(tmp_path / "beyond_aime.jsonl", records[2:])).rows
+    assert [row["data_source"] for row in rows] == ["beyondaime"] * 3
+    assert [row["reward_model"]["ground_truth"] for row in rows] == ["2024", "125000", "27"]
+    assert rows[1]["prompt"][0]["content"] == "Let $N = \\frac{10^{6}}{8}$. Find $N$." + PROMPT_SUFFIX
+    assert rows[0]["extra_info"]["split"] == "test" and prepared.report.normalised_answers == 2
+
+
+def test_beyondaime_answers_are_scored_by_the_math_verifier() -> None:
+    from pacs.rewards import default_compute_score
+
+    assert default_compute_score("beyondaime", "so the answer is \\boxed{125000}", "125000", None) == 1.0
+    assert default_compute_score("beyondaime", "so the answer is \\boxed{12500}", "125000", None) == 0.0
 
 
 def test_repeat_writes_consecutive_copies_that_share_the_source_index() -> None:
@@ -410,4 +437,4 @@ def test_unreadable_parquet_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 
 def test_every_source_is_registered() -> None:
-    assert list(SOURCES) == ["math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler"]
+    assert list(SOURCES) == ["math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "beyondaime"]

@@ -35,11 +35,13 @@ PATHS = {
     "ppo-warmup-kl-bf16-checkpointing": [
         "algorithm.name=ppo", "critic.warmup_steps=1", "algorithm.kl_coef=0.05",
         "model.dtype=bfloat16", "train.gradient_checkpointing=true",
+        "rollout.dynamic_sampling=true", "rollout.max_sampling_rounds=2", "train.reference_reset_every=2",
     ],
     "pacs-lora-kl": ["model.lora_rank=8", "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k2"],
 }
-"""Between them: validation, checkpoints every step, PPO with critic warmup, the KL reference,
-LoRA, bf16 mixed precision and activation checkpointing."""
+"""Between them: validation, checkpoints every step, PPO with critic warmup, the KL reference (and
+its reset before step 3), LoRA, bf16 mixed precision, activation checkpointing and dynamic sampling
+(its rounds decided over both ranks)."""
 
 
 def train_command(output_dir: Path, model_dir: Path, *overrides: str) -> list[str]:
@@ -110,6 +112,17 @@ def test_a_two_process_run_validates_every_problem_on_its_schedule(uninterrupted
     assert [line["step"] for line in validated] == [2, 3]  # every 2 steps and the last
     for line in validated:  # 6 problems x 2 samples: pass@1 is a multiple of 1/12
         assert line["val/arithmetic/pass@1"] * 12 == pytest.approx(round(line["val/arithmetic/pass@1"] * 12), abs=1e-9)
+
+
+@pytest.mark.slow
+def test_a_two_process_run_samples_dynamically_and_resets_its_reference(finished_runs):
+    """Both ranks draw the same number of rounds (or the FSDP run would hang in generation) and
+    reset the sharded reference before step 3, which the checkpoints then hold."""
+    output_dir, _, _ = finished_runs(*RUNS[0])
+    metrics = read_jsonl(output_dir / "metrics.jsonl")
+    assert all(1 <= line["sampling/rounds"] <= 2 for line in metrics)
+    assert [line["reference/reset"] for line in metrics] == [0.0, 0.0, 1.0]
+    assert (output_dir / "checkpoints" / "final" / "reference" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

@@ -109,6 +109,14 @@ def test_merged_weights_equal_peft_merge_and_unload_without_changing_the_model(t
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
 
 
+def test_weights_are_merged_on_the_device_they_come_on(tiny_model_dir):
+    """A weight sync merges on the GPU the gathered tensors are on, without a trip through the
+    host: here the meta device stands for it (a copy to the CPU would fail there)."""
+    model = adapted(tiny_model_dir).to("meta")
+    merged = merged_state_dict(model)
+    assert merged and all(tensor.device.type == "meta" for tensor in merged.values())
+
+
 @pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
 def test_merged_weights_of_a_mixture_of_experts_equal_peft_merge_and_unload(architecture):
     """peft adapts the stacked expert weights and the router as parameters, in nested wrappers."""

@@ -1,5 +1,5 @@
-"""The paper baseline configs reproduce the update the paper's verl made (README, *Fidelity to the
-paper*): for every `configs/paper-grpo-*` and `paper-ppo-*`, pacs's clipped gradient, with the
+"""The paper baseline configs reproduce the update the paper's verl made (docs/paper-fidelity.md):
+for every `configs/paper-grpo-*` and `paper-ppo-*`, pacs's clipped gradient, with the
 config's own settings, equals the reference's clipped gradient up to one constant factor, the
 same for every mini-batch (Adam is invariant to such a factor up to its epsilon).
 

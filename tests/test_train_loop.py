@@ -197,8 +197,21 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
             "algorithm.critic_loss_scale=16",
             "critic.grad_clip=0.5",
         ],
+        ["algorithm.name=dr_grpo"],
+        [
+            "algorithm.name=dapo",
+            "rollout.dynamic_sampling=true",
+            "rollout.max_sampling_rounds=2",
+            "algorithm.overlong_buffer=4",
+            "algorithm.overlong_penalty=0.5",
+        ],
+        ["algorithm.name=gspo"],
+        ["algorithm.name=cispo"],
     ],
-    ids=["grpo", "rloo", "grpo-kl-entropy", "ppo", "pacs-kl-entropy", "grpo-kl-in-reward", "ppo-kl-in-reward-paper-critic"],
+    ids=[
+        "grpo", "rloo", "grpo-kl-entropy", "ppo", "pacs-kl-entropy", "grpo-kl-in-reward", "ppo-kl-in-reward-paper-critic",
+        "dr_grpo", "dapo-dynamic-sampling-overlong", "gspo", "cispo",
+    ],  # fmt: skip
 )
 def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_model_dir, algorithm):
     overrides = [*algorithm, "train.steps=2", "train.save_every=1", "data.val=null"]
@@ -211,6 +224,8 @@ def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_m
     metric = "loss" if "algorithm.name=pacs" in algorithm else "actor/clip_fraction"
     assert all(metric in row and row["updates/skipped"] == 0 for row in policy_rows)
     assert (resumed.final_checkpoint / "model.safetensors").is_file()
+    if "rollout.dynamic_sampling=true" in algorithm:
+        assert all(1 <= row["sampling/rounds"] <= 2 and "reward/overlong_penalty" in row for row in rows)
     if "algorithm.name=ppo" in algorithm:
         assert all("critic/value_loss" in row for row in rows)
         assert (resumed.final_checkpoint / "critic" / "model.safetensors").is_file()

@@ -13,7 +13,8 @@ from batches import policy_batch
 from pacs.models.loading import enable_activation_checkpointing, load_causal_lm
 from pacs.train.batch import PolicyBatch, response_logprobs
 from pacs.train.metrics import read_metrics
-from pacs.train.trainer import mixed_precision, train
+from pacs.models.precision import Precision
+from pacs.train.trainer import train
 from mixed_rewards import MIXED_GROUPS
 from test_train_loop import small_config
 
@@ -29,7 +30,7 @@ def test_bfloat16_computes_in_bf16_and_returns_float32_log_probs(tiny_model_dir)
     model = load_causal_lm(str(tiny_model_dir), dtype="float32")
     batch = fixed_batch(model.config.vocab_size)
     full = response_logprobs(model, batch)
-    with mixed_precision(torch.device("cpu"), "bfloat16")():
+    with Precision("bfloat16").autocast(torch.device("cpu"))():
         mixed = response_logprobs(model, batch)
     assert mixed.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
     assert 0 < float((mixed - full).detach().abs().max()) < 0.1  # bf16 rounding, nothing worse

@@ -49,7 +49,7 @@ ARCHITECTURES = {
     "gemma2": lambda: transformers.Gemma2Config(**COMMON, **GEMMA, final_logit_softcapping=1.0),
     "granite": lambda: transformers.GraniteConfig(**COMMON, logits_scaling=4.0),
 }
-"""Name -> the tiny config of the architectures in the README's table."""
+"""Name -> the tiny config of the architectures in docs/architectures.md's table."""
 
 LOGIT_MAP_VARIANTS = {
     "gemma3-softcapped": lambda: transformers.Gemma3TextConfig(**COMMON, **GEMMA, final_logit_softcapping=1.0),

@@ -21,11 +21,11 @@ EXACT = 1e-9
 """Largest weight difference accepted between 2 processes and 1 (float64)."""
 
 
-def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node 2 ARGS` with one thread per process; raises with
-    the output when it fails."""
+def torchrun(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node 2 ARGS` with one thread per process (and `env` on
+    top of this process's environment); raises with the output when it fails."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    result = subprocess.run(command, env=process_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, env={**process_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
     return result

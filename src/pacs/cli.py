@@ -6,14 +6,18 @@ import argparse
 import functools
 import json
 import math
+import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pacs
+from pacs import EVAL_SAMPLING
 from pacs.outputs import claim_output_dir, claim_output_file
 from pacs.train.determinism import reproducible_math_environment
+from pacs.threads import choose_threads, usable_cores
 
 
 def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
@@ -41,6 +45,18 @@ OVERWRITE_HELP = "move a previous output at --out aside (to NAME.superseded) ins
 COMMANDS_WITHOUT_TORCH = {"prepare"}
 """Commands that import neither torch nor transformers: they start in a fraction of a second
 rather than seconds."""
+
+
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Help that shows an option's default where it has one to show: not for None (no default:
+    the help says what happens) nor for an on/off flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        shows = action.default not in (None, False, argparse.SUPPRESS) and not isinstance(action, argparse._StoreTrueAction)
+        if shows and action.option_strings and "%(default)" not in help_text:
+            help_text += " (default: %(default)s)"
+        return help_text
 
 
 def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list]:
@@ -80,7 +96,6 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    import pacs.train.builtin_models  # noqa: F401  (makes builtin:tiny-arithmetic loadable)
     from pacs.eval.evaluate import evaluate_model
     from pacs.train.distributed import collectives
     from pacs.train.distributed.world import World
@@ -103,26 +118,30 @@ def _eval(args: argparse.Namespace) -> None:
             overwrite=args.overwrite,
             engine=args.engine,
             collectives=collectives,
+            stop_after_failing_batches=args.stop_after_failing_batches,
         )
     finally:
         world.close()
     if result is None:  # not rank 0, which reports
         return
-    print(json.dumps({source: report.summary() for source, report in result.sources.items()}, indent=2))
-    print(f"wrote {Path(args.out) / 'eval_rollout.jsonl'} and {Path(args.out) / 'eval_metrics.json'}")
+    print(result.table())
+    print(f"pass@k in %; every sample in {Path(args.out) / 'eval_rollout.jsonl'}, every metric (per problem too) in "
+          f"{Path(args.out) / 'eval_metrics.json'}")
 
 
 def _sft(args: argparse.Namespace) -> None:
     from pacs.data.arithmetic import answer_text
-    from pacs.data.loading import check_data_spec, load_rows
-    from pacs.models.loading import check_model_path
+    from pacs.data.loading import load_rows
+    from pacs.models.loading import check_model_reachable
+    from pacs.outputs import unusable_inputs
     from pacs.train.sft import supervised_warm_start
 
-    check_model_path(args.model)
-    check_data_spec(args.data, default_split="train")
+    rows = []
+    checks = [("--model", lambda: check_model_reachable(args.model)), ("--data", lambda: rows.extend(load_rows(args.data, default_split="train")))]
+    if problems := unusable_inputs(checks):
+        raise ValueError(problems)
     if aside := claim_output_dir(Path(args.out), "pacs sft", replace=args.overwrite):
         print(f"the previous model in {args.out} is now {aside}")
-    rows = load_rows(args.data, default_split="train")
     out = supervised_warm_start(
         args.model, rows, answer_text, Path(args.out), steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed
     )
@@ -130,14 +149,28 @@ def _sft(args: argparse.Namespace) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from pacs.data.prepare import check_file, prepare_dataset, write_parquet
+    from pacs.data.prepare import prepare_dataset, read_rows, write_parquet
 
     if args.check:
-        print(f"{args.check}: {check_file(args.check)} rows, all valid")
+        from pacs.rewards.checks import check_scoring, first_row_of_each_source
+
+        rows = read_rows(args.check)
+        check_scoring({args.check: rows}, args.reward_function, timeout_s=args.reward_timeout)
+        sources = ", ".join(first_row_of_each_source({args.check: rows}))
+        scorer = args.reward_function or "the built-in reward function of each"
+        print(f"{args.check}: {len(rows)} rows, all valid; data_source {sources}, scored by {scorer}")
         return
     if not args.input or not args.out:
         raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
-    prepared = prepare_dataset(args.input, source=args.source, repeat=args.repeat)
+    prepared = prepare_dataset(
+        args.input,
+        source=args.source,
+        repeat=args.repeat,
+        prompt_field=args.prompt_field,
+        answer_field=args.answer_field,
+        data_source=args.data_source,
+        prompt_suffix=args.prompt_suffix,
+    )
     if aside := claim_output_file(Path(args.out), replace=args.overwrite):
         print(f"the previous {args.out} is now {aside}")
     write_parquet(prepared.rows, args.out)
@@ -146,11 +179,18 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from pacs.compare import PAPER_BASELINES, run_comparison
+    from pacs.compare import PAPER_BASELINES, PAPER_METHODS, run_comparison
 
+    algorithms = [name for name in args.algorithms.split(",") if name]
+    if args.paper_baselines and (others := sorted(set(algorithms) - set(PAPER_METHODS))):
+        raise ValueError(
+            f"--paper-baselines sets what the paper's verl baselines used ({', '.join(PAPER_BASELINES)}), which are "
+            f"not the settings of {', '.join(others)}: each of those has its own paper's loss aggregation. Compare them "
+            f"without --paper-baselines, or leave them out ({', '.join(PAPER_METHODS)} take it)"
+        )
     run_comparison(
         args.config,
-        [name for name in args.algorithms.split(",") if name],
+        algorithms,
         args.seeds,
         args.out,
         eval_n=args.eval_n,
@@ -174,13 +214,17 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pacs.data.prepare import PROMPT_SUFFIX, SOURCES  # torch-free, as every command's parser must be
+
     parser = argparse.ArgumentParser(prog="pacs", description="PACS and its baselines for RL from verifiable rewards.")
     parser.add_argument("--version", action="version", version=f"pacs {pacs.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser = functools.partial(commands.add_parser, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    commands.add_parser = functools.partial(commands.add_parser, formatter_class=HelpWithDefaults)
 
     train = commands.add_parser("train", help="run the RLVR loop from a YAML config")
-    train.add_argument("--config", help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo)")
+    train.add_argument(
+        "--config", help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo); none: every key's default"
+    )
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
     train.add_argument(
         "--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)"
@@ -200,18 +244,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
     )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")
-    evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=0.6, help="0: greedy decoding")
+    evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=EVAL_SAMPLING["temperature"], help="0: greedy decoding")
     evaluate.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="hf: transformers' generate; vllm: needs pacs[vllm]"
     )
-    evaluate.add_argument("--top-p", type=NUCLEUS, default=0.95)
+    evaluate.add_argument(
+        "--top-p", type=NUCLEUS, default=EVAL_SAMPLING["top_p"], help="nucleus sampling: the smallest set of tokens this likely"
+    )
     evaluate.add_argument(
         "--max-tokens", type=AT_LEAST_ONE, default=4096, help="per prompt, capped by the context length minus its length"
     )
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--seed", type=int, default=0, help="seeds the sampling")
     evaluate.add_argument("--reward-function", default=None, help="package.module:function (default: by data_source)")
     evaluate.add_argument("--reward-timeout", type=POSITIVE, default=1.0, help="seconds per scored answer (over: 0)")
     evaluate.add_argument("--reward-workers", type=AT_LEAST_ZERO, default=2, help="scoring processes (0: in-process)")
+    evaluate.add_argument(
+        "--stop-after-failing-batches",
+        type=AT_LEAST_ZERO,
+        default=3,
+        metavar="N",
+        help="stop after N batches in a row in which most answers got no score (timed out or crashed); 0: never",
+    )
     evaluate.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     evaluate.set_defaults(run=_eval)
 
@@ -226,38 +279,79 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     sft.set_defaults(run=_sft)
 
-    prepare = commands.add_parser("prepare", help="convert a public math dataset file into the RLVR row schema")
-    prepare.add_argument("--input", help="json, jsonl or parquet file as published (e.g. data/benchmarks/*.jsonl in the repository)")
-    prepare.add_argument("--source", help="math500, aime2024, aime2025, amc23, gsm8k or deepscaler (default: from the file name)")
+    prepare = commands.add_parser(
+        "prepare",
+        help="convert a file of problems and answers (yours, or a public math set) into the row schema",
+        description="Convert a file of problems and answers into the row schema that pacs train and pacs eval "
+        "read. Public math sets are recognised by file name (or --source); any other file by its fields "
+        "(problem, question or prompt; answer, ground_truth or solution) or the fields you name.",
+    )
+    prepare.add_argument("--input", help="jsonl, json, csv or parquet file, one record per problem")
+    prepare.add_argument(
+        "--source",
+        choices=list(SOURCES),
+        help="read the file as this public set (default: the set its file name names, else a file of your own)",
+    )
+    prepare.add_argument("--prompt-field", help="field holding each problem (default: problem, question or prompt)")
+    prepare.add_argument("--answer-field", help="field holding each answer (default: answer, ground_truth or solution)")
+    prepare.add_argument(
+        "--data-source",
+        help="data_source of every row: picks the built-in reward function (math/NAME: the math verifier), or "
+        "names the rows for yours (default: the public set's name; math/FILE_NAME for a file of your own)",
+    )
+    prepare.add_argument(
+        "--prompt-suffix",
+        default=PROMPT_SUFFIX,
+        help="text appended to every problem ('' for none)",
+    )
     prepare.add_argument("--out", help="output .parquet file")
-    prepare.add_argument("--repeat", type=int, default=1, help="write every problem R times (pass@k up to n*R in eval)")
+    prepare.add_argument("--repeat", type=AT_LEAST_ONE, default=1, help="write every problem R times (pass@k up to n*R in eval)")
     prepare.add_argument("--overwrite", action="store_true", help="move an existing --out file aside (to NAME.superseded)")
-    prepare.add_argument("--check", metavar="FILE", help="only validate a prepared file against the schema")
+    prepare.add_argument(
+        "--check",
+        metavar="FILE",
+        help="only validate a prepared file: every row against the schema, and every data_source against the "
+        "reward functions (yours, with --reward-function, called once per data_source)",
+    )
+    prepare.add_argument("--reward-function", help="with --check: package.module:function that will score the rows")
+    prepare.add_argument(
+        "--reward-timeout", type=POSITIVE, default=1.0, help="with --check and --reward-function: seconds per answer"
+    )
     prepare.set_defaults(run=_prepare)
 
     compare = commands.add_parser("compare", help="train PACS and baselines identically and tabulate pass@k")
     compare.add_argument("--config", required=True, help="YAML file or builtin:NAME, e.g. builtin:compare-demo")
-    compare.add_argument("--algorithms", default="pacs,grpo,ppo,rloo", help="comma-separated: pacs, grpo, ppo, rloo")
-    compare.add_argument("--seeds", type=_comma_list(int, "comma-separated integer seeds"), default="0,1,2")
+    compare.add_argument(
+        "--algorithms",
+        default="pacs,grpo,ppo,rloo",
+        help="comma-separated values of algorithm.name; one named again is an A/A run of it (labelled 'NAME (run 2)', "
+        "trained with seeds + 1000)",
+    )
+    compare.add_argument(
+        "--seeds",
+        type=_comma_list(int, "comma-separated integer seeds"),
+        default="0,1,2",
+        help="seeds to train and evaluate every method with (at least 3 for the interval to mean much)",
+    )
     compare.add_argument("--out", required=True, help="directory for every run, comparison.md/json and plots")
     compare.add_argument("--eval-n", type=AT_LEAST_ONE, default=16, help="samples per held-out problem (pass@k up to k = N)")
     compare.add_argument(
         "--baseline",
-        default="grpo",
         help="the method every other one is set against (paired difference of pass@k with a 95%% t interval over "
-        "seeds): one of --algorithms, 'pacs (no weighting)' or 'base model'",
+        "seeds): one of --algorithms, 'pacs (no weighting)' or 'base model' (default: grpo when it is compared, "
+        "else the base model)",
     )
     compare.add_argument(
         "--paper-baselines",
         action="store_true",
         help="grpo, rloo, ppo update as the paper's verl baselines did (dual clip 3, verl's loss scale); "
-        "default: as the config says",
+        "default: as the config says. Only with pacs, grpo, rloo, ppo",
     )
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
     compare.set_defaults(run=_compare)
 
     plot = commands.add_parser("plot", help="PNG curves of runs' metrics, several runs on the same axes")
-    plot.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output_dir of a pacs train run (several: one curve each)")
     plot.add_argument("--out", help="directory for the PNGs (default: RUN_DIR/plots of the first run)")
     plot.add_argument(
         "--smooth",
@@ -278,10 +372,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def after_interrupt(command: str, argv: list[str]) -> str:
+    """The one line `pacs COMMAND` ends with on Ctrl-C: what is kept and how to go on."""
+    again = shlex.join(["pacs", *argv])
+    if command == "train":
+        kept = [arg for arg in argv if arg != "--overwrite" and not arg.startswith("resume=")]  # --overwrite would move it aside
+        resumed = shlex.join(["pacs", *kept, "resume=auto"])
+        return f"interrupted; output_dir keeps every checkpoint written so far: continue with {resumed}"
+    if command == "compare":
+        return f"interrupted; finished runs and evaluations are kept and reused: continue with {again}"
+    if command == "prepare":
+        return "interrupted; nothing was written"
+    if command == "demo":  # a demo moves the previous one aside by itself
+        return f"interrupted; start again with {again}"
+    return f"interrupted; nothing finished was kept: start again with {again}" + ("" if "--overwrite" in argv else " --overwrite")
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     reproducible_math_environment()  # before torch computes: MKL reads its mode once
     if args.command not in COMMANDS_WITHOUT_TORCH:
+        threads = choose_threads()  # before torch is imported: its OpenMP runtime reads the choice once
+        if threads is not None and threads < usable_cores():
+            busy = usable_cores() - threads
+            print(f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
+                  f"cores {'was' if busy == 1 else 'were'} busy at the start (OMP_NUM_THREADS=N chooses)", file=sys.stderr)  # fmt: skip
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
@@ -290,6 +406,10 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as error:  # pacs.config.ConfigError is a ValueError
         print(f"pacs {args.command}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every rank gets it, rank 0 says it
+        if os.environ.get("RANK", "0") == "0":
+            print(f"\npacs {args.command}: {after_interrupt(args.command, argv)}", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ is evaluated on the held-out split with the paper's sampling (temperature 0.6, t
 the results are written in the paper's layout: rows base model, each method, and PACS without
 class weighting; columns pass@k; cells mean ± std over seeds.
 
+An algorithm named twice or more is an A/A comparison of a method with itself: its k-th listing is
+labelled "NAME (run k)" and trains with seed S + 1000·(k − 1) (`REPEAT_SEED_OFFSET`) where the first
+trains with S, from the same base model and evaluated with the same seed S, so that the runs differ
+only by the randomness of training (`pacs compare --algorithms pacs,pacs --baseline pacs`).
+
     out/base/seed_S/                 evaluation of the base model
     out/METHOD/seed_S/               the training run (config, metrics, checkpoints) and eval/
     out/comparison.md, comparison.json, reward_curves.png, pass_at_k_<source>.png
@@ -43,16 +48,18 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from rich.console import Console
 
+from pacs import EVAL_SAMPLING
 from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
 from pacs.outputs import claim_output_dir, move_aside
-from pacs.plots import plot_pass_at_k, plot_reward_curves
+from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
@@ -67,11 +74,14 @@ PAPER_BASELINES = [
     "algorithm.critic_loss_scale=16",
 ]
 """Overrides (`pacs compare --paper-baselines`) under which GRPO, RLOO and PPO update as the paper's
-verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (README, *Fidelity to the paper*).
+verl baselines did, as in configs/paper-grpo-* and paper-ppo-* (docs/paper-fidelity.md).
 Each method takes those that are its algorithm's options: PACS only `loss_agg` (for its KL and
 entropy terms)."""
+PAPER_METHODS = ("pacs", "grpo", "rloo", "ppo")
+"""The methods of the PACS paper's comparison, the ones `PAPER_BASELINES` is for."""
 PACS_WITHOUT_WEIGHTING = "pacs (no weighting)"
-EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+REPEAT_SEED_OFFSET = 1000
+"""The k-th listing of one algorithm trains with seed S + REPEAT_SEED_OFFSET·(k − 1)."""
 EVALUATION_COUNTS = ("problems", "samples_per_problem", "prompts_dropped_too_long", "timeouts", "crashes", "max_new_tokens")
 """Keys of a data source's entry in `eval_metrics.json` carried into the comparison, per seed."""
 TRAINING_IRRELEVANT = {
@@ -82,15 +92,29 @@ TRAINING_IRRELEVANT = {
 """Config keys that do not change what a run trains (pydantic's `exclude` form)."""
 
 
-def _methods(algorithms: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """Each method compared: its algorithm and the overrides that set it apart (PACS without class
-    weighting beside PACS)."""
+class Method(NamedTuple):
+    """A method compared: its algorithm, the overrides that set it apart, and what it adds to each
+    seed for training (a repeated algorithm's later runs)."""
+
+    algorithm: str
+    overrides: list[str]
+    seed_offset: int = 0
+
+
+def _methods(algorithms: list[str]) -> dict[str, Method]:
+    """Each method compared, by label: every algorithm listed (its k-th listing labelled "NAME
+    (run k)", trained with seeds offset by REPEAT_SEED_OFFSET·(k − 1)), and PACS without class
+    weighting beside PACS."""
     unknown = [name for name in algorithms if name not in ALGORITHM_CONFIGS]
     if unknown or not algorithms:
         raise ValueError(f"unknown algorithms {unknown}; valid: {', '.join(ALGORITHM_CONFIGS)}")
-    methods = {name: (name, []) for name in algorithms}
+    methods = {}
+    for position, name in enumerate(algorithms):
+        run = algorithms[:position].count(name) + 1
+        label = name if run == 1 else f"{name} (run {run})"
+        methods[label] = Method(name, [], REPEAT_SEED_OFFSET * (run - 1))
     if "pacs" in algorithms:
-        methods[PACS_WITHOUT_WEIGHTING] = ("pacs", ["algorithm.weighting=none"])
+        methods[PACS_WITHOUT_WEIGHTING] = Method("pacs", ["algorithm.weighting=none"])
     return methods
 
 
@@ -257,7 +281,8 @@ def _few_seeds_warning(seeds: int) -> list[str]:
     return ["", f"**Warning: {seeds} seed{'s' if seeds > 1 else ''}.** Compare over at least {FEW_SEEDS} seeds: {reason}."]
 
 
-def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int, baseline: str) -> str:
+def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int, baseline: str, offsets: dict[str, int]) -> str:
+    repeats = [f"{label} with seeds + {offset}" for label, offset in offsets.items() if offset]
     lines = [
         "# PACS vs baselines",
         "",
@@ -268,6 +293,11 @@ def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int, 
         "(one value when all seeds agree, else seed by seed): prompts left out as too long for the model's "
         "context are not in pass@k; answers whose scoring timed out or crashed scored 0.",
     ]
+    if repeats:
+        lines[-1] += (
+            f" A method listed again trains from the same base model with other seeds ({'; '.join(repeats)}), "
+            "evaluated with the same seeds: an A/A comparison, whose differences are those of training's randomness."
+        )
     for source, rows in results.items():
         ks = next((list(summary["pass@k"]) for summary in rows.values() if summary["pass@k"]), [])
         lines += ["", f"## {source}", ""]
@@ -301,13 +331,17 @@ def run_comparison(
     *,
     eval_n: int = 16,
     overrides: list[str] = (),
-    baseline: str = "grpo",
+    baseline: str | None = None,
     show_progress: bool = True,
 ) -> dict:
     """Train every method of `algorithms` (plus PACS without weighting when PACS is among them)
     for every seed, evaluate, and write the comparison, each method's pass@k set against
-    `baseline`'s (one of the methods, or "base model"); return what `comparison.json` holds."""
+    `baseline`'s (one of the methods, or "base model"; None: GRPO when it is compared, else the
+    base model, so that `--algorithms pacs` alone is PACS against the model it started from);
+    return what `comparison.json` holds."""
     methods = _methods(algorithms)
+    if baseline is None:
+        baseline = "grpo" if "grpo" in methods else "base model"
     if baseline not in ["base model", *methods]:
         raise ValueError(
             f"baseline {baseline!r} is not among the methods compared; pass --baseline with one of: "
@@ -318,7 +352,7 @@ def run_comparison(
     config = load_config(config_source, list(overrides), algorithm=algorithms[0])
     if not config.data.val:
         raise ConfigError(f"{config_source}: pacs compare evaluates on data.val, which is not set")
-    for algorithm, method_overrides in methods.values():
+    for algorithm, method_overrides, _ in methods.values():
         check_run_inputs(load_config(config_source, [*overrides, *method_overrides], algorithm=algorithm))
     val_specs = [config.data.val] if isinstance(config.data.val, str) else list(config.data.val)
     out = Path(out_dir)
@@ -345,9 +379,9 @@ def run_comparison(
         if metrics_file.is_file():
             stored = json.loads(metrics_file.read_text())
             if "settings" not in stored:
-                console.print(f"{metrics_file} records no settings (an older pacs wrote it): evaluating again")
+                console.print(f"{metrics_file} records no settings to compare with this run's: evaluating again")
             elif any("correct_counts" not in entry for entry in stored["data_sources"].values()):
-                console.print(f"{metrics_file} records no per-problem results (an older pacs wrote it): evaluating again")
+                console.print(f"{metrics_file} records no per-problem results, which the paired comparison needs: evaluating again")
             elif changes := _differences(stored["settings"], asdict(settings)):
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:
@@ -364,13 +398,13 @@ def run_comparison(
         base = _base_model(config.model.path, seed)
         console.rule(f"seed {seed}: base model")
         evaluations["base model"].append(evaluate(base, out / "base" / f"seed_{seed}", seed))
-        for method, (algorithm, method_overrides) in methods.items():
+        for method, (algorithm, method_overrides, seed_offset) in methods.items():
             run += 1
             run_dir = out / method.replace(" ", "_").replace("(", "").replace(")", "") / f"seed_{seed}"
             console.rule(f"run {run}/{total}: {method}, seed {seed} ({time.perf_counter() - start:.0f} s so far)")
             run_config = load_config(
                 config_source,
-                [*overrides, *method_overrides, f"seed={seed}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
+                [*overrides, *method_overrides, f"seed={seed + seed_offset}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
                 algorithm=algorithm,
             )
             if changes := _training_changes(run_dir, run_config):
@@ -400,6 +434,7 @@ def run_comparison(
         "config": config_source,
         "overrides": list(overrides),
         "algorithms": list(methods),
+        "training_seed_offsets": {label: method.seed_offset for label, method in methods.items()},
         "seeds": seeds,
         "baseline": baseline,
         "eval": {"n": eval_n, **EVAL_SAMPLING, "max_tokens": config.data.max_response_length, "data": val_specs},
@@ -408,7 +443,7 @@ def run_comparison(
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "comparison.md").write_text(_markdown(results, seeds, config_source, eval_n, baseline))
+    (out / "comparison.md").write_text(_markdown(results, seeds, config_source, eval_n, baseline, report["training_seed_offsets"]))
     plot_reward_curves(reward_curves, out / "reward_curves.png")
     for source, rows in results.items():
         table = {
@@ -417,7 +452,8 @@ def run_comparison(
             if summary["pass@k"]
         }
         if table:
-            plot_pass_at_k(table, out / f"pass_at_k_{source}.png", title=f"{source}: pass@k, mean ± std over seeds")
+            figure = out / metric_file_name(f"pass_at_k_{source}")  # a data_source math/NAME makes no folder
+            plot_pass_at_k(table, figure, title=f"{source}: pass@k, mean ± std over seeds")
     console.print((out / "comparison.md").read_text())
     console.print(f"done in {report['seconds']:.0f} s; {out / 'comparison.md'}, {out / 'comparison.json'}")
     return report

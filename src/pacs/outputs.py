@@ -13,22 +13,37 @@ pacs writes only inside folders it owns and never deletes a previous output:
 A command that writes one file (`pacs prepare --out FILE`) refuses an existing file unless
 asked to replace it (`claim_output_file`), which moves it aside the same way.
 
-Commands check every input (config, overrides, paths, reward function) before they call
-`claim_output_dir`, so a refused command leaves the disk as it was.
+Commands check every input (config, overrides, paths, the data's contents, the reward function)
+before they call `claim_output_dir` and before they load a model, and report every problem at
+once (`unusable_inputs`), so a refused command leaves the disk as it was.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 MARKER = ".pacs-output"
-"""File in every folder pacs made for its output; holds the name of the command that made it."""
+"""File in every output folder that pacs made; holds the name of the command that made it."""
 SUPERSEDED = ".superseded"
 
 
 class OutputRefused(ValueError):
     """pacs will not write to a folder; the message says why and what to do instead."""
+
+
+def unusable_inputs(checks: Iterable[tuple[str, Callable[[], object]]]) -> str | None:
+    """Run every (input name, check) and return one message listing each input whose check
+    raised ValueError or FileNotFoundError ("unusable inputs:" then "  name: error" per line),
+    or None when all passed."""
+    problems = []
+    for name, check in checks:
+        try:
+            check()
+        except (ValueError, FileNotFoundError) as error:
+            problems.append(f"  {name}: {error}")
+    return "unusable inputs:\n" + "\n".join(problems) if problems else None
 
 
 def is_pacs_output(directory: Path) -> bool:

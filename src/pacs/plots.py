@@ -8,6 +8,9 @@
   band (the paper's training-reward figure).
 - `plot_pass_at_k`: pass@k against k per method, mean ± std over seeds, k on a log2 axis.
 
+A method has one colour in every figure (`method_colours`: fixed for pacs's methods and the base
+model); a run is labelled by its algorithm and seed (`run_labels`); steps are ticked at integers.
+
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so plotting needs no display
 and leaves the process's matplotlib backend and figure registry alone.
 """
@@ -18,9 +21,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+import yaml
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pacs.outputs import claim_output_dir
 from pacs.train.metrics import read_metrics
@@ -39,6 +44,23 @@ MARKER_MAX_POINTS = 60
 every N steps, a one-step run) stay visible."""
 DPI = 120
 FIGURE_SIZE = (7.0, 4.5)
+METHOD_COLOURS = {
+    "base model": "tab:gray",
+    "pacs": "tab:blue",
+    "pacs (no weighting)": "tab:cyan",
+    "grpo": "tab:orange",
+    "ppo": "tab:green",
+    "rloo": "tab:red",
+}
+"""The colour of each method `pacs compare` draws, the same in every figure."""
+OTHER_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive")
+
+
+def method_colours(methods: list[str]) -> dict[str, str]:
+    """method -> its colour: `METHOD_COLOURS`' for pacs's methods (matched without case), then
+    `OTHER_COLOURS` in turn for the others, in the order given."""
+    others = iter(OTHER_COLOURS * (1 + len(methods) // len(OTHER_COLOURS)))
+    return {method: METHOD_COLOURS.get(method.lower()) or next(others) for method in methods}
 
 
 def _new_axes(title: str, x_label: str, y_label: str) -> tuple[Figure, Axes]:
@@ -50,6 +72,8 @@ def _new_axes(title: str, x_label: str, y_label: str) -> tuple[Figure, Axes]:
     axes.set_xlabel(x_label)
     axes.set_ylabel(y_label)
     axes.grid(True, alpha=0.3)
+    if x_label == "step":
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no step 1.5 on a two-step run
     return figure, axes
 
 
@@ -98,8 +122,29 @@ def _series(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
-    """Distinct legend labels: each run directory's last path parts, as few as tell the runs
-    apart (`seed_0` alone, or `pacs/seed_0` and `grpo/seed_0`)."""
+    """Legend labels: each run's algorithm and seed, from its `config.yaml` ("pacs, seed 0"), with
+    its directory's last path parts after it where that alone does not tell the runs apart (and
+    in its place for a run without one): as few parts as tell the runs apart (`seed_0` alone, or
+    `pacs/seed_0` and `grpo/seed_0`)."""
+    paths = _path_labels(run_dirs)
+    described = [_algorithm_and_seed(Path(run_dir)) for run_dir in run_dirs]
+    return [
+        path if description is None else description if described.count(description) == 1 else f"{description} ({path})"
+        for path, description in zip(paths, described)
+    ]
+
+
+def _algorithm_and_seed(run_dir: Path) -> str | None:
+    """"ALGORITHM, seed S" from the run's config.yaml, or None if it has no readable one."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        return f"{config['algorithm']['name']}, seed {config['seed']}"
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
+def _path_labels(run_dirs: list[Path]) -> list[str]:
+    """Each run directory's last path parts, as few as tell the runs apart."""
     parts = [Path(run_dir).resolve().parts for run_dir in run_dirs]
     for depth in range(1, max(len(p) for p in parts) + 1):
         labels = ["/".join(p[-depth:]) for p in parts]
@@ -197,15 +242,15 @@ def plot_reward_curves(
                 f"curves[{method!r}] must hold at least one run, each with at least one (step, value) point"
             )
     figure, axes = _new_axes(f"{metric_label} (mean ± std over seeds)", "step", metric_label)
+    colours = method_colours(list(curves))
     for method, runs in curves.items():
         steps, means, stds = _mean_and_std_over_seeds(runs)
         seeds = f"{len(runs)} seed" + ("s" if len(runs) > 1 else "")
-        (line,) = axes.plot(steps, means, label=f"{method} ({seeds})", marker=_marker(len(steps)), markersize=3)
+        colour = colours[method]
+        axes.plot(steps, means, label=f"{method} ({seeds})", color=colour, marker=_marker(len(steps)), markersize=3)
         has_band = ~np.isnan(stds)
         if has_band.any():
-            axes.fill_between(
-                steps, means - stds, means + stds, where=has_band, color=line.get_color(), alpha=0.2, linewidth=0
-            )
+            axes.fill_between(steps, means - stds, means + stds, where=has_band, color=colour, alpha=0.2, linewidth=0)
     axes.legend()
     return _save(figure, Path(out_path))
 
@@ -224,11 +269,12 @@ def plot_pass_at_k(table: dict[str, dict[int, tuple[float, float]]], out_path: P
                 f"table[{method!r}] must map integers k >= 1 to (mean, std); got ks {sorted(by_k, key=str)}"
             )
     figure, axes = _new_axes(title or "pass@k", "k", "pass@k (%)")
+    colours = method_colours(list(table))
     for method, by_k in table.items():
         ks = sorted(by_k)
         means = np.array([by_k[k][0] for k in ks]) * 100.0
         stds = np.array([by_k[k][1] for k in ks]) * 100.0
-        axes.errorbar(ks, means, yerr=stds, label=method, marker="o", markersize=4, capsize=3)
+        axes.errorbar(ks, means, yerr=stds, label=method, color=colours[method], marker="o", markersize=4, capsize=3)
     all_ks = sorted({k for by_k in table.values() for k in by_k})
     axes.set_xscale("log", base=2)
     axes.set_xticks(all_ks, [str(k) for k in all_ks])

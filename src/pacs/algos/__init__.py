@@ -9,10 +9,17 @@ from pacs.algos.core import (
     aggregation_weights,
     clipped_surrogate,
     kl_penalty,
+    mixed_groups,
     outcome_token_rewards,
+    overlong_penalty,
+    shaped_rewards,
     weighted_token_sum,
 )
+from pacs.algos.cispo import CISPO, cispo_surrogate
+from pacs.algos.dapo import DAPO
+from pacs.algos.dr_grpo import DrGRPO
 from pacs.algos.grpo import GRPO, grpo_advantages
+from pacs.algos.gspo import GSPO, sequence_clipped_surrogate
 from pacs.algos.pacs import (
     ESTIMATORS,
     PACS,
@@ -20,17 +27,22 @@ from pacs.algos.pacs import (
     WEIGHTINGS,
     class_weights,
     group_scores,
+    pacs_advantages,
     pacs_loss,
     pacs_loss_from_proxy,
     reward_proxy,
+    sampler_corrected_coefficients,
 )
 from pacs.algos.pg import ClippedPolicyGradient
 from pacs.algos.ppo import PPO, explained_variance, gae_advantages, value_loss, whiten
 from pacs.algos.rloo import RLOO, rloo_advantages
 
 __all__ = [
+    "CISPO",
+    "DAPO",
     "ESTIMATORS",
     "GRPO",
+    "GSPO",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "PACS",
@@ -39,20 +51,28 @@ __all__ = [
     "RLOO",
     "WEIGHTINGS",
     "ClippedPolicyGradient",
+    "DrGRPO",
     "aggregate_loss",
     "aggregation_weights",
     "class_weights",
+    "cispo_surrogate",
     "clipped_surrogate",
     "explained_variance",
     "gae_advantages",
     "group_scores",
     "grpo_advantages",
     "kl_penalty",
+    "mixed_groups",
     "outcome_token_rewards",
+    "overlong_penalty",
+    "pacs_advantages",
     "pacs_loss",
     "pacs_loss_from_proxy",
     "reward_proxy",
     "rloo_advantages",
+    "sampler_corrected_coefficients",
+    "sequence_clipped_surrogate",
+    "shaped_rewards",
     "value_loss",
     "weighted_token_sum",
     "whiten",

@@ -179,18 +179,77 @@ def group_normalised(values: torch.Tensor, group_size: int, *, divide_by_std: bo
     return centred.reshape(-1).to(values.dtype)
 
 
-def mixed_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
-    """Fraction of prompt groups whose rewards are not all equal (the groups that carry signal).
+def mixed_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which prompt groups have rewards that are not all equal (the groups whose group-relative
+    advantages, and PACS's class-weighted residuals, are not all zero).
 
     Args:
         rewards: (B,) rewards, B a multiple of ``group_size``.
         group_size: responses per prompt n.
 
     Returns:
-        #{g : R_gk ≠ R_g0 for some k} / (B / n), a float.
+        (B // n,) bool: R_gk ≠ R_g0 for some k.
     """
     grouped = group_view(rewards, group_size)
-    return float((grouped != grouped[:, :1]).any(dim=-1).float().mean())
+    return (grouped != grouped[:, :1]).any(dim=-1)
+
+
+def mixed_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of prompt groups whose rewards are not all equal: mean of ``mixed_groups``."""
+    return float(mixed_groups(rewards, group_size).float().mean())
+
+
+def check_overlong_shaping(buffer: int, penalty: float, horizon: int | None) -> None:
+    """Raise ValueError unless DAPO's overlong shaping (``overlong_penalty``) can be computed:
+    ``buffer`` an integer in [0, horizon] (0: off), ``penalty`` a finite number >= 0, and the
+    maximum response length ``horizon`` known when ``buffer`` > 0."""
+    if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
+        raise ValueError(f"overlong_buffer must be an integer >= 0 (response tokens; 0: no shaping), got {buffer!r}")
+    if not (math.isfinite(penalty) and penalty >= 0):
+        raise ValueError(f"overlong_penalty must be a finite number >= 0, got {penalty!r}")
+    if buffer and (horizon is None or buffer > horizon):
+        raise ValueError(
+            f"overlong_buffer={buffer} must not exceed the maximum response length (horizon={horizon!r}): "
+            "the penalty grows over the last overlong_buffer tokens before it"
+        )
+
+
+def overlong_penalty(response_mask: torch.Tensor, max_length: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, Eq. 13), added to the
+    outcome reward so that a response nearing the length limit earns less, whatever its outcome.
+
+    Formula (|o_i| = Σ_t m_it, L_max = ``max_length``, L_cache = ``buffer``, p = ``penalty``):
+        R_length(o_i) = 0                                   |o_i| ≤ L_max − L_cache
+                      = ((L_max − L_cache) − |o_i|) / L_cache   L_max − L_cache < |o_i| ≤ L_max
+                      = −1                                  |o_i| > L_max
+        returned:  p · R_length(o_i)   (verl's ``overlong_buffer.penalty_factor``; DAPO: p = 1)
+
+    Args:
+        response_mask: (B, T) 1 at response tokens.
+        max_length: L_max, the maximum response length (``data.max_response_length``).
+        buffer: L_cache, 1 <= L_cache <= L_max.
+        penalty: p >= 0.
+
+    Returns:
+        (B,) penalties in [−p, 0], float32 or wider, constants.
+    """
+    check_overlong_shaping(buffer, penalty, max_length)
+    if buffer == 0:
+        raise ValueError("overlong_penalty needs buffer >= 1 (buffer 0 switches the shaping off)")
+    dtype = torch.promote_types(response_mask.dtype, torch.float32) if response_mask.is_floating_point() else torch.float32
+    lengths = response_mask.detach().to(dtype).sum(dim=-1)
+    excess = (lengths - (max_length - buffer)).clamp(min=0) / buffer
+    return -penalty * excess.clamp(max=1)
+
+
+def shaped_rewards(
+    rewards: torch.Tensor, response_mask: torch.Tensor, *, max_length: int | None, buffer: int, penalty: float
+) -> torch.Tensor:
+    """The outcome rewards with DAPO's overlong penalty added (``overlong_penalty``, ``buffer`` >= 1):
+    (B,) R_i + p · R_length(o_i), constants, at least float32."""
+    shaping = overlong_penalty(response_mask, max_length, buffer, penalty)
+    dtype = torch.promote_types(rewards.dtype, shaping.dtype)
+    return rewards.detach().to(dtype) + shaping.to(dtype)
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
@@ -244,6 +303,27 @@ def check_clip_range(clip_low: float, clip_high: float, dual_clip: float | None 
         raise ValueError(f"dual_clip must be None or a finite number > 1 (e.g. 3.0), got {dual_clip!r}")
 
 
+def per_token_advantages(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """``advantages`` broadcastable against the (B, T) per-token tensors of a policy loss: (B, 1)
+    for per-response advantages (B,), as they are when per token (B, T).
+
+    Raises:
+        ValueError: ``logprobs`` not 2-D, the three (B, T) tensors of different shapes, or
+            ``advantages`` neither (B,) nor (B, T).
+    """
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be 2-D (B, T), got shape {tuple(logprobs.shape)}")
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
+            f"{tuple(logprobs.shape)}, matching logprobs; got {tuple(advantages.shape)}"
+        )
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+
+
 def clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -287,15 +367,7 @@ def clipped_surrogate(
             that differ, or ``advantages`` neither (B,) nor (B, T).
     """
     check_clip_range(clip_low, clip_high, dual_clip)
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be 2-D (B, T), got shape {tuple(logprobs.shape)}")
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, response_mask=response_mask)
-    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
-        raise ValueError(
-            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
-            f"{tuple(logprobs.shape)}, matching logprobs; got {tuple(advantages.shape)}"
-        )
-    token_advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    token_advantages = per_token_advantages(logprobs, old_logprobs, advantages, response_mask)
     is_response = response_mask.bool()
     log_ratio = torch.where(is_response, logprobs - old_logprobs, torch.zeros_like(logprobs))
     log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)

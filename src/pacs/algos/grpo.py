@@ -21,7 +21,6 @@ from pacs.algos.core import GRPO_STD_EPS, check_group_size, group_normalised
 from pacs.algos.pg import ClippedPolicyGradient
 
 
-
 def check_std_eps(eps: float) -> None:
     """Raise ValueError unless ``eps``, added to a group's std, is a finite number > 0."""
     if not (math.isfinite(eps) and eps > 0):
@@ -76,5 +75,4 @@ class GRPO(ClippedPolicyGradient):
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """{"advantages": (B,) ``grpo_advantages`` of the step's ``sequence_rewards``} (and the
         ``rollout_is_terms``)."""
-        advantages = grpo_advantages(self.sequence_rewards(batch), self.group_size, norm_by_std=self.norm_by_std, eps=self.eps)
-        return {**self.rollout_is_terms(batch), "advantages": advantages}
+        return self.group_relative_terms(batch, norm_by_std=self.norm_by_std, eps=self.eps)

@@ -4,8 +4,12 @@ For each prompt the policy samples a group of ``n`` responses; a verifier scores
 outcome reward ``R_i ∈ [0, 1]`` (usually 0 or 1). PACS predicts ``R_i`` from a score that the
 policy itself carries and minimises a weighted binary cross-entropy:
 
-    reward proxy   logratio:      r_i = β · Σ_t m_it · (log π_θ(o_it) − log π_old(o_it))
+    reward proxy   logratio:      r_i = β · Σ_t m_it · (log π_θ(o_it) − log π_ref(o_it))
                    mean_logprob:  r_i = β · Σ_t m_it · log π_θ(o_it) / Σ_t m_it
+    reference      rollout:       π_ref = π_old, the policy that sampled the step (the authors' code)
+                   fixed:         π_ref = the frozen reference model (the paper's text: the initial
+                                  policy, hard-reset to the current one every
+                                  ``train.reference_reset_every`` steps, with the optimizer's state)
     score          rloo:          ψ_i = r_i − 1/(n−1) · Σ_{j≠i} r_j
                    grpo:          ψ_i = (r_i − mean_j r_j) / (std_j r_j + 1e-6)   (unbiased std)
                    naive:         ψ_i = r_i
@@ -18,6 +22,13 @@ policy itself carries and minimises a weighted binary cross-entropy:
                      = −1/B · Σ_i w_i · [R_i log σ(ψ_i) + (1 − R_i) log(1 − σ(ψ_i))]
     sampler        with rollout_is_cap = C (off by default): L = 1/B · Σ_i ρ_i · w_i · BCEWithLogits(ψ_i, R_i),
     correction     ρ_i = min(π_old(o_i) / μ(o_i), C) = min(exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))), C)
+    advantages     A_i = −∂/∂r_i Σ_j w_j · BCEWithLogits(ψ_j, R_j), so −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i
+    sound sampler  −∇_θ L_ρ = 1/B · Σ_i ρ_i · A_i ∇_θ r_i: each response's whole coefficient times its
+    correction     own weight (`sampler_corrected_coefficients`; the TRL and verl integrations use it)
+    overlong       with overlong_buffer = L_cache > 0 (off by default): the label is
+    shaping        R_i ← clip(R_i + p · R_length(o_i), 0, 1), DAPO's penalty (``core.overlong_penalty``)
+                   kept in the label range: a correct response near the length limit becomes a soft
+                   label 1 − p · R_length, an incorrect one stays 0
 
 ``m`` is the response mask, sums and means over ``j`` run inside the prompt group of ``i``, and
 the weights are constants. μ is the rollout engine's sampling distribution (vLLM's log-probs of its
@@ -26,6 +37,13 @@ truncated importance weight of the sampler mismatch is one per response, the pro
 tokens' ratios truncated at C (`core.truncated_is_weights`), and it scales that response's term
 of the loss: a response μ drew more often than π_old would counts less, by at most ratio C more. The gradient is an actor-critic update: ``−∇L = β Σ_k A_k ∇log π_θ(o_k)``
 with ``A_k = e_k − mean_{i≠k} e_i`` and ``e_i = w_i (R_i − σ(ψ_i))`` (for ``logratio`` + ``rloo``).
+
+The two references differ on the first update after a rollout: against π_old, θ = θ_old gives r = 0
+and ψ = 0 (that update is RLOO's, scaled by β); against a fixed π_ref, r_i = β · log(π_old(o_i) /
+π_ref(o_i)) already, so σ(ψ) starts from how far the policy has moved from the reference. The paper's
+text (v2, section 3.4) resets π_ref "to a recent snapshot of the online policy" periodically, as
+ProRL does (Liu et al. 2025, arXiv 2505.24864), because r grows against a fixed reference; it gives
+no period.
 
 ``pacs_loss`` is the composition
 ``pacs_loss_from_proxy(reward_proxy(...), rewards, ...)``; ``pacs_loss_from_proxy`` is in turn
@@ -43,12 +61,20 @@ import torch
 import torch.nn.functional as F
 
 from pacs.algos.base import MiniBatchTotals
+
+LOSS_NOTE = (
+    "note: PACS's loss is a cross-entropy whose logits ψ start at 0 after every rollout (π_θ = π_old), so it stays "
+    "near ln 2 = 0.693 (exactly ln 2 on each step's first update, with the default weighting): learning shows in "
+    "reward/mean and the validation pass@k, not in the loss"
+)
+"""What the trainer tells a user who watches PACS's loss sit at 0.693 in the progress bar."""
 from pacs.algos.core import (
     GRPO_STD_EPS,
     LOSS_AGG_MODES,
     aggregation_weights,
     check_choice,
     check_kl_penalty,
+    check_overlong_shaping,
     check_rollout_is_cap,
     check_same_shape,
     group_normalised,
@@ -57,6 +83,7 @@ from pacs.algos.core import (
     kl_penalty,
     masked_mean,
     masked_sum,
+    shaped_rewards,
     truncated_is_weights,
     weighted_token_sum,
 )
@@ -67,6 +94,8 @@ Estimator = Literal["rloo", "grpo", "naive"]
 ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
 Weighting = Literal["question", "none", "only_positive", "only_negative"]
 WEIGHTINGS: tuple[str, ...] = typing.get_args(Weighting)
+Reference = Literal["rollout", "fixed"]
+REFERENCES: tuple[str, ...] = typing.get_args(Reference)
 
 
 def reward_proxy(
@@ -233,6 +262,95 @@ def pacs_loss_from_proxy(
     return (weights * losses).mean()
 
 
+def pacs_advantages(
+    proxy_rewards: torch.Tensor,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    estimator: str = "rloo",
+    weighting: str = "question",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PACS's per-response advantages for prompt groups named by id (rows of a group anywhere in the
+    batch, groups of any sizes), and the summed loss whose gradient they are.
+
+    Formula (ψ and w inside each group as in ``group_scores`` and ``class_weights``):
+        S   = Σ_i w_i · BCEWithLogits(ψ_i, R_i)          over the rows of every scored group
+        A_i = −∂S/∂r_i,   so that   −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i   for L = S / B.
+    With ``rloo``, A_i = e_i − 1/(n−1) · Σ_{j≠i} e_j with e_i = w_i (R_i − σ(ψ_i)) (the module
+    docstring's actor-critic form); at θ = θ_old the logratio proxy is r = 0, so σ(ψ) = 1/2.
+    ``rloo`` and ``grpo`` need two rows to compare: a group of one row is not scored (A = 0, no
+    term in S); ``naive`` scores it alone.
+
+    Args:
+        proxy_rewards: (B,) proxy rewards r (see ``reward_proxy``); constants here.
+        rewards: (B,) verifier rewards R in [0, 1] (soft labels allowed).
+        group_ids: (B,) integer id of each row's prompt.
+        estimator: see ``group_scores``.
+        weighting: see ``class_weights``.
+
+    Returns:
+        (0-dim S, (B,) A), in ``proxy_rewards``' dtype, without gradient.
+
+    Raises:
+        ValueError: shapes differ, ``group_ids`` not integers, a reward outside [0, 1], or an unknown
+            option.
+    """
+    check_choice("estimator", estimator, ESTIMATORS)
+    check_choice("weighting", weighting, WEIGHTINGS)
+    check_same_shape(proxy_rewards=proxy_rewards, rewards=rewards, group_ids=group_ids)
+    if group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be integers (one id per prompt), got {group_ids.dtype}")
+    _, group_of_row, group_sizes = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    row_group_size = group_sizes[group_of_row]  # (B,)
+    proxy = proxy_rewards.detach().clone().requires_grad_(True)
+    total = proxy.new_zeros(())
+    smallest_scored = 1 if estimator == "naive" else 2
+    for size in sorted(set(row_group_size.tolist())):
+        if size < smallest_scored:
+            continue
+        rows = torch.nonzero(row_group_size == size).squeeze(-1)
+        rows = rows[torch.argsort(group_of_row[rows], stable=True)]  # each group's rows adjacent
+        mean_loss = pacs_loss_from_proxy(proxy[rows], rewards[rows], size, estimator=estimator, weighting=weighting)
+        total = total + mean_loss * len(rows)
+    if not total.requires_grad:
+        return total.detach(), torch.zeros_like(proxy.detach())
+    (gradient,) = torch.autograd.grad(total, proxy)
+    return total.detach(), -gradient
+
+
+def sampler_corrected_coefficients(coefficients: torch.Tensor, response_weights: torch.Tensor) -> torch.Tensor:
+    """The sampler-mismatch correction that is sound for PACS: each response's whole gradient
+    coefficient scaled by its own importance weight.
+
+    Formula (A = ``coefficients``, ρ = ``response_weights``, μ the sampler, e.g. vLLM):
+        −∇_θ L_ρ = 1/B · Σ_k ρ_k · A_k · ∇_θ r_k,    i.e.   A'_k = ρ_k · A_k
+    as verl's TIS and TRL's correction scale a sample's advantage by its own ratio. ρ is one weight
+    per response: the truncated (min(ρ, C)) or masked (0 outside [C_min, C_max]) sequence ratio
+    π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))). A response of weight 0 has
+    coefficient 0. (Weighting each BCE term by ρ_i instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i),
+    gives response k the coefficient ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i through the leave-one-out
+    centring: a response of weight 0 is still pushed by the others' errors.)
+
+    Args:
+        coefficients: (B,) per-response gradient coefficients, constants: PACS's advantages A (see
+            ``pacs_advantages``) or c = ∂L/∂r = −A/B (the map is linear, either works).
+        response_weights: (B,) per-response weights ρ ≥ 0, constants.
+
+    Returns:
+        (B,) ρ ⊙ coefficients, in the wider of the two dtypes.
+
+    Raises:
+        ValueError: shapes differ, or a weight is negative or not finite.
+    """
+    check_same_shape(coefficients=coefficients, response_weights=response_weights)
+    weights = response_weights.detach()
+    if not bool((torch.isfinite(weights) & (weights >= 0)).all()):
+        raise ValueError(
+            f"response_weights must be finite and >= 0, got min {weights.min().item()} and max {weights.max().item()}"
+        )
+    return coefficients.detach() * weights
+
+
 def pacs_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -287,8 +405,9 @@ class PACS:
         Σ_micro ∇_θ Σ_{i ∈ micro} c_i · r_i(θ)  =  Σ_i c_i ∇_θ r_i(θ)  =  ∇_θ L.
 
     Computing c needs r at the current θ, i.e. a no-grad pass over the mini-batch; on the first
-    update after a rollout θ = θ_old and r is known in closed form (logratio: r = 0 so ψ = 0;
-    mean_logprob: from `old_logprobs`), so that pass is skipped.
+    update after a rollout θ = θ_old and r is known in closed form (logratio: r = 0 so ψ = 0, or
+    against a fixed reference β Σ_t (old_logprobs − ref_logprobs); mean_logprob: from
+    `old_logprobs`), so that pass is skipped.
 
     Optional, off by default as for every algorithm: a KL penalty to the frozen reference policy
     and an entropy bonus, added per token and aggregated by `loss_agg` (see
@@ -316,8 +435,17 @@ class PACS:
         loss_agg: str = "seq-mean-token-sum-norm",
         horizon: int | None = None,
         rollout_is_cap: float | None = None,
+        overlong_buffer: int = 0,
+        overlong_penalty: float = 1.0,
+        pacs_reference: str = "rollout",
     ):
         check_choice("proxy", proxy, PROXIES)
+        check_choice("pacs_reference", pacs_reference, REFERENCES)
+        if pacs_reference == "fixed" and proxy != "logratio":
+            raise ValueError(
+                f"pacs_reference='fixed' with proxy={proxy!r}: only the logratio proxy has a reference policy"
+            )
+        check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
         check_rollout_is_cap(rollout_is_cap)
         check_choice("estimator", estimator, ESTIMATORS)
         check_choice("weighting", weighting, WEIGHTINGS)
@@ -331,9 +459,11 @@ class PACS:
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.loss_agg, self.horizon = loss_agg, horizon
         self.rollout_is_cap = rollout_is_cap
+        self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
+        self.reference_name = "ref_logprobs" if pacs_reference == "fixed" else "old_logprobs"
         self.regularised = kl_coef > 0 or entropy_coef > 0
         self.needs = (
-            frozenset({"ref_logprobs"} if kl_coef > 0 else set())
+            frozenset({"ref_logprobs"} if kl_coef > 0 or pacs_reference == "fixed" else set())
             | frozenset({"entropy"} if entropy_coef > 0 else set())
             | frozenset({"sampler_logprobs"} if rollout_is_cap is not None else set())
         )
@@ -351,18 +481,30 @@ class PACS:
         return {"rollout_is_weight": weights}
 
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
-        return reward_proxy(logprobs, rows["old_logprobs"], rows["response_mask"], beta=self.beta, proxy=self.proxy)
+        """(B,) r of ``logprobs`` against the reference: "old_logprobs" (rollout) or "ref_logprobs" (fixed)."""
+        return reward_proxy(logprobs, rows[self.reference_name], rows["response_mask"], beta=self.beta, proxy=self.proxy)
 
     def _current_proxy(self, minibatch, current_logprobs, policy_is_rollout_policy: bool) -> torch.Tensor:
         """(B,) r at the current θ. On the first update after a rollout θ = θ_old, so logratio's
-        r = 0 exactly and mean_logprob's comes from `old_logprobs` (from `current_logprobs()`
-        when the trainer has not computed them yet); otherwise one no-grad pass."""
+        r against π_old is 0 exactly, and otherwise r comes from `old_logprobs` (from
+        `current_logprobs()` when the trainer has not computed them yet); later, one no-grad pass."""
         if not policy_is_rollout_policy:
             return self._proxy(current_logprobs(), minibatch)
-        if self.proxy == "logratio":
+        if self.proxy == "logratio" and self.reference_name == "old_logprobs":
             return torch.zeros_like(minibatch["rewards"])
         logprobs = minibatch["old_logprobs"] if "old_logprobs" in minibatch else current_logprobs()
-        return reward_proxy(logprobs, logprobs, minibatch["response_mask"], beta=self.beta, proxy=self.proxy)
+        return self._proxy(logprobs, {**minibatch, "old_logprobs": logprobs})
+
+    def labels(self, rows) -> torch.Tensor:
+        """(B,) the labels R: the verifier's rewards, with ``overlong_buffer`` > 0 lowered by DAPO's
+        overlong penalty and kept in [0, 1] (module docstring)."""
+        rewards = rows["rewards"]
+        if not self.overlong_buffer:
+            return rewards
+        shaped = shaped_rewards(
+            rewards, rows["response_mask"], max_length=self.horizon, buffer=self.overlong_buffer, penalty=self.overlong_penalty
+        )
+        return shaped.clamp(0, 1).to(rewards.dtype)
 
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
@@ -375,7 +517,7 @@ class PACS:
         rewards = minibatch["rewards"]
         loss = pacs_loss_from_proxy(
             proxy_rewards,
-            rewards,
+            self.labels(minibatch),
             self.group_size,
             estimator=self.estimator,
             weighting=self.weighting,
@@ -384,6 +526,8 @@ class PACS:
         (proxy_grad,) = torch.autograd.grad(loss * (len(rewards) / totals.num_rows), proxy_rewards)
         predicted = torch.sigmoid(group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator))
         metrics = {"loss": float(loss.detach())}
+        if self.overlong_buffer:
+            metrics["reward/overlong_penalty"] = float((self.labels(minibatch) - rewards).mean())
         for name, rows in (("correct", rewards == 1), ("incorrect", rewards == 0)):
             if rows.any():
                 metrics[f"pacs/predicted_p_on_{name}"] = float(predicted[rows].mean())

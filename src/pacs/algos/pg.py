@@ -1,8 +1,10 @@
-"""Clipped policy gradient: the trainer plug-in shared by GRPO, RLOO and PPO's actor.
+"""Clipped policy gradient: the trainer plug-in shared by GRPO, RLOO, PPO's actor, Dr. GRPO, DAPO,
+GSPO and CISPO.
 
 Each algorithm supplies advantages A (``prepare_step``: per response (B,) or per token (B, T));
-the update is PPO's clipped surrogate with an optional KL penalty to a reference policy and an
-entropy bonus, aggregated over tokens by one loss aggregation mode:
+the update is a per-token surrogate ℓ (``per_token_loss``: PPO's clipped surrogate below, GSPO's
+sequence-level one, CISPO's clipped-weight loss) with an optional KL penalty to a reference policy
+and an entropy bonus, aggregated over tokens by one loss aggregation mode:
 
     ρ_it = π_θ(o_it) / π_old(o_it)
     ℓ_it = max(−A_it ρ_it, −A_it clip(ρ_it, 1 − ε_low, 1 + ε_high))
@@ -18,7 +20,7 @@ estimator ``kl_estimator`` (``core.kl_penalty``): "k2" follows the gradient of K
 when kl_coef > 0. See ``core.clipped_surrogate``, ``core.aggregation_weights`` and
 ``core.kl_penalty`` for the pieces.
 
-Two options reproduce the paper's verl baselines (README, *Fidelity to the paper*):
+Two options reproduce the paper's verl baselines (docs/paper-fidelity.md):
 
     loss_scale s:   L ← s · L. verl's seq-mean-token-sum-norm sums each micro-batch of M rows and
                     divides by the padded width (the maximum response length), then by the number
@@ -28,6 +30,9 @@ Two options reproduce the paper's verl baselines (README, *Fidelity to the paper
                     (k on ``old_logprobs`` against ``ref_logprobs``) is subtracted from the reward
                     of token t before the advantages (``reward_kl_penalty``), the classic
                     PPO-RLHF penalty (verl's ``use_kl_in_reward``).
+
+DAPO's overlong reward shaping (``overlong_buffer`` L_cache > 0, ``core.overlong_penalty``) adds
+p · R_length(o_i) ∈ [−p, 0] to each outcome reward before the advantages, for every algorithm here.
 """
 
 from __future__ import annotations
@@ -38,26 +43,31 @@ import torch
 
 from pacs.algos.base import MiniBatchTotals
 from pacs.algos.core import (
+    GRPO_STD_EPS,
     LOSS_AGG_MODES,
     aggregation_weights,
     check_choice,
     check_clip_range,
     check_group_size,
     check_kl_penalty,
+    check_overlong_shaping,
     check_rollout_is_cap,
     clipped_surrogate,
+    group_normalised,
     kl_penalty,
     masked_mean,
     mixed_group_fraction,
     outcome_token_rewards,
+    shaped_rewards,
     truncated_is_weights,
     weighted_token_sum,
 )
 
 
 class ClippedPolicyGradient:
-    """Base of the GRPO, RLOO and PPO plug-ins (`pacs.algos.base.Algorithm`); a subclass defines
-    ``prepare_step``, returning at least ``{"advantages": (B,) or (B, T)}``.
+    """Base of the policy-gradient plug-ins (`pacs.algos.base.Algorithm`). A subclass may define
+    ``prepare_step``, returning at least ``{"advantages": (B,) or (B, T)}`` (here GRPO's
+    group-normalised rewards), and ``per_token_loss`` (here PPO's clipped surrogate).
 
     Args:
         group_size: responses per prompt n.
@@ -78,9 +88,18 @@ class ClippedPolicyGradient:
             w_it = min(π_old(o_it) / μ(o_it), C) (``core.truncated_is_weights``; μ the rollout
             engine's "sampler_logprobs"), as verl's TIS does; the KL and entropy terms are not.
             Needs "sampler_logprobs" and every row's ``old_logprobs`` in ``prepare_step``.
+        overlong_buffer: L_cache >= 0 of DAPO's overlong reward shaping (0: off; see the module
+            docstring), at most ``horizon``.
+        overlong_penalty: p >= 0, the shaping's largest penalty.
     """
 
     min_group_size = 1
+    per_token_loss = staticmethod(clipped_surrogate)
+    """The surrogate ℓ: ``(logprobs, old_logprobs, advantages, response_mask, *, clip_low, clip_high,
+    [dual_clip]) -> ((B, T) per-token losses, {"clip_fraction", "approx_kl"})``."""
+    surrogate_needs_logprobs = False
+    """True when the surrogate's value depends on the log-probs themselves, not only on the ratio
+    to ``old_logprobs`` (CISPO): its first-update "loss" metric then needs them."""
 
     def __init__(
         self,
@@ -97,9 +116,12 @@ class ClippedPolicyGradient:
         loss_scale: float = 1.0,
         kl_in_reward: bool = False,
         rollout_is_cap: float | None = None,
+        overlong_buffer: int = 0,
+        overlong_penalty: float = 1.0,
     ):
         check_group_size(group_size, self.min_group_size, type(self).__name__)
         check_rollout_is_cap(rollout_is_cap)
+        check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
         check_clip_range(clip_low, clip_high, dual_clip)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
@@ -118,6 +140,7 @@ class ClippedPolicyGradient:
         self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
         self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
         self.rollout_is_cap = rollout_is_cap
+        self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
         needs = set()
         if kl_coef > 0:
             needs.add("ref_logprobs")
@@ -148,13 +171,35 @@ class ClippedPolicyGradient:
         kl = kl_penalty(batch["old_logprobs"].detach(), batch["ref_logprobs"], batch["response_mask"], self.kl_estimator)
         return self.kl_coef * kl
 
+    def outcome_rewards(self, batch) -> torch.Tensor:
+        """(B,) the verifier's rewards R_i, with DAPO's overlong penalty added when
+        ``overlong_buffer`` > 0 (``core.shaped_rewards``)."""
+        if not self.overlong_buffer:
+            return batch["rewards"]
+        return shaped_rewards(
+            batch["rewards"], batch["response_mask"], max_length=self.horizon, buffer=self.overlong_buffer,
+            penalty=self.overlong_penalty,
+        )  # fmt: skip
+
+    def group_relative_terms(self, batch, *, norm_by_std: bool, eps: float = GRPO_STD_EPS) -> dict[str, torch.Tensor]:
+        """{"advantages": (B,)} of GRPO and its variants, and the ``rollout_is_terms``.
+
+        Formula (mean and std over the n rows of the group of i, std unbiased; R = ``sequence_rewards``):
+            norm_by_std:  A_i = (R_i − mean_j R_j) / (std_j R_j + eps)
+            otherwise:    A_i =  R_i − mean_j R_j
+        """
+        rewards = self.sequence_rewards(batch).detach()
+        rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+        advantages = group_normalised(rewards, self.group_size, divide_by_std=norm_by_std, eps=eps)
+        return {**self.rollout_is_terms(batch), "advantages": advantages}
+
     def sequence_rewards(self, batch) -> torch.Tensor:
         """(B,) the rewards that group baselines (GRPO, RLOO) compare.
 
-        Formula: R_i, or with ``kl_in_reward`` R_i − Σ_t kl_coef · k_it (``reward_kl_penalty``, the
-        sum over i's response tokens of the per-token rewards, as verl sums them).
+        Formula: R_i (``outcome_rewards``), or with ``kl_in_reward`` R_i − Σ_t kl_coef · k_it
+        (``reward_kl_penalty``, the sum over i's response tokens of the per-token rewards, as verl sums them).
         """
-        rewards = batch["rewards"]
+        rewards = self.outcome_rewards(batch)
         if not self.kl_in_reward:
             return rewards
         penalty = self.reward_kl_penalty(batch).sum(dim=-1)
@@ -162,26 +207,38 @@ class ClippedPolicyGradient:
         return rewards.to(dtype) - penalty.to(dtype)
 
     def token_rewards(self, batch) -> torch.Tensor:
-        """(B, T) per-token rewards (PPO's GAE): each outcome reward R_i on its response's last token
-        (``outcome_token_rewards``), minus ``reward_kl_penalty`` at every token with ``kl_in_reward``."""
-        token_rewards = outcome_token_rewards(batch["rewards"], batch["response_mask"])
+        """(B, T) per-token rewards (PPO's GAE): each outcome reward R_i (``outcome_rewards``) on its
+        response's last token (``outcome_token_rewards``), minus ``reward_kl_penalty`` at every token
+        with ``kl_in_reward``."""
+        token_rewards = outcome_token_rewards(self.outcome_rewards(batch), batch["response_mask"])
         if not self.kl_in_reward:
             return token_rewards
         return token_rewards - self.reward_kl_penalty(batch).to(token_rewards.dtype)
+
+    def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
+        """{"advantages": (B,) GRPO's group-normalised ``sequence_rewards``} (and the
+        ``rollout_is_terms``): DAPO's, GSPO's and CISPO's; the other algorithms define their own."""
+        return self.group_relative_terms(batch, norm_by_std=True)
+
+    def surrogate(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
+        """(B, T) per-token policy loss ℓ and its metrics: ``per_token_loss`` on ``rows``'
+        "old_logprobs", "advantages" and "response_mask", with the clip range (and dual clip, when set)."""
+        dual_clip = {} if self.dual_clip is None else {"dual_clip": self.dual_clip}
+        return self.per_token_loss(
+            logprobs,
+            rows["old_logprobs"],
+            rows["advantages"],
+            rows["response_mask"],
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            **dual_clip,
+        )
 
     def _policy_loss(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
         """(B, T) per-token surrogate (times the truncated IS weight with ``rollout_is_cap``) +
         kl_coef · KL unless ``kl_in_reward`` (no entropy), and its metrics."""
         mask = rows["response_mask"]
-        per_token, surrogate_metrics = clipped_surrogate(
-            logprobs,
-            rows["old_logprobs"],
-            rows["advantages"],
-            mask,
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            dual_clip=self.dual_clip,
-        )
+        per_token, surrogate_metrics = self.surrogate(logprobs, rows)
         metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
         if "rollout_is_weight" in rows:
             per_token = per_token * rows["rollout_is_weight"].to(per_token.dtype)
@@ -211,8 +268,10 @@ class ClippedPolicyGradient:
         else:
             if "old_logprobs" in minibatch:
                 logprobs = minibatch["old_logprobs"]
-            else:  # not computed yet: a ratio of 1 needs no values, the KL to the reference does
-                logprobs = current_logprobs() if self.kl_coef > 0 else torch.zeros_like(mask)
+            elif self.kl_coef > 0 or self.surrogate_needs_logprobs:  # not computed yet: the KL needs them
+                logprobs = current_logprobs()
+            else:  # not computed yet: a ratio of 1 needs no values
+                logprobs = torch.zeros_like(mask)
             rows = {**minibatch, "old_logprobs": logprobs}
         totals = totals or MiniBatchTotals.of(mask)
         loss_weight = self.loss_scale * aggregation_weights(
@@ -233,6 +292,8 @@ class ClippedPolicyGradient:
             "advantages/mean": float(mean_advantage),
             "groups/mixed_fraction": mixed_group_fraction(minibatch["rewards"], self.group_size),
         }
+        if self.overlong_buffer:
+            metrics["reward/overlong_penalty"] = float((self.outcome_rewards(minibatch) - minibatch["rewards"]).mean())
         return {"loss_weight": loss_weight}, metrics
 
     def metric_weights(self, minibatch) -> dict[str, float]:

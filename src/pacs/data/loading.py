@@ -5,8 +5,8 @@ A data spec is one of:
   ``builtin:arithmetic?digits=3&size=500&operations=+-&split=val&seed=1``
   (``+`` in a value means plus, not space);
 - a prepared ``.parquet``, ``.json`` or ``.jsonl`` file of rows in the row schema (see
-  ``pacs.data.schema``; ``pacs.data.prepare`` converts public benchmark files into it). Every
-  row is validated on load.
+  ``pacs.data.schema``; ``pacs prepare``, ``pacs.data.prepare``, converts any file of problems
+  and answers into it). Every row is validated on load.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from pacs.data.arithmetic import SPLITS, generate_problems
-from pacs.data.prepare import RECORD_SUFFIXES, read_rows
+from pacs.data.prepare import INPUT_SUFFIXES, RECORD_SUFFIXES, read_rows
 
 DEFAULT_SIZES = {"train": 2000, "val": 200}
 """Rows per split when the spec gives no size (or all there are, if fewer)."""
@@ -90,21 +90,16 @@ def load_rows(spec: str, *, default_split: str) -> list[dict]:
         return BUILTIN_DATASETS[name](spec, _parse_query(spec, query) if query else {}, default_split)
     if Path(spec).suffix.lower() in RECORD_SUFFIXES:
         return read_rows(Path(spec).expanduser())
+    convert = (
+        f"; convert a csv file with `pacs prepare --input {spec} --out FILE.parquet`"
+        if Path(spec).suffix.lower() in INPUT_SUFFIXES
+        else ""
+    )
     raise ValueError(
         f"Unsupported data spec {spec!r}; accepted: a built-in dataset "
         f"({', '.join(sorted(BUILTIN_DATASETS))}, optionally with ?key=value parameters) "
-        f"or a path to a prepared file of rows ({', '.join(RECORD_SUFFIXES)})"
+        f"or a path to a prepared file of rows ({', '.join(RECORD_SUFFIXES)}){convert}"
     )
-
-
-def check_data_spec(spec: str, *, default_split: str) -> None:
-    """Raise ValueError unless `load_rows(spec)` could start: a built-in spec whose parameters
-    parse (its rows are generated and dropped), or an existing file of a supported kind (its rows
-    are checked when loaded)."""
-    if spec.startswith("builtin:") or Path(spec).suffix.lower() not in RECORD_SUFFIXES:
-        load_rows(spec, default_split=default_split)  # generated, or refused as unsupported
-    elif not Path(spec).expanduser().is_file():
-        raise FileNotFoundError(f"Data file {spec} does not exist")
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:

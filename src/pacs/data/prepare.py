@@ -1,6 +1,16 @@
-"""Convert public math benchmark files into rows of the shared schema, and read/write row files.
+"""Convert benchmark files, public or one's own, into rows of the shared schema, and read/write row files.
 
-Sources (``SOURCES``) and the field spellings each accepts, first match wins:
+Any row-shaped file (``.jsonl``, ``.json``, ``.csv`` or ``.parquet``, one record per problem) is
+converted. Its problem and answer fields are named (``prompt_field``, ``answer_field``) or
+recognised from the first record (``COMMON_PROBLEM_FIELDS``: problem, question, prompt;
+``COMMON_ANSWER_FIELDS``: answer, ground_truth, solution; first present wins), and its rows get the
+``data_source`` given, else ``math/<file name without suffix>`` (``DEFAULT_DATA_SOURCE``, "math",
+and the file's own name: scored by the math verifier, reported apart from other files and never
+merged with them as repeats of one problem). A csv file is read as text: every value a string, the
+header naming the fields.
+
+Named public sources (``SOURCES``) are recognised from the file name (or ``source``) and spell
+their fields as follows, first match wins:
 
 - ``math500``: problem, answer; kept: solution, subject, level, unique_id.
 - ``aime2024``: problem | Problem | question, answer | Answer (a string such as ``"025"``, kept as
@@ -10,6 +20,8 @@ Sources (``SOURCES``) and the field spellings each accepts, first match wins:
 - ``gsm8k``: question, answer (a worked solution ending in ``#### 1,234``: the ground truth is the
   text after ``####`` without thousands separators, the whole text is kept as ``solution``).
 - ``deepscaler``: problem, answer; kept: solution, difficulty. Split ``train`` by default.
+- ``beyondaime``: problem, answer (an integer, or its text), as ByteDance-Seed/BeyondAIME publishes
+  its 100 problems (split ``test``; the PACS paper's v2 evaluates on it).
 
 Each output row asks the problem as one user message followed by ``PROMPT_SUFFIX``, with
 ``ability`` "math", ``reward_model = {"style": "rule", "ground_truth": <answer text>}`` and
@@ -45,11 +57,12 @@ kept fields are reference text that no prompt contains, and are copied unchanged
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -61,6 +74,14 @@ from pacs.data.schema import FORBIDDEN_CONTROL_CHARACTER, describe_value, valida
 PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 ABILITY = "math"
 RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")
+"""File types of prepared rows (what training and evaluation read)."""
+INPUT_SUFFIXES = (*RECORD_SUFFIXES, ".csv")
+"""File types `prepare_dataset` converts (a csv holds flat records only, never prepared rows)."""
+COMMON_PROBLEM_FIELDS = ("problem", "question", "prompt")
+COMMON_ANSWER_FIELDS = ("answer", "ground_truth", "solution")
+DEFAULT_DATA_SOURCE = "math"
+"""The kind of data_source of rows converted from a file of no named source (`math/<file name>`):
+the math verifier scores them."""
 
 TAB_COMMANDS = frozenset({
     "tan", "tanh", "tau", "tbinom", "text", "textbf", "textit", "textnormal", "textrm", "textsc",
@@ -99,6 +120,7 @@ SOURCE_FILE_NAMES = {
     "amc23": re.compile(r"amc"),
     "gsm8k": re.compile(r"gsm8k"),
     "deepscaler": re.compile(r"deepscaler"),
+    "beyondaime": re.compile(r"beyond[_-]?aime"),
 }
 """Source name -> pattern that recognises it in a (lower-cased) file name."""
 
@@ -143,6 +165,7 @@ class ConvertedRecord:
 
     problem_field: str
     problem: str
+    answer_field: str
     ground_truth: str
     answer_normalised: bool
     kept_fields: dict
@@ -175,7 +198,7 @@ class SourceFormat:
             present = [spelling for spelling in spellings if record.get(spelling) is not None]
             if present:
                 kept_fields[key] = record[present[0]]
-        return ConvertedRecord(problem_field, problem, ground_truth, normalised, kept_fields)
+        return ConvertedRecord(problem_field, problem, answer_field, ground_truth, normalised, kept_fields)
 
 
 def _present_spelling(record: dict, spellings: tuple[str, ...], location: str) -> str:
@@ -185,7 +208,8 @@ def _present_spelling(record: dict, spellings: tuple[str, ...], location: str) -
             return spelling
     raise ValueError(
         f"{location}: field {spellings[0]!r}: missing; accepted spellings: {', '.join(map(repr, spellings))} "
-        f"(the record has: {', '.join(map(repr, record)) or 'no fields'})"
+        f"(the record has: {', '.join(map(repr, record)) or 'no fields'}); name the fields with --prompt-field "
+        "and --answer-field"
     )
 
 
@@ -218,21 +242,48 @@ SOURCES: dict[str, SourceFormat] = {
         kept={key: (key,) for key in ("solution", "answer", "difficulty")},
         default_split="train",
     ),
+    "beyondaime": SourceFormat(problem=("problem",), answer=("answer",), kept={"answer": ("answer",)}),
 }
 """Source name (the rows' ``data_source``) -> its converter."""
 
 
 def detect_source(path: str | Path) -> str:
     """Return the source name that the file name of ``path`` spells (case-insensitive), e.g. ``AIME24.jsonl``."""
-    file_name = Path(path).name.lower()
-    matches = [name for name, pattern in SOURCE_FILE_NAMES.items() if pattern.search(file_name)]
-    if len(matches) != 1:
-        found = f"it matches {matches}" if matches else "it names none"
+    source = _named_source(path)
+    if source is None:
         raise ValueError(
-            f"Cannot tell the source of {str(path)!r} from its file name ({found}); "
+            f"Cannot tell the source of {str(path)!r} from its file name (it names none); "
             f"give it explicitly with source= (--source), one of: {', '.join(SOURCES)}"
         )
-    return matches[0]
+    return source
+
+
+def _named_source(path: str | Path) -> str | None:
+    """The source name the file name of ``path`` spells, or None if it spells none; ValueError
+    if it spells several."""
+    file_name = Path(path).name.lower()
+    matches = [name for name, pattern in SOURCE_FILE_NAMES.items() if pattern.search(file_name)]
+    if len(matches) > 1:
+        raise ValueError(
+            f"Cannot tell the source of {str(path)!r} from its file name (it matches {matches}); "
+            f"give it explicitly with --source, one of: {', '.join(SOURCES)}"
+        )
+    return matches[0] if matches else None
+
+
+def _recognised_field(records: list[dict], given: str | None, common: tuple[str, ...], path: Path, what: str) -> str:
+    """The field that holds each record's `what` ("problem", "answer"): `given`, else the first of
+    `common` that the first record holds (not null); ValueError naming the file and the options."""
+    if given is not None:
+        return given
+    for spelling in common:
+        if records[0].get(spelling) is not None:
+            return spelling
+    option = "--prompt-field" if what == "problem" else "--answer-field"
+    raise ValueError(
+        f"{path}: row 0: no {what} field recognised (looked for {', '.join(map(repr, common))}; the record has: "
+        f"{', '.join(map(repr, records[0])) or 'no fields'}); name it with {option} FIELD"
+    )
 
 
 def _read_text(path: Path) -> str:
@@ -303,22 +354,44 @@ def _decodes(column: pa.ChunkedArray) -> bool:
     return True
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """Read the records of a ``.json`` (a list of objects, or one per line), ``.jsonl`` or ``.parquet`` file.
+def _csv_records(path: Path, text: str) -> list[dict]:
+    """One record per data line of a csv with a header line, every value a string; errors name
+    the file and line."""
+    reader = csv.DictReader(text.splitlines(keepends=True), strict=True)
+    records = []
+    try:
+        for record in reader:
+            if None in record or None in record.values():
+                more_or_fewer = "more" if None in record else "fewer"
+                raise ValueError(
+                    f"{path}:{reader.line_num}: {more_or_fewer} fields than the header's {len(reader.fieldnames)} "
+                    f"({', '.join(reader.fieldnames)})"
+                )
+            records.append(record)
+    except csv.Error as error:
+        raise ValueError(f"{path}:{reader.line_num}: not valid csv ({error})") from None
+    return records
+
+
+def read_records(path: str | Path, *, suffixes: tuple[str, ...] = RECORD_SUFFIXES) -> list[dict]:
+    """Read the records of a ``.json`` (a list of objects, or one per line), ``.jsonl``, ``.parquet``
+    or, where `suffixes` admits it, ``.csv`` file.
 
     Raises FileNotFoundError if there is no such file, and ValueError naming the file and the
     line or row at fault, or when the file holds no records.
     """
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix not in RECORD_SUFFIXES:
-        raise ValueError(f"{path}: unsupported file type {suffix or '(none)'!r}; expected one of {list(RECORD_SUFFIXES)}")
+    if suffix not in suffixes:
+        raise ValueError(f"{path}: unsupported file type {suffix or '(none)'!r}; expected one of {list(suffixes)}")
     if not path.is_file():
         raise FileNotFoundError(f"Data file {path} does not exist")
     if suffix == ".parquet":
         records = _parquet_rows(path)
     elif suffix == ".json":
         records = _json_document(path, _read_text(path))
+    elif suffix == ".csv":
+        records = _csv_records(path, _read_text(path))
     else:
         records = _json_lines(path, _read_text(path))
     if not records:
@@ -374,10 +447,15 @@ class PrepareReport:
 
     input_path: str
     source: str
+    """The named source whose format was read, or "" for a file of one's own."""
+    data_source: str
     split: str
     repeat: int
     rows_read: int
     rows_written: int
+    problem_field: str = ""
+    answer_field: str = ""
+    """The fields problems and answers were read from (the first row's, for a named source)."""
     repaired_control_characters: list[int] = field(default_factory=list)
     """Rows (source positions) whose problem text had broken LaTeX escapes repaired."""
     tabs_replaced: list[int] = field(default_factory=list)
@@ -388,11 +466,13 @@ class PrepareReport:
     def summary(self) -> str:
         """Return a one-paragraph human-readable account of the preparation."""
         copies = "1 copy" if self.repeat == 1 else f"{self.repeat} consecutive copies"
+        read_as = f"{self.source} rows" if self.source else "rows"
         return (
-            f"{self.input_path}: {self.rows_read} {self.source} rows read, {self.rows_written} written "
-            f"(split {self.split!r}, {copies} of each); broken LaTeX escapes (control characters) repaired "
-            f"in {_rows_text(self.repaired_control_characters)}; whitespace tabs replaced by spaces in "
-            f"{_rows_text(self.tabs_replaced)}; {self.normalised_answers} answers normalised to plain numbers."
+            f"{self.input_path}: {self.rows_read} {read_as} read, {self.rows_written} written "
+            f"(problems from field {self.problem_field!r}, answers from {self.answer_field!r}; data_source "
+            f"{self.data_source!r}, split {self.split!r}, {copies} of each); broken LaTeX escapes (control "
+            f"characters) repaired in {_rows_text(self.repaired_control_characters)}; whitespace tabs replaced by "
+            f"spaces in {_rows_text(self.tabs_replaced)}; {self.normalised_answers} answers normalised to plain numbers."
         )
 
 
@@ -411,15 +491,48 @@ class PreparedDataset:
     report: PrepareReport
 
 
-def _row(source: str, problem: str, converted: ConvertedRecord, split: str, index: int, repeat: int) -> dict:
+def _row(
+    data_source: str, problem: str, prompt_suffix: str, converted: ConvertedRecord, split: str, index: int, repeat: int
+) -> dict:
     """Build one schema row (fresh dicts, so repeats never share mutable state)."""
     return {
-        "data_source": source,
-        "prompt": [{"role": "user", "content": problem + PROMPT_SUFFIX}],
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": problem + prompt_suffix}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": converted.ground_truth},
         "extra_info": {"split": split, "index": index, "repeat": repeat, **converted.kept_fields},
     }
+
+
+OWN_FORMAT = SourceFormat(problem=COMMON_PROBLEM_FIELDS, answer=COMMON_ANSWER_FIELDS, kept={}, default_split="train")
+"""How a file of no named source is read (its fields fixed by `_recognised_field` first)."""
+
+
+def _source_format(
+    path: Path, records: list[dict], source: str | None, prompt_field: str | None, answer_field: str | None
+) -> tuple[str, SourceFormat]:
+    """(named source or "", the format to read `records` with): `source`, or the one the file name
+    spells (unless fields are named), else `OWN_FORMAT` with the fields given or recognised;
+    fields given replace a named source's spellings."""
+    if source is not None and source not in SOURCES:
+        raise ValueError(f"Unknown source {source!r}; valid: {', '.join(SOURCES)}")
+    if source is None and prompt_field is None and answer_field is None:
+        source = _named_source(path)
+    if source is not None:
+        source_format = SOURCES[source]
+        if prompt_field is not None:
+            source_format = replace(source_format, problem=(prompt_field,))
+        if answer_field is not None:
+            source_format = replace(source_format, answer=(answer_field,))
+        return source, source_format
+    problem = _recognised_field(records, prompt_field, COMMON_PROBLEM_FIELDS, path, "problem")
+    answer = _recognised_field(records, answer_field, COMMON_ANSWER_FIELDS, path, "answer")
+    return "", replace(OWN_FORMAT, problem=(problem,), answer=(answer,))
+
+
+def _check_text_option(value: object, name: str, example: str, *, non_empty: bool = True) -> None:
+    if not isinstance(value, str) or (non_empty and not value.strip()):
+        raise ValueError(f"{name} must be a {'non-empty ' if non_empty else ''}string such as {example}, got {describe_value(value)}")
 
 
 def prepare_dataset(
@@ -428,27 +541,35 @@ def prepare_dataset(
     source: str | None = None,
     repeat: int = 1,
     split: str | None = None,
+    prompt_field: str | None = None,
+    answer_field: str | None = None,
+    data_source: str | None = None,
+    prompt_suffix: str = PROMPT_SUFFIX,
 ) -> PreparedDataset:
-    """Convert a benchmark file into schema rows, each source row ``repeat`` times consecutively.
+    """Convert a file of problems into schema rows, each source row ``repeat`` times consecutively.
 
-    ``source`` defaults to ``detect_source(input_path)``; ``split`` to the source's default
-    ("train" for deepscaler, "test" for the others). Repeats of a row share ``extra_info.index``
-    and count ``extra_info.repeat`` from 0, so evaluation can merge their samples.
+    The format (module docstring): ``source``, else the named source the file name spells, else
+    a file of one's own whose fields are ``prompt_field`` and ``answer_field`` or recognised from
+    the first record (naming either field reads the file as one's own, whatever its name).
+    ``data_source`` defaults to the source's name (``math/<file stem>`` for one's own file); ``split`` to the
+    source's default ("train" for deepscaler and one's own files, "test" for the others). Each
+    prompt is the problem followed by ``prompt_suffix``. Repeats of a row share
+    ``extra_info.index`` and count ``extra_info.repeat`` from 0, so evaluation can merge their samples.
     """
     path = Path(input_path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    source = detect_source(path) if source is None else source
-    if source not in SOURCES:
-        raise ValueError(f"Unknown source {source!r}; valid: {', '.join(SOURCES)}")
     if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
         raise ValueError(f"repeat must be an integer >= 1, got {describe_value(repeat)}")
-    source_format = SOURCES[source]
+    if data_source is not None:
+        _check_text_option(data_source, "data_source", "'math' or 'my_task'")
+    _check_text_option(prompt_suffix, "prompt_suffix", repr(PROMPT_SUFFIX), non_empty=False)
+    records = read_records(path, suffixes=INPUT_SUFFIXES)
+    source, source_format = _source_format(path, records, source, prompt_field, answer_field)
     split = source_format.default_split if split is None else split
-    if not isinstance(split, str) or not split.strip():
-        raise ValueError(f"split must be a non-empty string such as 'test' or 'train', got {describe_value(split)}")
-    records = read_records(path)
-    report = PrepareReport(str(path), source, split, repeat, rows_read=len(records), rows_written=0)
+    _check_text_option(split, "split", "'test' or 'train'")
+    data_source = data_source or source or f"{DEFAULT_DATA_SOURCE}/{path.stem}"
+    report = PrepareReport(str(path), source, data_source, split, repeat, rows_read=len(records), rows_written=0)
     rows: list[dict] = []
     for index, record in enumerate(records):
         location = f"{path}: row {index}"
@@ -461,7 +582,9 @@ def prepare_dataset(
         if tabs_replaced:
             report.tabs_replaced.append(index)
         report.normalised_answers += converted.answer_normalised
-        rows.extend(_row(source, problem, converted, split, index, copy) for copy in range(repeat))
+        if index == 0:
+            report.problem_field, report.answer_field = converted.problem_field, converted.answer_field
+        rows.extend(_row(data_source, problem, prompt_suffix, converted, split, index, copy) for copy in range(repeat))
     validate_rows(rows[::repeat], str(path))  # one copy per source row, so errors name source positions
     report.rows_written = len(rows)
     return PreparedDataset(rows, report)

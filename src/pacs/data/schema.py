@@ -75,7 +75,8 @@ def _check_row(row: object, location: str) -> None:
         if key not in row:
             raise ValueError(
                 f"{location}: field {key!r}: missing; a row needs data_source, prompt and "
-                "reward_model.ground_truth (convert raw benchmark files with pacs.data.prepare)"
+                "reward_model.ground_truth. A file of problems and answers (e.g. {'problem': ..., 'answer': ...} "
+                "per line) is converted with `pacs prepare --input FILE --out FILE.parquet`"
             )
     _check_string(row["data_source"], location, "data_source")
     prompt = row["prompt"]

@@ -18,7 +18,7 @@ Several processes. Under torchrun, `evaluate_model` splits the problems across t
 (`evaluate`'s `problem_share`: process k of K takes problems k, k + K, ...), each generating all
 the samples of its problems; rank 0 merges the results (`EvalResult.merge`) and writes them, its
 processes' records one after the other. Process k seeds its sampling with `seed` (k = 0, as one
-process does) or `seed * SEED_STRIDE + k`, so a fixed seed and process count give the same
+process does) or `rank_seed(seed, k)`, so a fixed seed and process count give the same
 result run after run; another process count samples differently (pass@k within sampling noise).
 
 `eval_metrics.json` (written by `evaluate_model`):
@@ -39,6 +39,7 @@ result run after run; another process count samples differently (pass@k within s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections import defaultdict
@@ -49,22 +50,23 @@ from typing import Any, Callable, Protocol, TypeVar
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from pacs import EVAL_SAMPLING
 from pacs.config import VllmConfig
 
-from pacs.data.loading import check_data_spec, load_rows
+from pacs.data.loading import load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_path, load_causal_lm, load_tokenizer, resolve_model_path
-from pacs.outputs import claim_output_dir
+from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer
+from pacs.outputs import claim_output_dir, unusable_inputs
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
-from pacs.rollout.base import RolloutEngine, SamplingParams
+from pacs.rewards.checks import check_scoring
+from pacs.rewards.pool import ScoringWatch
+from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.vllm import VllmEngine
+from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
 
 T = TypeVar("T")
-SEED_STRIDE = 1_000_003
-"""Process k > 0 of an evaluation seeds its sampling with seed * SEED_STRIDE + k."""
 SAME_INPUTS_EVERYWHERE = (
     "Every process runs the same pacs eval command and reads --model and --data from its own disk, at the same paths "
     "(a relative path from its own working directory): put what a node lacks there. Only rank 0 writes --out."
@@ -232,6 +234,25 @@ class EvalResult:
                 )
         return lines
 
+    def table(self) -> str:
+        """A short, aligned table for a person: one line per data source with its problems,
+        samples per problem, pass@k in percent (every k any source reports; "-" where a source has
+        fewer samples) and the samples whose scoring timed out or crashed. `eval_metrics.json`
+        keeps everything, per problem."""
+        ks = sorted({int(key.split("@")[1]) for metrics in self.metrics.values() for key in metrics})
+        header = ["data source", "problems", "samples", *(f"pass@{k}" for k in ks), "timeouts", "crashes"]
+        lines = [header]
+        for source, report in self.sources.items():
+            by_k = report.pass_at_k or {}
+            cells = [f"{100 * by_k[f'pass@{k}']:.1f}" if f"pass@{k}" in by_k else "-" for k in ks]
+            counts = [len(report.correct_counts), report.samples_per_problem]
+            lines.append([source, *map(str, counts), *cells, str(report.timeouts), str(report.crashes)])
+        widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
+        return "\n".join(
+            "  ".join(cell.ljust(width) if column == 0 else cell.rjust(width) for column, (cell, width) in enumerate(zip(line, widths)))
+            for line in lines
+        )
+
     def write(self, out_dir: Path, settings: EvalSettings) -> None:
         """`eval_rollout.jsonl` (every sample with its score) and `eval_metrics.json`."""
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -323,6 +344,7 @@ def evaluate(
     sequences_per_call: int = 512,
     problem_share: tuple[int, int] = (0, 1),
     show_progress: bool = True,
+    scoring_watch: ScoringWatch | None = None,
 ) -> EvalResult:
     """Sample `params.n` responses per copy of every problem, score them, compute pass@k.
 
@@ -332,7 +354,9 @@ def evaluate(
     With `context_length` (the model's), each prompt is generated with max_new_tokens =
     min(params.max_new_tokens, context_length − its length), and prompts that leave no room are
     left out and counted (module docstring). A sample counts as correct when its score is 1.
-    `row_locations[i]` names row i in errors (see `merge_repeats`).
+    `row_locations[i]` names row i in errors (see `merge_repeats`). `scoring_watch` observes
+    every batch of generated prompts: a batch whose answers mostly got no score is warned about
+    on stderr, and enough of them in a row stop the evaluation (`ScoringWatch`).
     """
     if params.n < 1 or params.max_new_tokens < 1:
         raise ValueError(
@@ -372,6 +396,10 @@ def evaluate(
             )
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
+            if scoring_watch is not None:
+                label = f"{source} problems {start + 1}-{start + len(chunk)} of {len(members)}"
+                if warning := scoring_watch.observe(label, batch.timed_out, batch.crashed, len(batch.scores)):
+                    progress.write(warning, file=sys.stderr)
             for offset, problem in enumerate(chunk):
                 span = slice(offset * samples, (offset + 1) * samples)
                 samples_of[problem] = list(zip(rollouts.response_texts[span], batch.scores[span]))
@@ -407,8 +435,8 @@ def evaluate_model(
     processes: Processes,
     n: int,
     out_dir: Path,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
+    temperature: float = EVAL_SAMPLING["temperature"],
+    top_p: float = EVAL_SAMPLING["top_p"],
     max_tokens: int = 4096,
     seed: int = 0,
     dtype: str = "float32",
@@ -419,6 +447,7 @@ def evaluate_model(
     show_progress: bool = True,
     engine: str = "hf",
     collectives: Collectives | None = None,
+    stop_after_failing_batches: int = 3,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
@@ -426,12 +455,14 @@ def evaluate_model(
     Every one of `processes` takes its share of the problems (module docstring), taking part in
     `collectives` (`pacs.train.distributed.collectives`; None: one process); the whole
     result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
-    (transformers' generate) or `vllm` (`load_engine`, one process only); temperature 0 decodes
-    greedily with either.
+    (transformers' generate) or `vllm` (`start_vllm_engine`: under torchrun each process's engine
+    on its own device, attached to the job); temperature 0 decodes greedily with either.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
-    or with samples whose scoring timed out or crashed, are reported on stderr.
+    or with samples whose scoring timed out or crashed, are reported on stderr; after
+    `stop_after_failing_batches` batches in a row whose answers mostly got no score (0: never) the
+    evaluation stops with an error naming the reward function (`ScoringWatch`).
 
     Every input is checked (on every process) and `out_dir` claimed (by rank 0;
     `pacs.outputs.claim_output_dir`: `overwrite` moves a previous evaluation there aside) before
@@ -439,14 +470,16 @@ def evaluate_model(
     """
     if not specs:
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
-    if engine == "vllm" and processes.world_size > 1:
-        raise ValueError("pacs eval --engine vllm runs in one process; under torchrun use --engine hf")
+    if engine not in ("hf", "vllm") or (engine == "vllm" and dtype not in ("float32", "bfloat16")):
+        raise ValueError(f"engine {engine!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
     if collectives is None:
         if processes.world_size > 1:
             raise ValueError(f"an evaluation on {processes.world_size} processes needs their collectives")
         collectives = _OneProcess()
-    collectives.run_on_every_rank(
-        processes, lambda: _check_inputs(model_path, specs, reward_function), how_to_fix=SAME_INPUTS_EVERYWHERE
+    rows_by_spec = collectives.run_on_every_rank(
+        processes,
+        lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, engine, probe=processes.is_writer),
+        how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
     collectives.run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
@@ -463,26 +496,43 @@ def evaluate_model(
         reward_workers=reward_workers,
         engine=engine,
     )
-    process_seed = seed if processes.rank == 0 else seed * SEED_STRIDE + processes.rank
+    process_seed = seed if processes.rank == 0 else rank_seed(seed, processes.rank)
     torch.manual_seed(process_seed)
 
-    def load() -> tuple[PreTrainedTokenizerBase, RolloutEngine, int | None, list[dict], list[str]]:
+    def load() -> tuple[PreTrainedTokenizerBase, TransformersEngine | str, int | None, list[dict], list[str]]:
+        """What each node reads: the tokenizer, the hf engine's model (vLLM's model directory, whose
+        engines every rank then starts at once), the model's context length and the rows."""
         tokenizer = load_tokenizer(model_path)
-        rollout_engine, context_length = load_engine(
-            engine, model_path, tokenizer, dtype=dtype, seed=process_seed, device=processes.device
-        )
+        if engine == "hf":
+            model = load_causal_lm(model_path, dtype=dtype).to(processes.device)
+            hf_engine_or_model_dir, config = TransformersEngine(model, tokenizer), model.config
+        else:
+            hf_engine_or_model_dir = local_model_dir(model_path, with_weights=True)
+            config = AutoConfig.from_pretrained(hf_engine_or_model_dir)
         rows, locations = [], []
         for spec in specs:
-            spec_rows = load_rows(spec, default_split="val")
-            rows += spec_rows
-            locations += [f"{spec}: row {position}" for position in range(len(spec_rows))]
-        return tokenizer, rollout_engine, context_length, rows, locations
+            rows += rows_by_spec[spec]
+            locations += [f"{spec}: row {position}" for position in range(len(rows_by_spec[spec]))]
+        return tokenizer, hf_engine_or_model_dir, getattr(config, "max_position_embeddings", None), rows, locations
 
     tokenizer, rollout_engine, context_length, rows, locations = collectives.run_on_every_rank(
         processes, load, how_to_fix=SAME_INPUTS_EVERYWHERE, node_leader_first=True
     )
+    if engine == "vllm":
+        rollout_engine = start_vllm_engine(
+            rollout_engine, tokenizer, dtype=dtype, seed=process_seed, max_model_len=context_length, processes=processes
+        )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
-    with ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
+    # closed after the last collective: under torchrun vLLM's teardown ends the job's process group
+    with contextlib.closing(rollout_engine), ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
+        watch = ScoringWatch(
+            scorer.function_name,
+            remedy=f"--reward-timeout {reward_timeout_s:g}",
+            stop_after=stop_after_failing_batches,
+            stop_option="--stop-after-failing-batches",
+            batch="batch",
+            batches="batches",
+        )
         share = evaluate(
             rollout_engine,
             tokenizer,
@@ -493,8 +543,9 @@ def evaluate_model(
             context_length=context_length,
             problem_share=(processes.rank, processes.world_size),
             show_progress=show_progress and processes.is_writer,
+            scoring_watch=watch,
         )
-    shares = collectives.gather_objects_on_rank0(processes, share)
+        shares = collectives.gather_objects_on_rank0(processes, share)
     if shares is None:
         return None
     result = EvalResult.merge(shares)
@@ -504,36 +555,49 @@ def evaluate_model(
     return result
 
 
-def _check_inputs(model_path: str, specs: list[str], reward_function: str | None) -> None:
-    """Raise ValueError or FileNotFoundError unless the model, every data spec and the reward
-    function can be used here (nothing large is loaded)."""
-    check_model_path(model_path)
-    for spec in specs:
-        check_data_spec(spec, default_split="val")
-    load_reward_function(reward_function)
+def _checked_inputs(
+    model_path: str, specs: list[str], reward_function: str | None, reward_timeout_s: float, engine: str, *, probe: bool
+) -> dict[str, list[dict]]:
+    """Every spec's rows (each checked against the schema), once the model is found reachable, the
+    rows scorable (`check_scoring`; with `probe`, the reward function is called on a real row) and
+    the engine's package usable here; otherwise ValueError listing every problem at once. Nothing
+    large is loaded."""
+    rows_by_spec: dict[str, list[dict]] = {}
+
+    def read(spec: str) -> None:
+        rows_by_spec[spec] = load_rows(spec, default_split="val")
+
+    def scoring() -> None:
+        if reward_function is not None:
+            load_reward_function(reward_function)
+        if probe or reward_function is None:
+            check_scoring(rows_by_spec, reward_function, timeout_s=reward_timeout_s)
+
+    checks = [
+        ("--model", lambda: check_model_reachable(model_path)),
+        *((f"--data {spec}", lambda spec=spec: read(spec)) for spec in specs),
+        ("--reward-function" if reward_function else "--data", scoring),
+    ]
+    if engine == "vllm":
+        checks.append(("--engine vllm", check_vllm_usable))
+    if problems := unusable_inputs(checks):
+        raise ValueError(problems)
+    return rows_by_spec
 
 
-def load_engine(
-    name: str, model_path: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, device: torch.device | str
-) -> tuple[RolloutEngine, int | None]:
-    """`pacs eval`'s engine `name` ("hf", its model on `device`, or "vllm") on the model at
-    `model_path`, and the model's context length (`max_position_embeddings`; None if it declares
-    none). vLLM, alone in the process, may take 90% of a GPU's memory; it computes in float32 or
-    bfloat16 only, and returns no log-probs (faster; evaluation needs none)."""
-    if name == "hf":
-        model = load_causal_lm(model_path, dtype=dtype).to(device)
-        return TransformersEngine(model, tokenizer), getattr(model.config, "max_position_embeddings", None)
-    if name != "vllm" or dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"engine {name!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
-    path = resolve_model_path(model_path)
-    context_length = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-    engine = VllmEngine(
-        path,
+def start_vllm_engine(
+    model_dir: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, max_model_len: int | None, processes: Processes
+) -> VllmEngine:
+    """`pacs eval --engine vllm`'s engine on the model in `model_dir`, started by every process at
+    once, each on its own device (`EnginePlace`). Alone on its GPU, it may take 90% of its memory
+    and never sleeps; it returns no log-probs (faster; evaluation needs none)."""
+    return VllmEngine(
+        model_dir,
         tokenizer,
-        VllmConfig(gpu_memory_utilization=0.9),
+        VllmConfig(gpu_memory_utilization=0.9, sleep_mode=False),
         dtype=dtype,
-        max_model_len=context_length,
+        max_model_len=max_model_len,
         seed=seed,
+        place=EnginePlace(processes.rank, processes.world_size, processes.device.index or 0),
         sampler_logprobs=False,
     )
-    return engine, context_length

@@ -46,6 +46,7 @@ from transformers.utils import logging as transformers_logging
 
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
+from pacs.plugins import import_function
 
 BUILTIN_PREFIX = "builtin:"
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -68,7 +69,15 @@ def _cached_builtin_tiny() -> Path:
     return save_builtin_tiny(directory, seed=0)
 
 
-BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"builtin:tiny": _cached_builtin_tiny}
+BUILTIN_MODELS: dict[str, Callable[[], Path] | str] = {
+    "builtin:tiny": _cached_builtin_tiny,
+    "builtin:tiny-arithmetic": "pacs.train.builtin_models:warm_started_tiny",
+}
+"""Built-in name -> what builds its directory into the pacs cache (once): a function, or the
+"package.module:function" that names one, imported when the model is first asked for. The
+warm-started model is trained (`pacs.train`, a layer above this one), so it is named here, not
+imported: every entry point knows every built-in name (`check_model_path`) without importing the
+trainer, and resolving the name imports it."""
 
 
 def register_builtin_model(name: str, build_fn: Callable[[], Path]) -> None:
@@ -118,7 +127,8 @@ def resolve_model_path(path: str) -> str:
     check_model_path(path)
     if path.startswith(BUILTIN_PREFIX):
         with torch.random.fork_rng(devices=[]):
-            return str(BUILTIN_MODELS[path]())
+            build = BUILTIN_MODELS[path]
+            return str((import_function(build) if isinstance(build, str) else build)())
     local = Path(path).expanduser()
     return str(local) if local.is_dir() else path
 
@@ -162,6 +172,53 @@ def _hub_unreachable_reason(repo_id: str) -> str | None:
     return f"{type(error).__name__}: {error}"
 
 
+_HUB_ANSWERS: dict[tuple[str, bool, str], str | None] = {}
+"""(endpoint, offline mode, hub id) -> what `_hub_unreachable_reason` said (a refusal it raised is not kept)."""
+
+
+def _hub_access(repo_id: str) -> str | None:
+    """How a hub id would load: None when the hub serves it, else why the hub cannot be reached
+    (it then loads from the local hub cache). Raises FileNotFoundError, saying what to do, when the
+    hub refuses it (`_hub_unreachable_reason`) or can be reached neither online nor in the cache.
+    One request to the hub, at most `HUB_CHECK_TIMEOUT_S`, per hub id and endpoint in a process
+    (a command checks before it loads, and loads the tokenizer and the model apart)."""
+    key = (hub_constants.ENDPOINT, is_offline_mode(), repo_id)
+    if key not in _HUB_ANSWERS:
+        _HUB_ANSWERS[key] = _hub_unreachable_reason(repo_id)
+    unreachable = _HUB_ANSWERS[key]
+    if unreachable is not None and not isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        raise FileNotFoundError(
+            f"Could not reach the Hugging Face Hub at {hub_constants.ENDPOINT} to load {repo_id!r} "
+            f"({unreachable}), and it is not in the local hub cache {hub_constants.HF_HUB_CACHE}; this "
+            f"machine may be offline. Use a local model directory or one of {sorted(BUILTIN_MODELS)}, or "
+            f"download it where the hub is reachable (`hf download {repo_id}`, then copy that hub cache "
+            f"here or point HF_HUB_CACHE at it; or `hf download {repo_id} --local-dir DIR` and pass DIR)."
+        )
+    return unreachable
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+"""Files of which a local model directory holds at least one when it holds a tokenizer."""
+
+
+def check_model_reachable(path: str, *, needs_tokenizer: bool = True) -> None:
+    """`check_model_path`, and what loading `path` would find first, without loading it: a local
+    directory's tokenizer files (with `needs_tokenizer`), a hub id that the hub serves or the hub
+    cache holds (`_hub_access`: one request). Built-in models are not built. Raises ValueError or
+    FileNotFoundError saying what is missing and what to do."""
+    check_model_path(path)
+    if path.startswith(BUILTIN_PREFIX):
+        return
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        _hub_access(path)
+    elif needs_tokenizer and not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{local} holds a model but no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer "
+            "beside it (tokenizer.save_pretrained(DIR))"
+        )
+
+
 def _from_pretrained(load: Callable[..., object], path: str) -> object:
     """Call ``load(resolved_path)``; for a hub id, check the hub first and fall back to its cache.
 
@@ -172,15 +229,7 @@ def _from_pretrained(load: Callable[..., object], path: str) -> object:
     resolved = resolve_model_path(path)
     if Path(resolved).is_dir():
         return load(resolved)
-    unreachable = _hub_unreachable_reason(resolved)
-    if unreachable is not None and not isinstance(try_to_load_from_cache(resolved, "config.json"), str):
-        raise FileNotFoundError(
-            f"Could not reach the Hugging Face Hub at {hub_constants.ENDPOINT} to load {resolved!r} "
-            f"({unreachable}), and it is not in the local hub cache {hub_constants.HF_HUB_CACHE}; this "
-            f"machine may be offline. Use a local model directory or one of {sorted(BUILTIN_MODELS)}, or "
-            f"download it where the hub is reachable (`hf download {resolved}`, then copy that hub cache "
-            f"here or point HF_HUB_CACHE at it; or `hf download {resolved} --local-dir DIR` and pass DIR)."
-        )
+    unreachable = _hub_access(resolved)
     try:
         return load(resolved, local_files_only=True) if unreachable is not None else load(resolved)
     except OSError as error:

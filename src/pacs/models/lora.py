@@ -132,10 +132,11 @@ def is_adapter_weight(key: str) -> bool:
 def merged_tensors(
     model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], adapters: dict[str, torch.Tensor]
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The merged model's state-dict entries, as plain Hugging Face keys and CPU tensors, one for
-    each of `named_tensors` (the peft model's state-dict entries that are not adapter weights,
-    e.g. gathered one at a time from FSDP shards) as it comes, with `adapters` (the peft model's
-    adapter tensors, by key) merged in, without changing `model`.
+    """The merged model's state-dict entries, as plain Hugging Face keys, one for each of
+    `named_tensors` (the peft model's state-dict entries that are not adapter weights, e.g.
+    gathered one at a time from FSDP shards) as it comes, with `adapters` (the peft model's
+    adapter tensors, by key) merged in, without changing `model`. Each is computed where its
+    tensor lies (the GPU for a weight sync, the CPU for a checkpoint): nothing is copied.
 
     Every adapted weight W becomes W + scaling * delta (`_lora_delta`), summed in float32 (or
     float64) and stored in W's dtype; every other tensor is passed on, and the keys lose peft's
@@ -154,9 +155,9 @@ def merged_tensors(
         if key in adapted:
             layer_name, layer = adapted[key]
             wide = torch.promote_types(value.dtype, torch.float32)
-            lora_a, lora_b = (adapters[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"].to(wide) for part in "AB")
+            lora_a, lora_b = (adapters[f"{layer_name}.lora_{part}.{ADAPTER_NAME}.weight"].to(value.device, wide) for part in "AB")
             value = (value.to(wide) + _lora_delta(layer, lora_a, lora_b)).to(value.dtype)
-        yield ".".join(part for part in key.split(".") if part != "base_layer").removeprefix(prefix), value.to("cpu")
+        yield ".".join(part for part in key.split(".") if part != "base_layer").removeprefix(prefix), value
 
 
 def _adapted_weight_key(name: str, layer: torch.nn.Module) -> str:

@@ -31,6 +31,31 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 
 
+def process_umask() -> int:
+    """This process's umask, read without changing it (Linux's /proc; elsewhere set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def with_umask_modes(directory: Path) -> Path:
+    """Give `directory` and everything in it the modes a new file or folder gets from the user's
+    umask (0666 / 0777 minus it), and return it. safetensors writes its files 0600, and a
+    `tempfile.mkdtemp` folder is 0700: a checkpoint that others on the machine (or a serving job
+    run as another user) cannot read, whatever the user's umask says."""
+    mask = process_umask()
+    for path in [directory, *directory.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+    return directory
+
+
 def save_from_this_process(model: PreTrainedModel, directory: Path, **options) -> None:
     """`model.save_pretrained(directory, **options)`, written by this process even when it is
     not global rank 0 of a process group."""

@@ -22,7 +22,7 @@ import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from pacs.models.saving import save_from_this_process
+from pacs.models.saving import save_from_this_process, with_umask_modes
 
 PAD_TOKEN = "<|pad|>"
 UNK_TOKEN = "<|unk|>"
@@ -118,7 +118,7 @@ def save_builtin_tiny(directory: Path, *, seed: int = 0) -> Path:
     try:
         save_from_this_process(model, staging)
         tokenizer.save_pretrained(staging)
-        os.replace(staging, directory)
+        os.replace(with_umask_modes(staging), directory)
     except OSError:
         if not (directory / "config.json").is_file():
             raise

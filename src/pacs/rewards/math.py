@@ -34,7 +34,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from pacs.rewards.arithmetic import extract_boxed
 from pacs.rewards.workers import TimeLimitedWorkers, check_timeout_s, inside_time_limited_worker
 
-MATH_DATA_SOURCES = ("math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "math")
+MATH_DATA_SOURCES = ("math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "beyondaime", "math")
 GOLD_EXTRACTION = (LatexExtractionConfig(),)
 ANSWER_EXTRACTION = (ExprExtractionConfig(), LatexExtractionConfig())
 SYMBOLIC_STEP_SPEC = "pacs.rewards.math:symbolic_verify"

@@ -24,7 +24,7 @@ the pool's limit, for debugging; the math verifier still bounds its own symbolic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pacs.rewards.math import math_score_timeouts
 from pacs.rewards.registry import RewardCall, _checked_score, _describe_row, load_reward_function, reward_calls
@@ -47,6 +47,64 @@ class BatchScores:
     scores: list[float]
     timed_out: int = 0
     crashed: int = 0
+
+
+class ScoringFailed(ValueError):
+    """A reward function gave most answers no score (timed out or crashed) batch after batch."""
+
+
+FAILING_FRACTION = 0.5
+"""A batch fails when at least this fraction of its answers got no score (timed out or crashed)."""
+
+
+@dataclass
+class ScoringWatch:
+    """Keeps a run from going on silently on scores that are 0 only because the reward function
+    never answered: `observe` each batch's counts; a failing batch (`FAILING_FRACTION`) gets a
+    warning naming the function and the remedy, and `stop_after` failing batches in a row (0:
+    never) raise `ScoringFailed`.
+
+    `remedy`: the settings that bound scoring, as the command names them (e.g. "reward.timeout_s=1");
+    `stop_option`: the setting of `stop_after`; `batch`, `batches`: what a batch is to the user
+    ("step", "steps")."""
+
+    function_name: str
+    remedy: str
+    stop_after: int
+    stop_option: str
+    batch: str = "step"
+    batches: str = "steps"
+    failing: list[str] = field(default_factory=list)
+    """The failing batches in a row so far, e.g. "step 3: 32 of 32"."""
+
+    def _count(self, number: int) -> str:
+        return f"{number} {self.batch if number == 1 else self.batches}"
+
+    def observe(self, label: str, timed_out: int, crashed: int, answers: int) -> str | None:
+        """A warning when the batch `label` ("step 3") failed, else None; raises `ScoringFailed`
+        when it is the `stop_after`-th failing batch in a row."""
+        failed = timed_out + crashed
+        if not answers or failed < FAILING_FRACTION * answers:
+            self.failing.clear()
+            return None
+        self.failing.append(f"{label}: {failed} of {answers}")
+        if self.stop_after and len(self.failing) >= self.stop_after:
+            raise ScoringFailed(
+                f"reward function {self.function_name} gave no score to most answers in "
+                f"{self._count(len(self.failing))} in a row ({'; '.join(self.failing)} timed out or crashed), so they all scored 0; stopped. "
+                f"Make it answer within its limits ({self.remedy}), raise them, or set {self.stop_option}=0 to go "
+                "on regardless"
+            )
+        stops = (
+            f"; the run stops after {self._count(self.stop_after - len(self.failing))} more like it in a row ({self.stop_option})"
+            if self.stop_after
+            else ""
+        )
+        return (
+            f"warning: {label}: reward function {self.function_name} gave no score to {failed} of {answers} answers "
+            f"({timed_out} timed out, {crashed} crashed), which scored 0. Make it answer within its limits "
+            f"({self.remedy}) or raise them{stops}"
+        )
 
 
 class ScoringPool:
@@ -106,21 +164,29 @@ class ScoringPool:
             outcome = self._workers.run(calls, timeout_s=check_timeout_s(self.timeout_s))
         except CallError as error:
             raise self._function_error(calls[error.index], error.text) from None
-        scores = [
-            0.0 if result is NO_RESULT else _checked_score(result, call[0], call[3])
-            for call, result in zip(calls, outcome.results)
-        ]
+        scores = [0.0 if result is NO_RESULT else self._checked(result, call) for call, result in zip(calls, outcome.results)]
         return BatchScores(scores, timed_out=outcome.timed_out, crashed=outcome.crashed)
+
+    @property
+    def function_name(self) -> str:
+        """The reward function, as the user named it (`default_compute_score`: by data_source)."""
+        return self.function_spec or "default_compute_score"
 
     def _function_error(self, call: RewardCall, error_text: str) -> ValueError:
         data_source, _, _, extra_info = call
-        function_name = self.function_spec or "default_compute_score"
         where = _describe_row(data_source, extra_info)
-        return ValueError(f"Reward function {function_name} raised for {where}: {error_text}")
+        return ValueError(f"Reward function {self.function_name} raised for {where}: {error_text}")
+
+    def _checked(self, result: object, call: RewardCall) -> float:
+        """`_checked_score`, its refusal naming the function."""
+        try:
+            return _checked_score(result, call[0], call[3])
+        except ValueError as error:
+            raise ValueError(f"Reward function {self.function_name}: {error}") from None
 
     def _score_in_process(self, call: RewardCall) -> float:
         try:
             result = self._compute_score(*call)
         except (Exception, SystemExit) as error:  # KeyboardInterrupt stays Ctrl-C
             raise self._function_error(call, exception_text(error)) from error
-        return _checked_score(result, call[0], call[3])
+        return self._checked(result, call)

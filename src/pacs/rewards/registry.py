@@ -8,7 +8,9 @@ A reward function has the verl signature
 returning a score in [0, 1], or a dict whose ``"score"`` key holds it (other keys are extra
 information). ``REWARD_FUNCTIONS`` maps a row's ``data_source`` to such a function: "arithmetic"
 for the built-in task, and the math benchmarks (``pacs.rewards.math.MATH_DATA_SOURCES``) to the
-math verifier.
+math verifier. A data_source ``KIND/NAME`` is scored as ``KIND`` (``math/algebra`` by the math
+verifier, ``reward_function_for``): a set of one's own gets a name of its own, reported apart, and
+a built-in scorer.
 """
 
 from __future__ import annotations
@@ -40,16 +42,23 @@ REWARD_FUNCTIONS: dict[str, ComputeScore] = {
 }
 
 
+def reward_function_for(data_source: str) -> ComputeScore | None:
+    """The reward function registered for ``data_source``, or for its kind (the part before the
+    first "/") when the data_source itself is not registered; None if neither is."""
+    return REWARD_FUNCTIONS.get(data_source) or REWARD_FUNCTIONS.get(data_source.split("/", 1)[0])
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
 ) -> float | dict:
-    """Score ``solution_str`` with the reward function registered for ``data_source``."""
-    if data_source not in REWARD_FUNCTIONS:
+    """Score ``solution_str`` with the reward function registered for ``data_source`` (or its kind)."""
+    compute_score = reward_function_for(data_source)
+    if compute_score is None:
         raise ValueError(
-            f"No reward function for data_source {data_source!r}; known: {sorted(REWARD_FUNCTIONS)}. "
-            "Give a custom one as 'module:function'"
+            f"No reward function for data_source {data_source!r}; known: {sorted(REWARD_FUNCTIONS)} (and KIND/NAME "
+            "for each). Give a custom one as 'module:function'"
         )
-    return REWARD_FUNCTIONS[data_source](data_source, solution_str, ground_truth, extra_info)
+    return compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
 def load_reward_function(spec: str | None) -> ComputeScore:

@@ -30,6 +30,13 @@ class SamplingParams:
     return_logprobs: bool = False
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of process `rank`'s own random draws (its samples) in a run or an evaluation seeded
+    with `seed`: apart from every other rank's, and from those of any other seed while there are
+    fewer than 1,000,003 ranks."""
+    return seed * 1_000_003 + rank
+
+
 @dataclass
 class Rollouts:
     """Responses grouped by prompt: rows [g*n, (g+1)*n) all answer prompt g (n = group_size).
@@ -50,6 +57,22 @@ class Rollouts:
     response_texts: list[str]
     group_size: int
     response_logprobs: torch.Tensor | None = None
+
+    def rows(self, start: int, stop: int) -> Rollouts:
+        """Rows [start, stop) (whole groups), their padding trimmed to their own longest prompt and response."""
+        prompt_mask, response_mask = self.prompt_mask[start:stop], self.response_mask[start:stop]
+        prompt_from = self.prompt_ids.shape[1] - int(prompt_mask.sum(dim=1).max())
+        response_to = int(response_mask.sum(dim=1).max())
+        logprobs = self.response_logprobs
+        return Rollouts(
+            prompt_ids=self.prompt_ids[start:stop, prompt_from:],
+            prompt_mask=prompt_mask[:, prompt_from:],
+            response_ids=self.response_ids[start:stop, :response_to],
+            response_mask=response_mask[:, :response_to],
+            response_texts=self.response_texts[start:stop],
+            group_size=self.group_size,
+            response_logprobs=None if logprobs is None else logprobs[start:stop, :response_to],
+        )
 
 
 def rollouts_from_rows(
@@ -80,6 +103,9 @@ class RolloutEngine(Protocol):
     """True when the engine samples from a copy of the weights (vLLM), which the trainer must push
     with `load_weights` after each update and whose log-probs it checks against its own; False when
     it generates with the trained module itself (transformers), always the policy's weights."""
+    has_weights: bool
+    """False while an engine that holds its own copy has none to generate with (started without
+    reading the checkpoint, or dropped it asleep): `load_weights` must come before `generate`."""
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""
@@ -94,9 +120,62 @@ class RolloutEngine(Protocol):
         others refuse it (TypeError): they have no copy to load."""
         ...
 
+    def sleep(self) -> None:
+        """Free the device memory the engine holds of its own until it next generates or loads
+        weights (vLLM with sleep mode: its KV cache and weights), for the trainer's passes that
+        follow a rollout; a no-op where there is nothing to free."""
+        ...
+
     def close(self) -> None:
         """Release what the engine holds of its own (vLLM: its KV cache, weights and process groups)."""
         ...
+
+
+@dataclass(frozen=True)
+class GenerationGroup:
+    """The ranks that generate together: `size` consecutive ranks running one engine over `size`
+    devices (vLLM's tensor parallelism; 1: each rank its own engine). Every rank of a group must
+    ask its engine for the same prompts with the same seed, and gets the same responses. This
+    rank is `member` of group `index` of `count`.
+
+    Training: each rank generates for the group's prompts (every rank's share of the step, in
+    rank order) and keeps its own rows (`own_rows`). Evaluation: the groups split the problems,
+    every rank of a group evaluates its group's share, and one rank (`is_leader`) reports it."""
+
+    index: int = 0
+    count: int = 1
+    member: int = 0
+    size: int = 1
+
+    @classmethod
+    def of(cls, rank: int, world_size: int, size: int, *, processes_per_node: int) -> GenerationGroup:
+        """Rank `rank`'s group of `size` consecutive ranks; ValueError (naming what works) unless
+        `size` divides the processes of a node, `processes_per_node` (so that a group never spans
+        two nodes) and so the world."""
+        if size > 1 and (world_size == 1 or processes_per_node % size or world_size % size):
+            raise ValueError(
+                f"rollout.vllm.tensor_parallel_size={size} with {world_size} process(es), {processes_per_node} per node: "
+                f"an engine over {size} GPUs is run by {size} torchrun processes of one node together, so the "
+                f"processes per node must be a multiple of {size} (e.g. torchrun --nproc_per_node {size}); "
+                "or set rollout.vllm.tensor_parallel_size=1 (one engine per process)"
+            )
+        return cls(index=rank // size, count=world_size // size, member=rank % size, size=size)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.member == 0
+
+    @property
+    def ranks(self) -> range:
+        """Every rank of this group, in order."""
+        return range(self.index * self.size, (self.index + 1) * self.size)
+
+    def own_rows(self, rollouts: Rollouts, rows_per_member: int) -> Rollouts:
+        """This rank's rows of the group's `rollouts` (each member's `rows_per_member` rows after
+        the previous member's)."""
+        if self.size == 1:
+            return rollouts
+        return rollouts.rows(self.member * rows_per_member, (self.member + 1) * rows_per_member)
 
 
 def pad_rows(rows: Sequence[torch.Tensor], pad_value: int, *, left: bool) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache, StaticLayer
 
+from pacs.models.cache import CACHE_ARGUMENT
 from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts, SamplingParams, pad_rows, rollouts_from_rows
 
@@ -53,6 +54,7 @@ class TransformersEngine:
 
     holds_own_weights = False
     """It generates with the trained module itself (`pacs.rollout.base.RolloutEngine`)."""
+    has_weights = True
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, max_sequences_per_call: int = 512):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
@@ -110,6 +112,9 @@ class TransformersEngine:
         """Refused: the engine generates with the caller's model, whose weights are the policy's."""
         raise TypeError("TransformersEngine generates with the trained model itself and holds no weights to load")
 
+    def sleep(self) -> None:
+        """Nothing to free: the engine generates with the caller's model."""
+
     def close(self) -> None:
         """Nothing to release: the engine generates with the caller's model."""
 
@@ -146,14 +151,15 @@ class TransformersEngine:
             position_ids=(prefix_mask.cumsum(dim=1) - 1).clamp(min=0),
             use_cache=True,
             logits_to_keep=1,
-        ).past_key_values
+        )[CACHE_ARGUMENT]
         cache.batch_repeat_interleave(n)
+        preallocated = _preallocated(cache, self.model.config, input_ids.shape[1] + generation_config.max_new_tokens)
         return self.model.generate(
             input_ids=rows_ids,
             attention_mask=rows_mask,
-            past_key_values=_preallocated(cache, self.model.config, input_ids.shape[1] + generation_config.max_new_tokens),
             generation_config=generation_config,
             synced_gpus=False,
+            **{CACHE_ARGUMENT: preallocated},
         )
 
 

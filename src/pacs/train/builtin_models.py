@@ -1,6 +1,6 @@
 """`builtin:tiny-arithmetic`: the built-in tiny model warm-started on `builtin:arithmetic`.
 
-Built on first use (77–112 s on this project's two CPU cores) and cached under
+Built on first use (a minute or two on a CPU; docs/results.md has the times) and cached under
 `pacs.paths.cache_dir()`; no weights live in git. The warm-start is deliberately short: the model
 solves some problems but not all, so RL sees groups with both outcomes. Processes that ask for it
 at once (test workers, runs sharing a cache) build it once: the others wait on a lock file beside
@@ -18,15 +18,15 @@ from filelock import FileLock
 
 from pacs.data.arithmetic import answer_text
 from pacs.data.loading import load_rows
-from pacs.models.loading import register_builtin_model
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
 from pacs.train.sft import supervised_warm_start
 
 WARM_START = {"task": "builtin:arithmetic?max_operand=19", "steps": 450, "batch_size": 64, "lr": 1e-3}
-"""77–112 s on this project's 2-core machine (450 steps of 0.17–0.25 s), after which
-pass@1 on the held-out split (temperature 0.6) is roughly 12-30% (the demo's 10-seed table in
-the README)."""
+"""Long enough that the model solves some held-out problems (pass@1 at temperature 0.6 of roughly
+10–30%, depending on the seed and the machine's roundoff) and short enough that it fails others,
+so RL sees groups with both outcomes; shorter warm-starts left too weak a base for the demo to
+gain reliably (docs/results.md, "The demo over ten seeds")."""
 
 
 def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
@@ -58,6 +58,3 @@ def _warm_start(seed: int, directory: Path, show_progress: bool) -> Path:
             seed=seed,
             show_progress=show_progress,
         )
-
-
-register_builtin_model("builtin:tiny-arithmetic", warm_started_tiny)

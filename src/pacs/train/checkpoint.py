@@ -9,6 +9,8 @@
                           tensor, in safetensors files of at most 1 GiB each (none before the
                           first update)
                           critic/, critic_optimizer/: PPO's critic (value head) and its optimizer
+                          reference/: with `train.reference_reset_every`, the reference model as
+                          last reset (a snapshot of the policy, which resuming starts from)
                           adapter/: with LoRA, the adapter (adapter_config.json,
                           adapter_model.safetensors); the model files beside it are then the
                           merged model (base + adapter), and resuming loads the base from
@@ -25,8 +27,9 @@ partial `step_N` for `resume=auto` to pick up.
 
 Resuming never unpickles arbitrary objects: a crafted `trainer_state.pt` could otherwise run code
 on `resume=auto`. The state is loaded with `weights_only=True`, which admits tensors and plain
-containers of numbers and strings; a state file of another format (an older pacs wrote NumPy
-arrays into it) is refused with `CheckpointError`.
+containers of numbers and strings; a state file holding anything else, or of another format than
+`TRAINER_STATE_FORMAT`, is refused with `CheckpointError`, whose message says how to go on from the
+checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
 from pacs.models.lora import ADAPTER_DIR, is_adapter_weight, is_lora, language_model, merged_tensors, save_adapter
-from pacs.models.saving import save_streamed, write_safetensors_files
+from pacs.models.saving import save_streamed, with_umask_modes, write_safetensors_files
+from pacs.rollout.base import rank_seed
 from pacs.train.checkpoint_dirs import TRAINER_STATE, put_in_place, removed_on_error, seal, staging_directory
 from pacs.train.distributed.collectives import barrier, gather_rows, run_on_rank0
 from pacs.train.distributed.state_dict import from_rank0_like, full_tensors_on_rank0, named_state, parameters_by_name
@@ -54,6 +58,7 @@ from pacs.train.sampler import PromptSampler
 TRAINER_STATE_FORMAT = 3
 """Written into every trainer state as "format"; bumped when its layout changes."""
 CRITIC_DIR = "critic"
+REFERENCE_DIR = "reference"
 OPTIMIZER_DIR = "optimizer"
 CRITIC_OPTIMIZER_DIR = "critic_optimizer"
 OPTIMIZER_FILE_BYTES = 1 << 30
@@ -90,7 +95,7 @@ def save_checkpoint(
             return directory
         tokenizer.save_pretrained(staging)
         torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
-        seal(staging, trainer_state.get("step"))
+        seal(with_umask_modes(staging), trainer_state.get("step"))
     return put_in_place(staging, directory)
 
 
@@ -191,7 +196,7 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
         f"format {TRAINER_STATE_FORMAT} only, because unpickling arbitrary objects could run code from the file"
     )
     advice = (
-        f"If an older pacs wrote it, start a new run from its weights instead (model.path={checkpoint}, "
+        f"Its weights still load: start a new run from its weights instead (model.path={checkpoint}, "
         "a new output_dir); the optimizer state and data position are not carried over."
     )
     try:
@@ -236,7 +241,7 @@ def restore_rng_states(states: dict[str, Any], world: World) -> None:
             "training continues, but its random sampling differs from an uninterrupted run",
             stacklevel=2,
         )
-        torch.manual_seed(int(states["torch"][0].long().sum()) * 1_000_003 + world.rank)
+        torch.manual_seed(rank_seed(int(states["torch"][0].long().sum()), world.rank))
         return
     # clone: a row of the stacked states is a view at an offset, which set_rng_state cannot read
     torch.set_rng_state(states["torch"][world.rank].clone())
@@ -254,15 +259,19 @@ def write_checkpoint(
     policy: tuple[torch.nn.Module, torch.optim.Optimizer],
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
     tracker_runs: dict[str, str] | None = None,
+    reference: torch.nn.Module | None = None,
 ) -> Path:
     """The training checkpoint of every rank: the optimizers' states, then the models (with the
     random states, `save_checkpoint`), each gathered one tensor at a time into rank 0's files;
     all wait until it is in place. `tracker_runs`: tracker name -> run id (rank 0's), which
-    resuming continues (`pacs.train.trackers`)."""
+    resuming continues (`pacs.train.trackers`). `reference`: a reference model that moves during
+    the run (`train.reference_reset_every`), written to `REFERENCE_DIR`."""
     staging = staging_directory(directory) if world.is_writer else None
     model, optimizer = policy
     critic_model = None
     with removed_on_error(staging):
+        if reference is not None:
+            save_model(world, reference, staging and staging / REFERENCE_DIR)
         save_optimizer_state(world, model, optimizer, staging and staging / OPTIMIZER_DIR)
         if critic is not None:
             critic_model, critic_optimizer = critic

@@ -1,14 +1,19 @@
-"""What `pacs train` checks before it writes anything: every path and name the config gives.
+"""What `pacs train` checks before it writes anything or loads a model: every input the config names.
 
-`check_run_inputs` refuses, with `ConfigError` naming the key, a model or critic path that names
-no model, a data spec that cannot load, a reward function that does not import, and a tracker of
-`train.report_to` whose package is not installed (naming the pacs extra), so that a
-mistyped input fails before an output folder is created (see `pacs.outputs`). It loads nothing
-large: built-in models are not built and the hub is not asked.
+`check_run_inputs` refuses, with one `ConfigError` listing every problem by key, a model or critic
+path that names no model or cannot be reached (`check_model_reachable`: a hub id neither served
+nor cached, a local model without a tokenizer), a data spec that does not load or whose rows do
+not all follow the row schema (every row is read), data whose `data_source` no reward function
+scores, a reward function that does not import, does not take the verl signature or does not
+answer one real row with a score (`pacs.rewards.checks.check_scoring`), a tracker of
+`train.report_to` whose package is not installed (naming the pacs extra), and with
+`rollout.engine=vllm` a vLLM that is missing or built for another device, so that a mistaken
+input fails before an output folder is created (see `pacs.outputs`). It loads nothing large:
+built-in models are not built and the hub is asked once per hub id.
 
 On several nodes, rank 0 checks them all; every other node checks what it reads from its own
-disk (`check_node_inputs`: the model path, whose tokenizer every node loads, the data and the
-reward function), which must be at the same paths on every node.
+disk (`check_node_inputs`: the model path, whose tokenizer every node loads, the data, the reward
+function's import and vLLM's install), which must be at the same paths on every node.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 from typing import Callable
 
 from pacs.config import Config, ConfigError
-from pacs.data.loading import check_data_spec
-from pacs.models.loading import check_model_path
+from pacs.data.loading import load_rows
+from pacs.models.loading import check_model_reachable
+from pacs.outputs import unusable_inputs
 from pacs.rewards import load_reward_function
-from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
+from pacs.rewards.checks import check_scoring
+from pacs.rollout.vllm import check_vllm_usable
 from pacs.train.trackers import check_tracker_packages
 
 
@@ -29,33 +36,52 @@ def _specs(value: str | list[str] | None) -> list[str]:
 
 def check_run_inputs(config: Config) -> None:
     """Raise `ConfigError` listing every input of `config` that cannot be used."""
-    critic_check = [("critic.path", lambda: check_model_path(config.critic.path))] if config.critic.path else []
-    tracker_check = [("train.report_to", lambda: check_tracker_packages(config.train.report_to))]
-    _refuse_unusable(_node_input_checks(config) + critic_check + tracker_check)
+    rows_by_spec: dict[str, list[dict]] = {}
+    critic_check = (
+        [("critic.path", lambda: check_model_reachable(config.critic.path, needs_tokenizer=False))]
+        if config.critic.path
+        else []
+    )
+    scoring_check = ("reward.function" if config.reward.function else "data", lambda: _check_scoring(config, rows_by_spec))
+    tracker_check = ("train.report_to", lambda: check_tracker_packages(config.train.report_to))
+    _refuse_unusable([*_node_input_checks(config, rows_by_spec), *critic_check, scoring_check, tracker_check])
 
 
 def check_node_inputs(config: Config) -> None:
     """Raise `ConfigError` listing every input that each node reads from its own disk (all but
     `critic.path`, which rank 0 alone loads) and cannot use here."""
-    _refuse_unusable(_node_input_checks(config))
+    _refuse_unusable(_node_input_checks(config, {}))
 
 
-def _node_input_checks(config: Config) -> list[tuple[str, Callable[[], object]]]:
-    checks: list[tuple[str, Callable[[], object]]] = [("model.path", lambda: check_model_path(config.model.path))]
+def _node_input_checks(config: Config, rows_by_spec: dict[str, list[dict]]) -> list[tuple[str, Callable[[], object]]]:
+    """The checks of what every node reads; each data spec's rows, once read, go into `rows_by_spec`."""
+    checks: list[tuple[str, Callable[[], object]]] = [("model.path", lambda: check_model_reachable(config.model.path))]
     for key, split in (("data.train", "train"), ("data.val", "val")):
         for spec in _specs(getattr(config.data, split)):
-            checks.append((key, lambda spec=spec, split=split: check_data_spec(spec, default_split=split)))
+
+            def read(spec: str = spec, split: str = split) -> None:
+                rows_by_spec[spec] = load_rows(spec, default_split=split)
+
+            checks.append((key, read))
     if config.reward.function is not None:
         checks.append(("reward.function", lambda: load_reward_function(config.reward.function)))
+    if config.rollout.engine == "vllm":
+        checks.append(("rollout.engine", check_vllm_usable))
     return checks
 
 
-def _refuse_unusable(checks: list[tuple[str, Callable[[], object]]]) -> None:
-    problems = []
-    for key, check in checks:
+def _check_scoring(config: Config, rows_by_spec: dict[str, list[dict]]) -> None:
+    """`check_scoring` on the rows that loaded, unless the reward function does not even import
+    (already reported under reward.function)."""
+    if config.reward.function is not None:
         try:
-            check()
-        except (ValueError, FileNotFoundError) as error:
-            problems.append(f"  {key}: {error}")
-    if problems:
-        raise ConfigError("unusable inputs:\n" + "\n".join(problems))
+            load_reward_function(config.reward.function)
+        except ValueError:
+            return
+    reward = config.reward
+    check_scoring(rows_by_spec, reward.function, timeout_s=reward.timeout_s, memory_limit_mib=reward.memory_limit_mib)
+
+
+def _refuse_unusable(checks: list[tuple[str, Callable[[], object]]]) -> None:
+    if problems := unusable_inputs(checks):
+        raise ConfigError(problems)

@@ -2,49 +2,72 @@
 engine that holds its own copy (vLLM) takes them, and how far that sampler is from the trainer.
 
 `transformers` generates with the trained module itself, so it never needs weights pushed. vLLM
-holds a copy; before every rollout that follows an update the trainer pushes `policy_weights`:
-under FSDP2 each tensor gathered when its turn comes (never a second whole model), with LoRA the
-adapters merged into their base weights one decoder layer at a time, a tied `lm_head.weight`
-pushed under its own name. vLLM's log-probs are those of the distribution it sampled from;
-`sampler_mismatch` compares them with the trainer's recomputed old log-probs every step.
+holds a copy; before every rollout that follows an update (or a sleep that dropped it) the
+trainer pushes `policy_weights`: under FSDP2 each tensor cast to the engine's dtype and gathered
+when its turn comes (never a second whole model), with LoRA the adapters merged into their base
+weights on the device one decoder layer at a time, a tied `lm_head.weight` pushed under its own
+name. With tensor parallelism the ranks of a `generation_group` generate together. vLLM's
+log-probs are those of the distribution it sampled from; `sampler_mismatch` compares them with
+the trainer's recomputed old log-probs every step.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from typing import Iterator
 
 import torch
 
 from pacs.config import Config
-from pacs.models.loading import resolve_model_path
 from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
-from pacs.rollout.base import RolloutEngine
+from pacs.models.precision import Precision
+from pacs.rollout.base import GenerationGroup, RolloutEngine, rank_seed
 from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.vllm import VllmEngine
-from pacs.train.distributed.collectives import max_over_ranks, sum_over_ranks
+from pacs.rollout.vllm import EnginePlace, VllmEngine, local_model_dir
+from pacs.train.distributed.collectives import max_over_ranks, run_on_every_rank, sum_over_ranks
 from pacs.train.distributed.state_dict import full_tensors
 from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import unwrap
 
 _DECODER_LAYER = re.compile(r"\.layers\.(\d+)\.")
+MODEL_ON_EVERY_NODE = "Every node needs model.path at the same path on its own disk (or the hub id reachable from it)."
+
+
+def generation_group(config: Config, world: World) -> GenerationGroup:
+    """The ranks that generate with this rank (`GenerationGroup`): `rollout.vllm.tensor_parallel_size`
+    consecutive ones with vLLM, each rank alone with `hf`. Refuses (ValueError) a size that does not
+    divide the processes of a node, before anything starts."""
+    size = config.rollout.vllm.tensor_parallel_size if config.rollout.engine == "vllm" else 1
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world.world_size)))
+    return GenerationGroup.of(world.rank, world.world_size, size, processes_per_node=per_node)
 
 
 def build_engine(config: Config, world: World, policy_module: torch.nn.Module, tokenizer) -> TransformersEngine | VllmEngine:
     """`rollout.engine`'s engine for this process: transformers' generate on `policy_module`
-    (the unwrapped language model), or a vLLM engine built from `model.path` in the run's compute
-    dtype, seeded per rank (its weights are pushed before the first rollout), one in each process."""
+    (the unwrapped language model), or a vLLM engine in the run's compute dtype, attached to the
+    job (`EnginePlace`: each rank's engine on its own device), seeded per generation group, started
+    without reading the checkpoint when the trainer pushes the weights before the first rollout.
+    Every node first gets what vLLM reads of `model.path` (`local_model_dir`), so that a node that
+    cannot stops every rank with its error; then every rank starts its engine at once."""
     if config.rollout.engine == "hf":
         return TransformersEngine(policy_module, tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
     settings = config.rollout.vllm
+    pushed = settings.sync_weights
+    model_dir = run_on_every_rank(
+        world, lambda: local_model_dir(config.model.path, with_weights=not pushed), how_to_fix=MODEL_ON_EVERY_NODE, node_leader_first=True
+    )
     return VllmEngine(
-        resolve_model_path(config.model.path),
+        model_dir,
         tokenizer,
         settings,
-        dtype="bfloat16" if config.model.dtype == "bfloat16" else "float32",
+        dtype=Precision(config.model.dtype).engine,
         max_model_len=settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
-        seed=config.seed * 1_000_003 + world.rank,
+        seed=rank_seed(config.seed, generation_group(config, world).index),
+        place=EnginePlace(world.rank, world.world_size, world.device.index or 0),
+        max_num_seqs=config.rollout.generation_batch_size,
+        weights_pushed=pushed,
     )
 
 
@@ -54,12 +77,14 @@ def pushes_weights(engine: RolloutEngine, config: Config) -> bool:
     return engine.holds_own_weights and config.rollout.vllm.sync_weights
 
 
-def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights as a Hugging Face model names them, whole, one at a time on every
-    rank (`full_tensors`); with LoRA, W + (alpha / r) B A for each adapted weight, merged a
-    decoder layer at a time (`pacs.models.lora.merged_tensors`) and without the adapters."""
-    state = full_tensors(model)
+    rank, on the rank's device (`full_tensors`; under FSDP each shard cast to `dtype`, the
+    engine's, before it is gathered); with LoRA, W + (alpha / r) B A for each adapted weight,
+    merged a decoder layer at a time (`pacs.models.lora.merged_tensors`) and without the
+    adapters (whose product is computed in float32 whatever `dtype`)."""
     module = unwrap(model)
+    state = full_tensors(model, dtype=None if is_lora(module) else dtype)
     if not is_lora(module):
         yield from state
         return

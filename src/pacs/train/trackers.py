@@ -1,8 +1,8 @@
 """Experiment trackers a run reports its metrics to (`train.report_to`), besides `metrics.jsonl`.
 
     tensorboard  output_dir/tensorboard/ event files (the default)
-    wandb        Weights & Biases (`pip install 'pacs[wandb]'`; files in output_dir/wandb/, and
-                 offline with WANDB_MODE=offline)
+    wandb        Weights & Biases (`pip install 'pacs[wandb]'`; files in output_dir/wandb/, or
+                 under WANDB_DIR when it is set, and offline with WANDB_MODE=offline)
     mlflow       MLflow (`pip install 'pacs[mlflow]'`), at `train.mlflow_tracking_uri`
 
 Every tracker gets the metrics of `metrics.jsonl` under the same names, at the same steps, finite
@@ -23,6 +23,7 @@ process was killed is missing from the run, never doubled.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import time
 from pathlib import Path
@@ -117,8 +118,9 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    """A W&B run in `train.wandb_project` (files under output_dir/wandb). A resumed run is rewound
-    to `resume_step` (`resume_from`), which drops what was logged after it, and continues there."""
+    """A W&B run in `train.wandb_project` (files under output_dir/wandb, or where WANDB_DIR says
+    when the user set it). A resumed run is rewound to `resume_step` (`resume_from`), which drops
+    what was logged after it, and continues there."""
 
     name = "wandb"
 
@@ -130,7 +132,7 @@ class WandbTracker:
             project=config.train.wandb_project,
             entity=config.train.wandb_entity,
             name=run_name(config),
-            dir=str(output_dir),
+            dir=None if os.environ.get("WANDB_DIR") else str(output_dir),  # None: W&B reads WANDB_DIR
             config=config.model_dump(),
             **options,
         )

@@ -16,10 +16,11 @@ import contextlib
 import functools
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -28,19 +29,20 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.algos.core import mixed_group_fraction
 from pacs.algos.base import Algorithm
+from pacs.algos.pacs import LOSS_NOTE as PACS_LOSS_NOTE
 from pacs.config import Config, ConfigError
 from pacs.data.loading import load_rows
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.eval.evaluate import EvalResult, evaluate
 from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
 from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
+from pacs.models.precision import Precision
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
-from pacs.rewards.pool import BatchScores
-from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams
-from pacs.train import builtin_models  # noqa: F401  (registers builtin:tiny-arithmetic)
+from pacs.rewards.pool import BatchScores, ScoringWatch
+from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.checkpoint import CRITIC_DIR, restore_training_state, write_checkpoint
+from pacs.train.checkpoint import CRITIC_DIR, REFERENCE_DIR, restore_training_state, write_checkpoint
 from pacs.train.checkpoint_dirs import FINAL, link_checkpoint, remove_older_checkpoints
 from pacs.train.determinism import use_deterministic_kernels
 from pacs.train.distributed.collectives import (
@@ -53,12 +55,14 @@ from pacs.train.distributed.collectives import (
     sum_over_ranks,
 )
 from pacs.train.distributed.generation import unsharded_for_generation
+from pacs.train.distributed.state_dict import parameters_by_name
 from pacs.train.distributed.world import World
 from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
+from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
 from pacs.train.resume import RunStart, claim_for_node_record, launch, open_run, record_checkpoint, records_checkpoints
-from pacs.train.rollout_engine import build_engine, policy_weights, pushes_weights, sampler_mismatch
+from pacs.train.rollout_engine import build_engine, generation_group, policy_weights, pushes_weights, sampler_mismatch
 from pacs.train.sampler import PromptSampler
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
@@ -115,14 +119,6 @@ def rollout_metrics(
     }
 
 
-def mixed_precision(device: torch.device, dtype: str):
-    """The context forward passes run in: bfloat16 autocast for `model.dtype=bfloat16` (the
-    weights stay float32), nothing otherwise."""
-    if dtype == "bfloat16":
-        return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext
-
-
 def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
     """`model/trainable_parameters` (those the optimizer updates) and `model/total_parameters`
     (tied weights counted once)."""
@@ -163,17 +159,22 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
 
 
 def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
-    """What every rank checks before anything loads (the batch split, peft for LoRA, each node's
-    own inputs), then where the run starts: rank 0's decision (`pacs.train.resume.open_run`),
+    """What every rank checks before anything loads (the batch split, the generation groups, peft
+    for LoRA, each node's own inputs), then where the run starts: rank 0's decision (`pacs.train.resume.open_run`),
     told on its console and sent to every rank, with rank 0's run lock (None elsewhere). Each
     other node's first process claims its own output_dir for its record of the checkpoints."""
     world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
+    try:
+        generation_group(config, world)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     if config.model.lora_rank > 0:
         try:
             require_peft()
         except ImportError as error:
             raise ConfigError(str(error)) from None
-    run_on_every_rank(world, lambda: check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
+    # rank 0 checks every input in open_run (before it writes); the other ranks, their own disks' here
+    run_on_every_rank(world, lambda: None if world.is_writer else check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
     past = launch(world, Path(config.output_dir))
     locks: list[IO[str]] = []
     start = run_on_rank0(world, lambda: open_run(config, past, locks.append))
@@ -205,20 +206,32 @@ class Policy:
     """`parameter_counts` of the unwrapped model, logged at a run's first step."""
 
 
-@dataclass
+class Critic(NamedTuple):
+    """PPO's value model (wrapped for the strategy) and its optimizer."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass(kw_only=True)
 class Trainer:
     """What a run builds once (`setup`), and the step that uses it (`step`, `run`)."""
 
     config: Config
     world: World
     policy: Policy
-    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None
+    critic: Critic | None
+    """PPO's critic; None for algorithms without one."""
     reference: torch.nn.Module | None
-    """The frozen KL reference when the algorithm needs one and the run has no LoRA (with LoRA it
-    is the policy with its adapters disabled)."""
+    """The frozen reference (the KL penalty's, PACS's with a fixed reference) when the algorithm
+    needs one and the run has no LoRA (with LoRA it is the policy with its adapters disabled): the
+    initial policy, or the policy at its last reset (`reset_reference`)."""
     algorithm: Algorithm
     engine: RolloutEngine
+    generation_group: GenerationGroup
+    """The ranks that generate together with this one (vLLM's tensor parallelism; alone otherwise)."""
     scorer: ScoringPool
+    scoring_watch: ScoringWatch
     train_prompts: EncodedPrompts
     val_prompts: EncodedPrompts | None
     sampler: PromptSampler
@@ -243,13 +256,14 @@ class Trainer:
         """Models, optimizers, prompts, scorer and engine, restored from `start.checkpoint` when the
         run resumes (`begin`: every rank resumes the checkpoint rank 0 chose)."""
         resume_from = start.checkpoint
+        group = generation_group(config, world)  # checked in `begin`
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
         algorithm = config.algorithm.build(group_size=config.rollout.n, horizon=config.data.max_response_length)
         policy = load_policy(config, world, resume_from, console)
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
-        reference = load_reference(config, world) if needs_reference else None
+        reference = load_reference(config, world, resume_from) if needs_reference else None
         train_prompts, val_prompts = run_on_every_rank(
             world, lambda: load_train_and_val_prompts(config, policy.tokenizer, console), how_to_fix=NODE_INPUTS_HOW_TO_FIX
         )
@@ -263,18 +277,42 @@ class Trainer:
             timeout_s=config.reward.timeout_s,
             memory_limit_mib=config.reward.memory_limit_mib,
         )
+        scoring_watch = ScoringWatch(
+            scorer.function_name,
+            remedy=f"reward.timeout_s={config.reward.timeout_s:g}, reward.memory_limit_mib={config.reward.memory_limit_mib}",
+            stop_after=config.reward.stop_after_failing_steps,
+            stop_option="reward.stop_after_failing_steps",
+        )
         settings = UpdateSettings(
             mini_batch_size=config.train.mini_batch_size // world.world_size,
             micro_batch_size=config.train.micro_batch_size,
             epochs=config.train.epochs,
             grad_clip=config.train.grad_clip,
             temperature=config.rollout.temperature,
-            autocast=mixed_precision(world.device, config.model.dtype),
+            autocast=Precision(config.model.dtype).autocast(world.device),
         )
-        return cls(config, world, policy, critic, reference, algorithm, engine, scorer, train_prompts, val_prompts,
-                   sampler, start_step, tracker_runs, settings, console,
-                   engine_has_policy_weights=not pushes_weights(engine, config), writer_host=start.writer_host,
-                   last_step_checkpoint=resume_from if resume_from and start_step == config.train.steps else None)
+        return cls(
+            config=config,
+            world=world,
+            policy=policy,
+            critic=critic,
+            reference=reference,
+            algorithm=algorithm,
+            engine=engine,
+            generation_group=group,
+            scorer=scorer,
+            scoring_watch=scoring_watch,
+            train_prompts=train_prompts,
+            val_prompts=val_prompts,
+            sampler=sampler,
+            start_step=start_step,
+            tracker_runs=tracker_runs,
+            settings=settings,
+            console=console,
+            engine_has_policy_weights=not pushes_weights(engine, config),
+            writer_host=start.writer_host,
+            last_step_checkpoint=resume_from if resume_from and start_step == config.train.steps else None,
+        )
 
     # ----- the loop ------------------------------------------------------------------------------
 
@@ -285,6 +323,8 @@ class Trainer:
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics = 0, {}
+        if config.algorithm.name == "pacs":
+            self.console.print(PACS_LOSS_NOTE)
         try:
             steps = progress_bar(
                 range(self.start_step + 1, config.train.steps + 1),
@@ -299,6 +339,7 @@ class Trainer:
                 if self.validates_at(step):
                     metrics.update(self.validate())
                 logger.log(step, metrics)
+                self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])
                 steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
                 if config.train.save_every and step % config.train.save_every == 0:
@@ -310,32 +351,46 @@ class Trainer:
         final = self.save_final(logger.run_ids)
         return TrainResult(output_dir, final, metrics, skipped_updates, is_writer=world.is_writer)
 
+    def watch_scoring(self, step: int, metrics: dict[str, float], steps) -> None:
+        """Warn (on rank 0, above the progress bar) of a step whose answers mostly got no score,
+        and stop the run on every rank (`ScoringWatch`: global counts, so all ranks agree) after
+        `reward.stop_after_failing_steps` of them in a row."""
+        answers = self.config.train.batch_size * self.config.rollout.n
+        warning = self.scoring_watch.observe(
+            f"step {step}", int(metrics["reward/timeouts"]), int(metrics["reward/crashes"]), answers
+        )
+        if warning and self.world.is_writer:
+            steps.write(warning, file=sys.stderr)
+
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
         → old log-probs → step terms (reference log-probs, values, advantages) → updates; its
         global metrics."""
         started = time.perf_counter()
+        resets_reference = self.reset_reference(step)
         self.sync_engine_weights()
         synced = time.perf_counter()
-        rows, rollouts = self.rollout()
-        generated = time.perf_counter()
-        scored = self.scorer.score(rows, rollouts.response_texts)
+        sample, sampling_metrics = self.sample()
+        rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
-        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), self.compute_dtype).to(self.world.device)
+        batch_dtype = Precision(self.config.model.dtype).tensors
+        batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), batch_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
         first_update_rows = self.rows_from_first_update(len(batch), updates_policy)
         self.fill_old_logprobs(batch, slice(first_update_rows, None))
         self.fill_step_terms(batch, old_logprobs_known=first_update_rows == 0)
         train = self.config.train
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
-        metrics = {"lr": lr, **self.update(batch, updates_policy, first_update_rows)}
+        metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows)}
+        if self.config.train.reference_reset_every:
+            metrics["reference/reset"] = float(resets_reference)
         if "sampler_logprobs" in batch.row_terms:  # the trainer's old log-probs are all known after the update
             metrics.update(sampler_mismatch(self.world, batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask))
         timings = {
             "time/step_s": time.perf_counter() - started,
             "time/weight_sync_s": synced - started,
-            "time/generate_s": generated - synced,
+            "time/generate_s": sample.generate_s,
         }
         metrics.update(slowest_timings(self.world, timings))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
@@ -343,11 +398,33 @@ class Trainer:
             metrics.update(self.policy.sizes)
         return metrics
 
+    def sample(self) -> tuple[Draw, dict[str, float]]:
+        """The step's rollouts on this rank, scored: one `draw`, or with `rollout.dynamic_sampling`
+        as many as it takes to fill the step with groups of mixed rewards
+        (`pacs.train.dynamic_sampling`), and its metrics."""
+        rollout = self.config.rollout
+        if not rollout.dynamic_sampling:
+            return self.draw(), {}
+        groups = self.config.train.batch_size // self.world.world_size
+        return sample_mixed_groups(
+            self.draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds
+        )
+
+    def draw(self) -> Draw:
+        """This rank's share of `train.batch_size` fresh prompts, sampled (`rollout`) and scored."""
+        started = time.perf_counter()
+        rows, rollouts = self.rollout()
+        generated = time.perf_counter()
+        return Draw(rows, rollouts, self.scorer.score(rows, rollouts.response_texts), generated - started)
+
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
-        their sampled responses."""
-        config = self.config
-        indices = self.world.shard_prompts(self.sampler.next_batch(config.train.batch_size), config.train.mini_batch_size)
+        their sampled responses. The engine generates for its generation group's prompts (this
+        rank's alone without tensor parallelism), then sleeps (`RolloutEngine.sleep`)."""
+        config, group = self.config, self.generation_group
+        prompts = self.sampler.next_batch(config.train.batch_size)
+        shares = [self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in group.ranks]
+        indices = shares[group.member]
         params = SamplingParams(
             n=config.rollout.n,
             temperature=config.rollout.temperature,
@@ -356,14 +433,18 @@ class Trainer:
             return_logprobs=self.engine.holds_own_weights,
         )
         with self.generation(), self.settings.autocast():
-            rollouts = self.engine.generate([self.train_prompts.token_ids[i] for i in indices], params)
-        return [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)], rollouts
+            group_rollouts = self.engine.generate([self.train_prompts.token_ids[i] for share in shares for i in share], params)
+        self.engine.sleep()
+        rows = [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
+        return rows, group.own_rows(group_rollouts, len(rows))
 
     def sync_engine_weights(self) -> None:
         """Push the policy's weights into an engine that holds its own copy (vLLM) if they
-        changed since it last got them (`pacs.train.rollout_engine.policy_weights`)."""
-        if not self.engine_has_policy_weights:
-            self.engine.load_weights(policy_weights(self.policy.model))
+        changed since it last got them or it dropped them asleep
+        (`pacs.train.rollout_engine.policy_weights`)."""
+        if not self.engine_has_policy_weights or not self.engine.has_weights:
+            dtype = DTYPES[Precision(self.config.model.dtype).engine]
+            self.engine.load_weights(policy_weights(self.policy.model, dtype))
             self.engine_has_policy_weights = True
 
     def generation(self) -> contextlib.AbstractContextManager:
@@ -402,7 +483,7 @@ class Trainer:
                         reference, batch, micro_batch_size=micro, temperature=temperature
                     )
             if self.critic is not None:
-                batch.row_terms["values"] = response_values_no_grad(self.critic[0], batch, micro_batch_size=micro)
+                batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, micro_batch_size=micro)
         step_inputs = batch.tensors()
         if not old_logprobs_known:
             del step_inputs["old_logprobs"]
@@ -412,9 +493,10 @@ class Trainer:
         """The critic's updates (PPO), then the policy's (none while the critic warms up)."""
         metrics: dict[str, float] = {}
         if self.critic is not None:
-            critic, critic_optimizer = self.critic
             critic_settings = replace(self.settings, grad_clip=self.config.critic.grad_clip or self.config.train.grad_clip)
-            metrics.update(update_critic(critic, critic_optimizer, self.world, batch, self.algorithm, critic_settings))
+            metrics.update(
+                update_critic(self.critic.model, self.critic.optimizer, self.world, batch, self.algorithm, critic_settings)
+            )
         if not updates_policy:
             return {**metrics, "loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0}
         policy = self.policy
@@ -432,9 +514,25 @@ class Trainer:
         self.engine_has_policy_weights = not pushes_weights(self.engine, self.config)
         return metrics
 
+    def reset_reference(self, step: int) -> bool:
+        """The hard reset of the PACS paper's text and ProRL: before every step s > 1 with s − 1 a
+        multiple of `train.reference_reset_every`, the reference model takes the policy's current
+        weights and (`train.reference_reset_optimizer`) the policy optimizer's state is cleared, so
+        AdamW starts its moments and step count afresh. Whether it reset."""
+        every = self.config.train.reference_reset_every
+        if not every or step == 1 or (step - 1) % every:
+            return False
+        reference = dict(parameters_by_name(self.reference))
+        with torch.no_grad():
+            for name, parameter in parameters_by_name(self.policy.model):
+                reference[name].copy_(parameter)
+        if self.config.train.reference_reset_optimizer:
+            self.policy.optimizer.state.clear()
+        return True
+
     @contextlib.contextmanager
     def reference_policy(self) -> Iterator[torch.nn.Module]:
-        """The frozen initial policy to compute reference log-probs with: with LoRA, the policy
+        """The frozen reference policy to compute reference log-probs with: with LoRA, the policy
         itself with its adapters disabled (run through its wrapper, so FSDP gathers its shards);
         otherwise the loaded reference model."""
         if self.reference is not None:
@@ -450,9 +548,10 @@ class Trainer:
         return self.val_prompts is not None and (step == self.config.train.steps or bool(every and step % every == 0))
 
     def validate(self) -> dict[str, float]:
-        """The validation prompts evaluated with the current policy, each rank generating for its
-        share of the problems, pass@k computed over all of them (the same on every rank)."""
-        config, world = self.config, self.world
+        """The validation prompts evaluated with the current policy, each generation group (each
+        rank without tensor parallelism) generating for its share of the problems, pass@k
+        computed over all of them (the same on every rank)."""
+        config, world, group = self.config, self.world, self.generation_group
         params = SamplingParams(
             n=config.eval.n,
             temperature=config.eval.temperature,
@@ -468,11 +567,12 @@ class Trainer:
                 self.val_prompts.rows,
                 params,
                 self.scorer,
-                problem_share=(world.rank, world.world_size),
+                problem_share=(group.index, group.count),
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
-        result = EvalResult.merge(gather_objects(world, share.without_records()))
+        shares = gather_objects(world, share.without_records() if group.is_leader else None)
+        result = EvalResult.merge([share for share in shares if share is not None])
         metrics = {
             f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
         }
@@ -512,6 +612,7 @@ class Trainer:
             policy=(self.policy.model, self.policy.optimizer),
             critic=self.critic,
             tracker_runs=tracker_runs,
+            reference=self.reference if self.config.train.reference_reset_every else None,
         )
         self.record(name, step)
         return checkpoint
@@ -522,18 +623,10 @@ class Trainer:
         if records_checkpoints(self.world):
             record_checkpoint(Path(self.config.output_dir), name, step, self.writer_host)
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return DTYPES["float64" if self.config.model.dtype == "float64" else "float32"]
-
 
 # ----- what `Trainer.setup` builds ---------------------------------------------------------------
 
 
-def weights_dtype(config: Config) -> str:
-    """The dtype trained weights are held in: float64 for float64 runs, float32 otherwise (bf16
-    runs compute in bf16 under autocast or FSDP's mixed precision)."""
-    return "float64" if config.model.dtype == "float64" else "float32"
 
 
 def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
@@ -543,19 +636,19 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     sent to every rank (`load_on_rank0`); with LoRA every rank loads the base from `model.path`
     in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
     which every rank receives."""
-    lora = config.model.lora_rank > 0
+    lora, precision = config.model.lora_rank > 0, Precision(config.model.dtype)
     tokenizer = run_on_every_rank(
         world, lambda: load_tokenizer(config.model.path), how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True
     )
     adapter = None
     if lora:
-        load_base = functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype)
+        load_base = functools.partial(load_causal_lm, config.model.path, dtype=precision.frozen)
         model = run_on_every_rank(world, load_base, how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True)
         rank0_weights = None
         if resume_from:
             adapter = run_on_rank0(world, lambda: read_adapter(resume_from / ADAPTER_DIR))
     else:
-        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=weights_dtype(config))
+        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=precision.weights)
         model, rank0_weights = load_on_rank0(world, load_full)
     model = with_training_options(model, config, lora=lora, adapter=adapter)
     sizes = parameter_counts(model)
@@ -563,7 +656,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
     )
-    model = wrap_model(world, model, compute_dtype=bf16_compute(config), rank0_weights=rank0_weights)
+    model = wrap_model(world, model, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
@@ -593,21 +686,27 @@ def with_training_options(
         )
 
 
-def load_critic(config: Config, world: World, resume_from: Path | None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def load_critic(config: Config, world: World, resume_from: Path | None) -> Critic:
     """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
     the policy, and its optimizer."""
     source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=weights_dtype(config)))
+    precision = Precision(config.model.dtype)
+    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=precision.weights))
     critic = with_training_options(critic, config, lora=False)
-    critic = wrap_model(world, critic, compute_dtype=bf16_compute(config), rank0_weights=rank0_weights)
+    critic = wrap_model(world, critic, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
-    return critic, optimizer
+    return Critic(critic, optimizer)
 
 
-def load_reference(config: Config, world: World) -> torch.nn.Module:
-    """The frozen initial policy for the KL penalty, from `model.path` (in bfloat16 under mixed
-    precision: it is never trained), sharded under FSDP like the policy."""
-    reference, rank0_weights = load_on_rank0(world, functools.partial(load_causal_lm, config.model.path, dtype=config.model.dtype))
+def load_reference(config: Config, world: World, resume_from: Path | None) -> torch.nn.Module:
+    """The frozen reference policy (the KL penalty's, PACS's with a fixed reference), from
+    `model.path` (in bfloat16 under mixed precision: it is never trained), sharded under FSDP like
+    the policy; a run whose reference is reset (`train.reference_reset_every`) resumes it from the
+    checkpoint's `reference/`."""
+    moves = config.train.reference_reset_every > 0
+    source = str(resume_from / REFERENCE_DIR) if resume_from and moves else config.model.path
+    load = functools.partial(load_causal_lm, source, dtype=Precision(config.model.dtype).frozen)
+    reference, rank0_weights = load_on_rank0(world, load)
     return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
 
 
@@ -632,7 +731,7 @@ def restore_progress(
     world: World,
     resume_from: Path | None,
     policy: Policy,
-    critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None,
+    critic: Critic | None,
     num_prompts: int,
 ) -> tuple[PromptSampler, int, dict[str, str]]:
     """The prompt sampler, the last step done and the tracker runs to continue: from the
@@ -640,15 +739,10 @@ def restore_progress(
     seeded apart, so ranks sample apart)."""
     if not resume_from:
         if world.rank > 0:
-            torch.manual_seed(config.seed * 1_000_003 + world.rank)
+            torch.manual_seed(rank_seed(config.seed, world.rank))
         return PromptSampler(num_prompts, config.seed), 0, {}
     state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic)
     return PromptSampler(**state["sampler"]), state["step"], state["trackers"]
-
-
-def bf16_compute(config: Config) -> torch.dtype | None:
-    """bfloat16 when the run computes in it (FSDP's mixed-precision policy), else None."""
-    return torch.bfloat16 if config.model.dtype == "bfloat16" else None
 
 
 def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:

@@ -44,8 +44,8 @@ Collectives. Every `torch.distributed` collective pacs calls is in `collectives.
 hands the backend its tensors on the device that backend serves (`communication_device`): NCCL
 serves CUDA tensors only, gloo CPU ones, so a caller may build its counts on the CPU whatever the
 backend. `tests/test_distributed_runs.py` keeps it so: a 2-process training run fails if pacs
-calls a collective from anywhere else (tests/collective_audit.py, whose allowlist names the one
-other caller: vLLM's engine, built in each process, sets its process groups up on the job's).
+calls a collective from anywhere else (tests/collective_audit.py; vLLM's own code may: its engine,
+built in each process, sets its process groups up on the job's and generates on them).
 
 Several nodes. Nodes may share nothing but the network (node-local disks). Rank 0 alone reads
 what only it may see (the checkpoint to resume, the models `load_on_rank0` loads) and sends every

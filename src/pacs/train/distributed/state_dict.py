@@ -38,14 +38,19 @@ def parameters_by_name(model: torch.nn.Module) -> list[tuple[str, torch.nn.Param
     return list(unwrap(model).named_parameters())
 
 
-def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def full_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Each (name, tensor) of the state dict of the model inside any wrapper, whole, on every
-    rank, one at a time: under FSDP2 a shard is all-gathered when its turn comes (every rank must
-    iterate to the end, in step), so no rank holds more than one gathered tensor beyond what the
-    consumer keeps. Tied weights appear under each of their names."""
+    rank, one at a time, in `dtype` when given (floating-point tensors): under FSDP2 a shard is
+    cast, then all-gathered when its turn comes (every rank must iterate to the end, in step), so
+    no rank holds more than one gathered tensor beyond what the consumer keeps, and a bf16
+    consumer gathers half the bytes of the fp32 masters. Tied weights appear under each of their
+    names."""
     reshard(model)
     for name, tensor in unwrap(model).state_dict().items():
-        yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+        tensor = tensor.detach()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def full_tensors_on_rank0(world: World, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -48,7 +48,10 @@ class World:
             raise DistributedConfigError(f"unknown train.strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device("cpu")
+        if torch.cuda.is_available():
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
+            device = torch.device("cuda", cuda_device_index(local_rank, torch.cuda.device_count(), per_node))
         if world_size == 1:
             return cls.single(device)
         check_restartable(os.environ)
@@ -95,15 +98,16 @@ class World:
                 f"train.mini_batch_size={mini_batch_size} must divide train.batch_size={batch_size}"
             )
 
-    def shard_prompts(self, prompts: Sequence[Any], mini_batch_size: int) -> list[Any]:
-        """This rank's prompts of a step: from each consecutive mini-batch of `mini_batch_size`
-        prompts, the `rank`-th of `world_size` equal contiguous slices, in order."""
+    def shard_prompts(self, prompts: Sequence[Any], mini_batch_size: int, rank: int | None = None) -> list[Any]:
+        """This rank's (or `rank`'s) prompts of a step: from each consecutive mini-batch of
+        `mini_batch_size` prompts, the `rank`-th of `world_size` equal contiguous slices, in order."""
         self.check_divisible(len(prompts), mini_batch_size)
         share = mini_batch_size // self.world_size
+        rank = self.rank if rank is None else rank
         return [
             prompt
             for start in range(0, len(prompts), mini_batch_size)
-            for prompt in prompts[start + self.rank * share : start + (self.rank + 1) * share]
+            for prompt in prompts[start + rank * share : start + (rank + 1) * share]
         ]
 
     def close(self) -> None:
@@ -131,3 +135,18 @@ def check_restartable(environment: dict[str, str] | os._Environ) -> None:
             f"{SEPARATE_STORES}=1 in torchrun's environment ({SEPARATE_STORES}=1 torchrun --max-restarts ...), "
             "which gives each attempt a store of its own"
         )
+
+
+def cuda_device_index(local_rank: int, visible_devices: int, processes_per_node: int) -> int:
+    """The CUDA device (torch's ordinal among the devices this process sees) of the process with
+    `local_rank` among `processes_per_node` on its node: 0 when it sees one GPU (a launcher that
+    gives each process its own, as SLURM's `--gpus-per-task` does, or processes sharing one), its
+    local rank when it sees one per process or more. DistributedConfigError otherwise."""
+    if visible_devices == 1:
+        return 0
+    if local_rank < visible_devices and processes_per_node <= visible_devices:
+        return local_rank
+    raise DistributedConfigError(
+        f"{processes_per_node} processes on this node, and process {local_rank} sees {visible_devices} GPUs: give "
+        "each process one GPU (CUDA_VISIBLE_DEVICES) or every process all of them, at least one per process"
+    )
