@@ -45,13 +45,14 @@ def vllm_installed():
         pytest.skip("needs the vllm package: pip install -e '.[vllm]'")
 
 
+GPU_RUN = ["model.dtype=bfloat16", "train.steps=3", "train.batch_size=8", "train.mini_batch_size=4", "rollout.n=4",
+           "data.val=null", "data.max_response_length=16", "reward.num_workers=0", "train.lr=0.01", "algorithm.entropy_coef=1.0"]
+"""A short bf16 run of the built-in task (`train_steps`; `train.steps` overrides its 3 steps)."""
+
+
 def train_steps(model_dir: Path, output_dir: Path, *overrides: str) -> list[dict]:
-    """`train.steps` (default 3) of the built-in task on the GPU in bf16; each step's metrics."""
-    config = load_config(None, [
-        f"model.path={model_dir}", f"output_dir={output_dir}", "model.dtype=bfloat16", "train.steps=3",
-        "train.batch_size=8", "train.mini_batch_size=4", "rollout.n=4", "data.val=null", "data.max_response_length=16",
-        "reward.num_workers=0", "train.lr=0.01", "algorithm.entropy_coef=1.0", *overrides,
-    ])
+    """`GPU_RUN` on the GPU, in this process; each step's metrics."""
+    config = load_config(None, [f"model.path={model_dir}", f"output_dir={output_dir}", *GPU_RUN, *overrides])
     train(config, show_progress=False)
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -91,6 +92,20 @@ def test_a_resumed_run_draws_the_same_samples_as_an_uninterrupted_one(warm_model
     train_steps(warm_model_dir, resumed, "train.save_every=2", "train.save_rollouts=true", "model.dtype=float32", "resume=auto")
     step_3 = [(run / "rollouts" / "step_3.jsonl").read_text() for run in (straight, resumed)]
     assert step_3[0] == step_3[1]
+
+
+def test_two_runs_with_train_deterministic_end_with_the_same_bits(warm_model_dir, tmp_path):
+    """`train.deterministic` (torch's deterministic algorithms, cuBLAS's fixed workspace, cuDNN
+    without autotuning) makes a bf16 GPU run repeat bit for bit. Each run is a `pacs train`
+    process of its own: the setting holds for a whole process, and cuBLAS reads it once."""
+    finals = []
+    for run in ("first", "second"):
+        command = [sys.executable, "-m", "pacs.cli", "train", f"model.path={warm_model_dir}", f"output_dir={tmp_path / run}",
+                   *GPU_RUN, "train.deterministic=true"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-4000:]
+        finals.append(load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors")))
+    assert max_difference(*finals) == 0.0
 
 
 # ----- the vLLM engine on a GPU ------------------------------------------------------------------
