@@ -154,3 +154,16 @@ def test_checkpoints_are_found_newest_first_and_whole(tmp_path, warm_model_dir):
     assert [(checkpoint.path.name, checkpoint.step, checkpoint.problem) for checkpoint in found] == [
         ("final", 2, None), ("step_2", 2, None), ("step_1", 1, None)
     ]
+
+
+def test_extending_a_run_with_a_decaying_schedule_says_which_rates_its_first_steps_took(tmp_path):
+    final = tmp_path / "run" / "checkpoints" / "final"
+    final.mkdir(parents=True)
+    (final / MANIFEST).write_text('{"format": 1, "step": 3, "files": {}}')
+    config = small_config(tmp_path / "run", "builtin:tiny", "resume=auto", "train.steps=5", "train.lr_schedule=linear")
+    start = run_start(config, Launch())
+    assert (start.checkpoint, start.step, start.finished) == (final, 3, False)
+    assert start.notes == [
+        f"{tmp_path / 'run'} finished 3 steps; extending it to 5: train.lr_schedule=linear follows the 5 steps from "
+        "step 4 on (steps 1-3 took the 3-step schedule's rates)"
+    ]
