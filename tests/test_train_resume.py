@@ -167,3 +167,12 @@ def test_extending_a_run_with_a_decaying_schedule_says_which_rates_its_first_ste
         f"{tmp_path / 'run'} finished 3 steps; extending it to 5: train.lr_schedule=linear follows the 5 steps from "
         "step 4 on (steps 1-3 took the 3-step schedule's rates)"
     ]
+
+
+def test_a_checkpoint_past_train_steps_is_refused_naming_the_steps_that_would_continue_it(tmp_path):
+    step = tmp_path / "run" / "checkpoints" / "step_6"
+    step.mkdir(parents=True)
+    (step / MANIFEST).write_text('{"format": 1, "step": 6, "files": {}}')
+    config = small_config(tmp_path / "run", "builtin:tiny", "resume=auto", "train.steps=5")
+    with pytest.raises(ConfigError, match=r"step_6 is at step 6, past train.steps=5; pass train.steps=6 or more"):
+        run_start(config, Launch())
