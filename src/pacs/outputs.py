@@ -21,6 +21,7 @@ once (`unusable_inputs`), so a refused command leaves the disk as it was.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def replace_file(path: Path, text: str) -> None:
     """Write `text` to `path` through a file beside it, fsynced and renamed over `path`: a process
     killed, or a machine that crashes, mid-write leaves the previous `path` whole, never a part
     (and a write that fails leaves nothing else)."""
-    partial = path.parent / f".{path.name}.{os.getpid()}"
+    partial = path.parent / f".{path.name}.{socket.gethostname()}-{os.getpid()}"  # apart on a shared disk too
     try:
         with open(partial, "w") as handle:
             handle.write(text)
