@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pacs.algos.core import truncated_is_weights
+from pacs.algos.core import sampler_correction_metrics, sampler_correction_sums, truncated_is_weights
 from pacs.algos.grpo import GRPO
 from pacs.algos.pacs import PACS
 
@@ -123,6 +123,42 @@ def test_the_policy_gradient_scales_each_tokens_surrogate_by_its_truncated_weigh
         losses[name] = per_token
     weights = truncated_is_weights(batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], CAP, per_response=False)
     torch.testing.assert_close(losses["corrected"], losses["plain"] * weights, atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize(("per_response", "cap"), [(True, CAP), (False, 1.2)])  # token ratios lie within e^±0.4
+def test_the_diagnostics_are_the_weights_statistics_over_responses_or_tokens(per_response, cap):
+    """Mean and ESS of the applied weights, the largest untruncated ratio, the fraction above the
+    cap, and the k3 estimate of KL(μ ‖ π_old) per token, from loops over the units (responses for
+    PACS's per-response weights, response tokens for the policy gradient's per-token ones)."""
+    batch = mismatched_batch()
+    old, sampler, mask = batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"]
+    weights = truncated_is_weights(old, sampler, mask, cap, per_response=per_response)
+    ratios, kl_terms = [], []
+    for i in range(len(batch["rewards"])):
+        token_ratios = [math.exp(old[i, t] - sampler[i, t]) for t in range(TOKENS) if mask[i, t] == 1]
+        kl_terms += [r - math.log(r) - 1 for r in token_ratios]
+        ratios += [math.prod(token_ratios)] if per_response else token_ratios
+    applied = [min(ratio, cap) for ratio in ratios]
+    halves = [slice(0, 6), slice(6, None)]  # two processes' shares, summed as the trainer sums them
+    parts = [sampler_correction_sums(weights[rows], old[rows], sampler[rows], mask[rows], cap) for rows in halves]
+    metrics = sampler_correction_metrics(parts[0][0] + parts[1][0], max(parts[0][1], parts[1][1]))
+    assert metrics["rollout_is/weight_mean"] == pytest.approx(sum(applied) / len(applied), rel=1e-12)
+    assert metrics["rollout_is/ratio_max"] == pytest.approx(max(ratios), rel=1e-12)
+    assert metrics["rollout_is/truncated_fraction"] == sum(r > cap for r in ratios) / len(ratios) > 0
+    ess = sum(applied) ** 2 / (len(applied) * sum(w * w for w in applied))
+    assert metrics["rollout_is/ess"] == pytest.approx(ess, rel=1e-12) and 0 < ess < 1
+    assert metrics["rollout_is/sampler_kl"] == pytest.approx(sum(kl_terms) / len(kl_terms), rel=1e-12)
+
+
+def test_without_mismatch_every_weight_is_one_and_nothing_is_lost():
+    batch = mismatched_batch()
+    old, mask = batch["old_logprobs"], batch["response_mask"]
+    weights = truncated_is_weights(old, old, mask, CAP, per_response=True)
+    metrics = sampler_correction_metrics(*sampler_correction_sums(weights, old, old, mask, CAP))
+    assert metrics == {
+        "rollout_is/weight_mean": 1.0, "rollout_is/ratio_max": 1.0, "rollout_is/truncated_fraction": 0.0,
+        "rollout_is/ess": 1.0, "rollout_is/sampler_kl": 0.0,
+    }
 
 
 def test_a_cap_below_one_is_refused():
