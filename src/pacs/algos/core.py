@@ -679,17 +679,10 @@ def sampler_correction_sums(
         check_same_shape(weights=weights, delta=delta)
         log_ratios, applied = delta[is_response], weights.double()[is_response]
     k3 = torch.where(is_response, delta.exp() - delta - 1, 0.0)
-    sums = torch.stack(
-        [
-            torch.tensor(float(applied.numel()), dtype=torch.float64),
-            applied.sum(),
-            applied.square().sum(),
-            (log_ratios > math.log(cap)).sum().double(),
-            k3.sum(),
-            is_response.sum().double(),
-        ]
-    )
-    return sums, float(log_ratios.max()) if log_ratios.numel() else -math.inf
+    truncated = (log_ratios > math.log(cap)).sum()
+    sums = [applied.numel(), applied.sum(), applied.square().sum(), truncated, k3.sum(), is_response.sum()]
+    log_ratio_max = float(log_ratios.max()) if log_ratios.numel() else -math.inf
+    return torch.tensor([float(value) for value in sums], dtype=torch.float64), log_ratio_max
 
 
 def sampler_correction_metrics(sums: torch.Tensor, log_ratio_max: float) -> dict[str, float]:

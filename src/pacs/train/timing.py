@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
+
+Result = TypeVar("Result")
 
 
 class PhaseTimes:
@@ -50,7 +52,7 @@ class PhaseTimes:
         return {**timings, "time/other_s": step - sum(self.seconds.values()), "time/step_s": step}
 
 
-def timed(function, *args, **kwargs) -> tuple[object, float]:
+def timed(function: Callable[..., Result], *args, **kwargs) -> tuple[Result, float]:
     """`function(*args, **kwargs)` and the seconds it took."""
     start = time.perf_counter()
     result = function(*args, **kwargs)

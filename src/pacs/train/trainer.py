@@ -390,7 +390,9 @@ class Trainer:
             metrics.update(sampler_correction(self.world, weights, sampler_logprobs, old_logprobs, mask, cap))
         return metrics
 
-    def flops_utilisation(self, batch: PolicyBatch, first_update_rows: int, updates_policy: bool, step_s: float) -> dict[str, float]:
+    def flops_utilisation(
+        self, batch: PolicyBatch, first_update_rows: int, updates_policy: bool, step_s: float
+    ) -> dict[str, float]:
         """`perf/mfu` with `train.peak_flops` (`pacs.train.timing`), over every rank: the step's
         passes per row (prompt and response tokens) of the policy — generation, the separate
         old log-probs pass (not over the rows whose first update gives them), the reference's,
@@ -402,7 +404,8 @@ class Trainer:
         forward = torch.full_like(tokens, 2.0 + ("ref_logprobs" in self.algorithm.needs))  # generation, old log-probs, reference
         forward[:first_update_rows] -= 1
         epochs = self.config.train.epochs
-        flops = model_flops(self.policy.flop_parameters, tokens, forward_passes=forward, training_passes=epochs * updates_policy)
+        updates = epochs if updates_policy else 0
+        flops = model_flops(self.policy.flop_parameters, tokens, forward_passes=forward, training_passes=updates)
         if self.critic is not None:
             flops = flops + model_flops(self.critic.flop_parameters, tokens, forward_passes=1, training_passes=epochs)
         total = float(sum_over_ranks(self.world, flops.sum()))
