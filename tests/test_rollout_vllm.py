@@ -183,17 +183,21 @@ CORRECTION_DIAGNOSTICS = ("weight_mean", "ratio_max", "truncated_fraction", "ess
 
 
 @pytest.mark.slow
-def test_pacs_with_the_sampler_correction_logs_its_diagnostics_every_step(tiny_model_dir, tmp_path):
-    """PACS with `algorithm.rollout_is_cap` against a sampler left at the initial weights
-    (`sync_weights=false`): at step 1 sampler and trainer agree, so every response's weight is 1
-    up to rounding; after 3 updates they do not, and the diagnostics say so."""
-    lines = four_vllm_steps(tiny_model_dir, tmp_path / "run", "algorithm.name=pacs", "algorithm.rollout_is_cap=1.05",
+@pytest.mark.parametrize("algorithm", ["pacs", "grpo"])
+def test_the_sampler_correction_logs_its_diagnostics_every_step(algorithm, tiny_model_dir, tmp_path):
+    """`algorithm.rollout_is_cap` against a sampler left at the initial weights
+    (`sync_weights=false`): at step 1 sampler and trainer agree, so every weight is 1 up to
+    rounding; after 3 updates they do not, and the diagnostics say so. GRPO's units are tokens, so
+    its largest ratio is the sampler check's own `rollout/importance_ratio_max`."""
+    lines = four_vllm_steps(tiny_model_dir, tmp_path / "run", f"algorithm.name={algorithm}", "algorithm.rollout_is_cap=1.05",
                             "rollout.vllm.sync_weights=false")
     assert all(f"rollout_is/{name}" in line for line in lines for name in CORRECTION_DIAGNOSTICS)
     first, last = lines[0], lines[-1]
     assert first["rollout_is/sampler_kl"] < 1e-8 and first["rollout_is/ess"] > 1 - 1e-6
     assert first["rollout_is/weight_mean"] == pytest.approx(1, abs=1e-3) and first["rollout_is/truncated_fraction"] == 0
     assert last["rollout_is/sampler_kl"] > 1e-4 and last["rollout_is/ess"] < 1 - 1e-4 and last["rollout_is/truncated_fraction"] > 0
+    if algorithm == "grpo":
+        assert all(line["rollout_is/ratio_max"] == pytest.approx(line["rollout/importance_ratio_max"], rel=1e-9) for line in lines)
 
 
 TWO_PROCESS_RUNS = {
