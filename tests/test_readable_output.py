@@ -77,7 +77,7 @@ def test_train_and_eval_print_no_third_party_warnings(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_ctrl_c_ends_training_with_one_line_that_says_how_to_continue(tmp_path, tiny_model_dir):
-    arguments = ["train", "output_dir=run", f"model.path={tiny_model_dir}", *TINY_RUN, "train.steps=500", "train.save_every=1"]
+    arguments = ["train", "output_dir=run", f"model.path={tiny_model_dir}", *TINY_RUN, "train.steps=100000", "train.save_every=1"]  # never ends by itself
     job = pacs_process(tmp_path, *arguments)
     deadline = time.monotonic() + 300
     while not (tmp_path / "run" / "checkpoints" / "step_1").is_dir() and job.poll() is None and time.monotonic() < deadline:
