@@ -520,8 +520,8 @@ class PACS:
         """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
         over its `totals.num_rows` rows; groups are whole on each share, so ψ and the class weights
         are local), times each row's own ρ_i with the sampler correction
-        (`sampler_corrected_coefficients`); metrics: this share's loss and the mean predicted probability of success σ(ψ)
-        on correct (R = 1) and incorrect (R = 0) rows."""
+        (`sampler_corrected_coefficients`); metrics: this share's loss L (uncorrected) and the mean
+        predicted probability of success σ(ψ) on correct (R = 1) and incorrect (R = 0) rows."""
         totals = totals or MiniBatchTotals.of(minibatch["response_mask"])
         proxy_rewards = self._current_proxy(minibatch, current_logprobs, policy_is_rollout_policy)
         proxy_rewards = proxy_rewards.detach().requires_grad_(True)
