@@ -365,7 +365,7 @@ def test_the_naive_estimator_scores_a_group_of_one_row():
 def test_sampler_correction_scales_each_responses_whole_coefficient_by_its_own_weight():
     """From the gradient formula, in float64: with the corrected coefficients the surrogate
     1/B · Σ_k A'_k r_k(θ) has gradient ∂/∂log π(o_kt) = −β/B · ρ_k A_k m_kt; a response of weight 0
-    gets none, where weighting its BCE term (`sample_weights`) leaves it pushed by the others."""
+    gets none, where weighting its BCE term by ρ leaves it pushed by the others."""
     beta, group_size = 2.0, 4
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     weights = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.5, 2.0, 1.0, 0.0], dtype=torch.float64)
@@ -380,7 +380,9 @@ def test_sampler_correction_scales_each_responses_whole_coefficient_by_its_own_w
     formula = actor_critic_advantages(torch.zeros(8), rewards, group_size)
     torch.testing.assert_close(gradient, -beta / 8 * (weights * formula)[:, None] * response_mask, atol=1e-12, rtol=0)
     assert gradient[3].abs().max() == 0 and gradient[7].abs().max() == 0 and gradient[:3].abs().sum(dim=-1).min() > 0
-    bce_weighted = pacs_loss_from_proxy(proxy_rewards, rewards, group_size, sample_weights=weights)
+    scores = group_scores(proxy_rewards, group_size)
+    bce = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
+    bce_weighted = (weights * class_weights(rewards, group_size) * bce).mean()
     (bce_gradient,) = torch.autograd.grad(bce_weighted, logprobs)
     assert bce_gradient[3].abs().min() > 0.01
 

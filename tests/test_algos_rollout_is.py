@@ -1,6 +1,8 @@
 """Specification of the truncated importance-sampling correction of the sampler mismatch
-(`algorithm.rollout_is_cap`): the weights' formula, and how they enter PACS's loss and the
-clipped policy gradient, checked in float64 against loops written from the formulas."""
+(`algorithm.rollout_is_cap`): the weights' formula, how they enter PACS's gradient (each
+response's whole coefficient times its own weight) and the clipped policy gradient (each token's
+clipped surrogate times its own weight), checked in float64 against loops written from the
+formulas."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pacs.algos.core import truncated_is_weights
+from pacs.algos.core import sampler_correction_metrics, sampler_correction_sums, truncated_is_weights
 from pacs.algos.grpo import GRPO
 from pacs.algos.pacs import PACS
 
@@ -47,11 +49,9 @@ def test_weights_are_the_truncated_ratio_of_each_token_and_of_each_response():
     assert (per_response == CAP).any() and (per_response < 1).any()
 
 
-def reference_weighted_pacs_loss(logprobs, batch) -> torch.Tensor:
-    """L = 1/B Σ_i ρ_i w_i BCE(ψ_i, R_i) with logratio proxies, leave-one-out scores and question
-    weights, one response at a time."""
-    old, mask, rewards = batch["old_logprobs"], batch["response_mask"], batch["rewards"]
-    proxies = [BETA * ((logprobs[i] - old[i]) * mask[i]).sum() for i in range(len(rewards))]
+def reference_pacs_loss(proxies, rewards) -> torch.Tensor:
+    """L = 1/B Σ_i w_i BCE(ψ_i, R_i) of given proxies, leave-one-out scores and question weights,
+    one response at a time."""
     terms = []
     for i in range(len(rewards)):
         group = range(i - i % GROUP_SIZE, i - i % GROUP_SIZE + GROUP_SIZE)
@@ -59,14 +59,25 @@ def reference_weighted_pacs_loss(logprobs, batch) -> torch.Tensor:
         labels = [rewards[j].item() for j in group]
         classes = set(labels)
         weight = GROUP_SIZE / (len(classes) * labels.count(rewards[i].item())) if len(classes) > 1 else 1.0
-        ratio = math.exp(sum((old[i, t] - batch["sampler_logprobs"][i, t]).item() for t in range(TOKENS) if mask[i, t] == 1))
         label = rewards[i]
-        bce = -(label * F.logsigmoid(score) + (1 - label) * F.logsigmoid(-score))
-        terms.append(min(ratio, CAP) * weight * bce)
+        terms.append(weight * -(label * F.logsigmoid(score) + (1 - label) * F.logsigmoid(-score)))
     return sum(terms) / len(rewards)
 
 
-def test_pacs_scales_each_responses_bce_term_by_its_truncated_weight():
+def reference_corrected_gradient(logprobs, batch) -> torch.Tensor:
+    """∇ w.r.t. the log-probs of 1/B Σ_k ρ_k c_k r_k(θ), c_k = ∂L/∂r_k (`reference_pacs_loss`) and
+    ρ_k = min(Π_t π_old(o_kt)/μ(o_kt), C), from the module docstring's formula, loop by loop."""
+    old, mask, rewards = batch["old_logprobs"], batch["response_mask"], batch["rewards"]
+    proxies = [(BETA * ((logprobs[i] - old[i]) * mask[i]).sum()).detach().requires_grad_() for i in range(len(rewards))]
+    coefficients = torch.autograd.grad(reference_pacs_loss(proxies, rewards), proxies)
+    gradient = torch.zeros_like(logprobs)
+    for k in range(len(rewards)):
+        ratio = math.exp(sum((old[k, t] - batch["sampler_logprobs"][k, t]).item() for t in range(TOKENS) if mask[k, t] == 1))
+        gradient[k] = min(ratio, CAP) * coefficients[k] * BETA * mask[k]
+    return gradient
+
+
+def test_pacs_scales_each_responses_whole_coefficient_by_its_truncated_weight():
     batch = mismatched_batch()
     algorithm = PACS(GROUP_SIZE, beta=BETA, rollout_is_cap=CAP)
     assert "sampler_logprobs" in algorithm.needs and not algorithm.first_update_may_supply_old_logprobs
@@ -75,12 +86,29 @@ def test_pacs_scales_each_responses_bce_term_by_its_truncated_weight():
     logprobs = (batch["old_logprobs"] + 0.3 * torch.randn(batch["old_logprobs"].shape, generator=generator, dtype=torch.float64)).requires_grad_()
     row_terms, metrics = algorithm.prepare_update(minibatch, lambda: logprobs.detach(), policy_is_rollout_policy=False)
     (gradient,) = torch.autograd.grad(algorithm.micro_batch_loss(logprobs, minibatch, row_terms), logprobs)
-    expected = reference_weighted_pacs_loss(logprobs, batch)
-    (expected_gradient,) = torch.autograd.grad(expected, logprobs)
-    assert metrics["loss"] == pytest.approx(expected.item(), abs=1e-12)
-    torch.testing.assert_close(gradient, expected_gradient, atol=1e-12, rtol=0)
-    unweighted, _ = PACS(GROUP_SIZE, beta=BETA).prepare_update(batch, lambda: logprobs.detach(), policy_is_rollout_policy=False)
-    assert not torch.allclose(unweighted["proxy_grad"], row_terms["proxy_grad"])
+    proxies = [BETA * ((logprobs[i] - batch["old_logprobs"][i]) * batch["response_mask"][i]).sum() for i in range(len(batch["rewards"]))]
+    assert metrics["loss"] == pytest.approx(reference_pacs_loss(proxies, batch["rewards"]).item(), abs=1e-12)
+    torch.testing.assert_close(gradient, reference_corrected_gradient(logprobs.detach(), batch), atol=1e-12, rtol=0)
+    weights = minibatch["rollout_is_weight"]
+    assert (weights == CAP).any() and (weights < 1).any()  # both truncated and down-weighted responses
+
+
+def test_a_response_of_weight_zero_gets_coefficient_zero():
+    """The example of issue 43, at θ = θ_old (r = 0, σ(ψ) = 1/2): rewards [1, 1, 1, 0] give class
+    weights [2/3, 2/3, 2/3, 2], errors e = [1/3, 1/3, 1/3, −1] and A = e_k − mean_{i≠k} e_i =
+    [4/9, 4/9, 4/9, −4/3]; ∂L/∂r = −A/B with B = 4, times ρ = [1, 1, 1, 0]. Weighting the BCE
+    terms by ρ instead gave [−1/36, −1/36, −1/36, +1/12]."""
+    algorithm = PACS(GROUP_SIZE, rollout_is_cap=CAP)
+    minibatch = {
+        "old_logprobs": torch.zeros(4, 3, dtype=torch.float64),
+        "response_mask": torch.ones(4, 3, dtype=torch.float64),
+        "rewards": torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64),
+        "rollout_is_weight": torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64),
+    }
+    row_terms, _ = algorithm.prepare_update(minibatch, lambda: minibatch["old_logprobs"], policy_is_rollout_policy=True)
+    expected = torch.tensor([-1 / 9, -1 / 9, -1 / 9, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(row_terms["proxy_grad"], expected, atol=1e-15, rtol=0)
+    assert row_terms["proxy_grad"][3] == 0
 
 
 def test_the_policy_gradient_scales_each_tokens_surrogate_by_its_truncated_weight():
@@ -95,6 +123,42 @@ def test_the_policy_gradient_scales_each_tokens_surrogate_by_its_truncated_weigh
         losses[name] = per_token
     weights = truncated_is_weights(batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], CAP, per_response=False)
     torch.testing.assert_close(losses["corrected"], losses["plain"] * weights, atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize(("per_response", "cap"), [(True, CAP), (False, 1.2)])  # token ratios lie within e^±0.4
+def test_the_diagnostics_are_the_weights_statistics_over_responses_or_tokens(per_response, cap):
+    """Mean and ESS of the applied weights, the largest untruncated ratio, the fraction above the
+    cap, and the k3 estimate of KL(μ ‖ π_old) per token, from loops over the units (responses for
+    PACS's per-response weights, response tokens for the policy gradient's per-token ones)."""
+    batch = mismatched_batch()
+    old, sampler, mask = batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"]
+    weights = truncated_is_weights(old, sampler, mask, cap, per_response=per_response)
+    ratios, kl_terms = [], []
+    for i in range(len(batch["rewards"])):
+        token_ratios = [math.exp(old[i, t] - sampler[i, t]) for t in range(TOKENS) if mask[i, t] == 1]
+        kl_terms += [r - math.log(r) - 1 for r in token_ratios]
+        ratios += [math.prod(token_ratios)] if per_response else token_ratios
+    applied = [min(ratio, cap) for ratio in ratios]
+    halves = [slice(0, 6), slice(6, None)]  # two processes' shares, summed as the trainer sums them
+    parts = [sampler_correction_sums(weights[rows], old[rows], sampler[rows], mask[rows], cap) for rows in halves]
+    metrics = sampler_correction_metrics(parts[0][0] + parts[1][0], max(parts[0][1], parts[1][1]))
+    assert metrics["rollout_is/weight_mean"] == pytest.approx(sum(applied) / len(applied), rel=1e-12)
+    assert metrics["rollout_is/ratio_max"] == pytest.approx(max(ratios), rel=1e-12)
+    assert metrics["rollout_is/truncated_fraction"] == sum(r > cap for r in ratios) / len(ratios) > 0
+    ess = sum(applied) ** 2 / (len(applied) * sum(w * w for w in applied))
+    assert metrics["rollout_is/ess"] == pytest.approx(ess, rel=1e-12) and 0 < ess < 1
+    assert metrics["rollout_is/sampler_kl"] == pytest.approx(sum(kl_terms) / len(kl_terms), rel=1e-12)
+
+
+def test_without_mismatch_every_weight_is_one_and_nothing_is_lost():
+    batch = mismatched_batch()
+    old, mask = batch["old_logprobs"], batch["response_mask"]
+    weights = truncated_is_weights(old, old, mask, CAP, per_response=True)
+    metrics = sampler_correction_metrics(*sampler_correction_sums(weights, old, old, mask, CAP))
+    assert metrics == {
+        "rollout_is/weight_mean": 1.0, "rollout_is/ratio_max": 1.0, "rollout_is/truncated_fraction": 0.0,
+        "rollout_is/ess": 1.0, "rollout_is/sampler_kl": 0.0,
+    }
 
 
 def test_a_cap_below_one_is_refused():

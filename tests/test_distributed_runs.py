@@ -87,6 +87,9 @@ def uninterrupted_run(request, finished_runs):
     return strategy, path, *finished_runs(strategy, path)
 
 
+OUTSIDE_THE_STEP = ("time/step_s", "time/validate_s", "time/checkpoint_s")
+
+
 @pytest.mark.slow
 def test_a_two_process_run_shares_the_prompts_and_writes_once(uninterrupted_run):
     from transformers import AutoModelForCausalLM
@@ -102,6 +105,8 @@ def test_a_two_process_run_shares_the_prompts_and_writes_once(uninterrupted_run)
     for line in metrics:
         step_rewards = [row["reward"] for row in read_jsonl(output_dir / "rollouts" / f"step_{line['step']}.jsonl")]
         assert line["reward/mean"] == pytest.approx(sum(step_rewards) / len(step_rewards), abs=1e-12)
+        phases = [value for key, value in line.items() if key.startswith("time/") and key not in OUTSIDE_THE_STEP]
+        assert sum(phases) == pytest.approx(line["time/step_s"], rel=1e-9)  # all the slowest rank's
     assert AutoModelForCausalLM.from_pretrained(output_dir / "checkpoints" / "final").config.model_type == "qwen2"
 
 

@@ -43,11 +43,20 @@ TINY_RUN = [
 
 
 def pacs_process(folder: Path, *arguments: str) -> subprocess.Popen:
-    """`pacs ARGUMENTS` in a session of its own (as a terminal's foreground job is), one thread."""
+    """`pacs ARGUMENTS` in a session of its own, with Ctrl-C's signal at its default (as a shell
+    starts a foreground job), one thread. A child inherits an ignored or blocked SIGINT across exec,
+    and a test process may have had either left by what ran in it before (then Python never raises
+    KeyboardInterrupt in the child, and Ctrl-C does nothing)."""
     return subprocess.Popen(
         [sys.executable, "-m", "pacs.cli", *arguments], cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_sigint_as_a_shell_leaves_it,
     )  # fmt: skip
+
+
+def _sigint_as_a_shell_leaves_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 # ----- the terminal ------------------------------------------------------------------------------
@@ -210,7 +219,9 @@ def test_wandb_files_go_where_wandb_dir_says(tmp_path, monkeypatch):
 
 
 def test_make_demo_installs_pacs_without_the_test_and_tracker_extras(tmp_path):
-    planned = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=REPOSITORY, capture_output=True, text=True, check=True).stdout
+    outside_make = {name: value for name, value in os.environ.items() if not name.startswith("MAKE")}  # as typed in a shell, also under `make test`
+    planned = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=REPOSITORY, env=outside_make,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
     (install,) = [line for line in planned.splitlines() if "pip install" in line]
     assert install.endswith('-e "."')
     assert "demo" in planned.splitlines()[-1]

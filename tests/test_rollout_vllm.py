@@ -128,10 +128,9 @@ def untied_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     return directory
 
 
-def sampler_distance_after_three_updates(model_dir: Path, output_dir: Path, *overrides: str) -> float:
+def four_vllm_steps(model_dir: Path, output_dir: Path, *overrides: str) -> list[dict]:
     """Train 4 steps with vLLM as the rollout engine (the random model earns no reward: the entropy
-    bonus moves its weights); the largest |vLLM log-prob − trainer's
-    recomputed log-prob| over the 4th step's samples (drawn after 3 updates)."""
+    bonus moves its weights); the lines of metrics.jsonl."""
     config = load_config(None, [
         f"model.path={model_dir}", f"output_dir={output_dir}", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.05",
         "train.steps=4", "train.batch_size=4", "train.mini_batch_size=2", "rollout.n=4", "train.lr=0.01",
@@ -141,7 +140,13 @@ def sampler_distance_after_three_updates(model_dir: Path, output_dir: Path, *ove
     train(config, show_progress=False)
     lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
-    return lines[-1]["rollout/logprob_abs_diff_max"]
+    return lines
+
+
+def sampler_distance_after_three_updates(model_dir: Path, output_dir: Path, *overrides: str) -> float:
+    """The largest |vLLM log-prob − trainer's recomputed log-prob| over the 4th step's samples
+    (drawn after 3 updates) of `four_vllm_steps`."""
+    return four_vllm_steps(model_dir, output_dir, *overrides)[-1]["rollout/logprob_abs_diff_max"]
 
 
 CASES = {
@@ -172,6 +177,27 @@ def test_unsynced_sampler_drifts_from_the_trainer(tiny_model_dir, tmp_path):
     """The check above can fail: without the weight sync, vLLM samples from the initial weights."""
     distance = sampler_distance_after_three_updates(tiny_model_dir, tmp_path / "run", "rollout.vllm.sync_weights=false")
     assert distance > TOLERANCE
+
+
+CORRECTION_DIAGNOSTICS = ("weight_mean", "ratio_max", "truncated_fraction", "ess", "sampler_kl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["pacs", "grpo"])
+def test_the_sampler_correction_logs_its_diagnostics_every_step(algorithm, tiny_model_dir, tmp_path):
+    """`algorithm.rollout_is_cap` against a sampler left at the initial weights
+    (`sync_weights=false`): at step 1 sampler and trainer agree, so every weight is 1 up to
+    rounding; after 3 updates they do not, and the diagnostics say so. GRPO's units are tokens, so
+    its largest ratio is the sampler check's own `rollout/importance_ratio_max`."""
+    lines = four_vllm_steps(tiny_model_dir, tmp_path / "run", f"algorithm.name={algorithm}", "algorithm.rollout_is_cap=1.05",
+                            "rollout.vllm.sync_weights=false")
+    assert all(f"rollout_is/{name}" in line for line in lines for name in CORRECTION_DIAGNOSTICS)
+    first, last = lines[0], lines[-1]
+    assert first["rollout_is/sampler_kl"] < 1e-8 and first["rollout_is/ess"] > 1 - 1e-6
+    assert first["rollout_is/weight_mean"] == pytest.approx(1, abs=1e-3) and first["rollout_is/truncated_fraction"] == 0
+    assert last["rollout_is/sampler_kl"] > 1e-4 and last["rollout_is/ess"] < 1 - 1e-4 and last["rollout_is/truncated_fraction"] > 0
+    if algorithm == "grpo":
+        assert all(line["rollout_is/ratio_max"] == pytest.approx(line["rollout/importance_ratio_max"], rel=1e-9) for line in lines)
 
 
 TWO_PROCESS_RUNS = {

@@ -31,7 +31,6 @@ def made_up_draw(round_number: int, group_rewards: list[tuple[float, float]], re
             group_size=GROUP_SIZE,
         ),
         scored=BatchScores([reward for pair in group_rewards for reward in pair], timed_out=round_number),
-        generate_s=1.0,
     )
 
 
@@ -74,7 +73,7 @@ def test_groups_of_rounds_of_other_widths_are_padded_and_keep_their_tokens():
     assert rollouts.response_ids[:, 0].tolist() == [1, 1, 100, 100]
 
 
-def test_scoring_failures_and_generation_time_count_every_round():
+def test_scoring_failures_count_every_round():
     rounds = [[(1, 1)], [(1, 1)], [(0, 1)]]
     sample, _ = sample_mixed_groups(drawing(rounds), World.single(), group_size=GROUP_SIZE, groups=1, max_rounds=5)
-    assert (sample.scored.timed_out, sample.generate_s) == (0 + 1 + 2, 3.0)
+    assert sample.scored.timed_out == 0 + 1 + 2

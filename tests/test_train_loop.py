@@ -62,6 +62,32 @@ def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_mo
     assert result.final_checkpoint == run / "checkpoints" / "final"
 
 
+PHASES = ("weight_sync", "generate", "score", "old_logprobs", "ref", "values", "update_critic", "update_actor", "other")
+
+
+def test_every_phase_of_a_step_is_timed_and_the_phases_add_up_to_the_step(tmp_path, warm_model_dir):
+    """PPO with a KL penalty runs every phase; train.peak_flops turns perf/mfu on, which is the
+    6ND count over time/step_s (the built-in model ties its output layer to its embeddings, so N
+    is every parameter); a checkpoint is timed on the line after its step's, validation on its own."""
+    peak = 1e11
+    settings = ["algorithm.name=ppo", "algorithm.kl_coef=0.05", f"train.peak_flops={peak}", "train.old_logprobs_from_first_update=false"]
+    train(small_config(tmp_path / "run", warm_model_dir, *settings), show_progress=False)
+    rows = read_metrics(tmp_path / "run")
+    parameters = sum(tensor.numel() for tensor in weights(warm_model_dir).values())
+    critic_parameters = weights(tmp_path / "run" / "checkpoints" / "final" / "critic")
+    critic_parameters = sum(t.numel() for name, t in critic_parameters.items() if "embed_tokens" not in name)
+    for row in rows:
+        phases = [row[f"time/{phase}_s"] for phase in PHASES]
+        assert all(seconds >= 0 for seconds in phases) and row["time/generate_s"] > 0 and row["time/update_actor_s"] > 0
+        assert sum(phases) == pytest.approx(row["time/step_s"], rel=1e-9)
+        tokens = row["throughput/tokens_per_s"] * row["time/step_s"]
+        # policy: generation, old log-probs and reference forward (2N each), one update (6N); critic: values and one update
+        flops = tokens * (parameters * (3 * 2 + 6) + critic_parameters * (2 + 6))
+        assert row["perf/mfu"] == pytest.approx(flops / (row["time/step_s"] * peak), rel=1e-6)
+    assert ["time/checkpoint_s" in row for row in rows] == [False, False, True, False]  # step_2's save
+    assert ["time/validate_s" in row for row in rows] == [False, False, False, True]
+
+
 def test_the_optimizer_takes_each_steps_learning_rate_from_the_schedule(tmp_path, warm_model_dir):
     train(small_config(tmp_path / "run", warm_model_dir, "train.lr_schedule=linear", "train.lr=2e-4"), show_progress=False)
     assert [row["lr"] for row in read_metrics(tmp_path / "run")] == pytest.approx([2e-4, 1.5e-4, 1e-4, 0.5e-4])

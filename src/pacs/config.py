@@ -136,8 +136,9 @@ class BaseAlgorithmConfig(_Section):
     rollout_is_cap: float | None = Field(None, ge=1, allow_inf_nan=False)
     """Truncated importance-sampling correction of the mismatch between the rollout engine's
     sampler μ and the trainer's π_old (needs rollout.engine=vllm), capped at this value; None: off.
-    grpo, rloo, ppo: each token's surrogate times min(π_old/μ, cap) (verl's TIS); pacs: each
-    response's BCE term times min(Π_t π_old/μ, cap) (`pacs.algos.pacs`)."""
+    The clipped policy gradients (grpo, rloo, ppo, ...): each token's clipped surrogate times
+    min(π_old/μ, cap) (verl's TIS); pacs: each response's whole gradient coefficient times
+    min(Π_t π_old/μ, cap) (`pacs.algos.pacs`). Logs the `rollout_is/*` diagnostics every step."""
     overlong_buffer: int = Field(0, ge=0)
     """DAPO's overlong reward shaping, for every algorithm: over the last `overlong_buffer` tokens
     before data.max_response_length a response's reward falls linearly by up to
@@ -493,6 +494,11 @@ class TrainConfig(_Section):
     first (the plain path). Both give the same update up to float rounding. Algorithms whose step
     terms need every row's old log-probs (a KL penalty in the reward, `algorithm.rollout_is_cap`)
     always take the plain path."""
+    peak_flops: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Peak FLOP/s of one device (one process's), for `perf/mfu`: the step's model FLOPs (6·N per
+    token of an update, 2·N per token of a forward-only pass, `pacs.train.timing`) over
+    time/step_s × peak_flops × processes. E.g. 989e12 for an H100 SXM in dense bf16; None: mfu is
+    not logged (a CPU has no single peak to quote)."""
     save_rollouts: bool = False
     """Write every step's prompts, responses, rewards and producing rank to
     `output_dir/rollouts/step_N.jsonl`."""

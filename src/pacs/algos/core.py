@@ -646,3 +646,67 @@ def truncated_is_weights(
     if per_response:
         return log_ratio.sum(dim=-1).exp().clamp(max=cap)
     return log_ratio.exp().clamp(max=cap) * mask
+
+
+def sampler_correction_sums(
+    weights: torch.Tensor, old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, response_mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, float]:
+    """What this share of a step contributes to the correction's diagnostics
+    (``sampler_correction_metrics``): sums that add up over processes, and a maximum.
+
+    The units u are those the weights w come in: responses for (B,) weights (PACS), response
+    tokens for (B, T) weights (the clipped policy gradient). ρ_u is a unit's ratio π_old/μ before
+    truncation: exp(Σ_t m_it (old_it − μ_it)) per response, exp(old_it − μ_it) per token. With
+    δ_t = log π_old(o_t) − log μ(o_t) at response tokens, k3_t = exp(δ_t) − δ_t − 1 ≥ 0 estimates
+    KL(μ ‖ π_old) from μ's samples (``kl_penalty``'s k3 with π_old in place of π_ref).
+
+    Args:
+        weights: (B,) or (B, T) applied weights w (``truncated_is_weights``).
+        old_logprobs, sampler_logprobs, response_mask: (B, T).
+        cap: the truncation C.
+
+    Returns:
+        (6,) float64 [#u, Σ_u w_u, Σ_u w_u², #{u : ρ_u > C}, Σ_t k3_t, #tokens], and max_u log ρ_u
+        (−inf when there is no unit).
+    """
+    check_same_shape(old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs, response_mask=response_mask)
+    is_response = response_mask.bool()
+    delta = torch.where(is_response, old_logprobs.double() - sampler_logprobs.to(old_logprobs.device).double(), 0.0)
+    if weights.dim() == 1:
+        check_same_shape(weights=weights, rows=delta[:, 0])
+        log_ratios, applied = delta.sum(dim=-1), weights.double()
+    else:
+        check_same_shape(weights=weights, delta=delta)
+        log_ratios, applied = delta[is_response], weights.double()[is_response]
+    k3 = torch.where(is_response, delta.exp() - delta - 1, 0.0)
+    truncated = (log_ratios > math.log(cap)).sum()
+    sums = [applied.numel(), applied.sum(), applied.square().sum(), truncated, k3.sum(), is_response.sum()]
+    log_ratio_max = float(log_ratios.max()) if log_ratios.numel() else -math.inf
+    return torch.tensor([float(value) for value in sums], dtype=torch.float64), log_ratio_max
+
+
+def sampler_correction_metrics(sums: torch.Tensor, log_ratio_max: float) -> dict[str, float]:
+    """The correction's diagnostics from ``sampler_correction_sums`` (summed over processes; the
+    maximum over them), N = #u units:
+
+        rollout_is/weight_mean          Σ_u w_u / N                      (1 when μ = π_old)
+        rollout_is/ratio_max            max_u ρ_u before truncation      (log clamped at MAX_LOG_RATIO)
+        rollout_is/truncated_fraction   #{u : ρ_u > C} / N
+        rollout_is/ess                  (Σ_u w_u)² / (N · Σ_u w_u²) ∈ (0, 1], the effective sample
+                                        size as a fraction of N (1: equal weights); nan when all w are 0
+        rollout_is/sampler_kl           Σ_t k3_t / #tokens, KL(μ ‖ π_old) per response token
+
+    Returns: those five floats (nan where a denominator is 0: the logger writes null).
+    """
+    units, weight_sum, weight_square_sum, truncated, kl_sum, tokens = sums.tolist()
+
+    def ratio(numerator: float, denominator: float) -> float:
+        return numerator / denominator if denominator else math.nan
+
+    return {
+        "rollout_is/weight_mean": ratio(weight_sum, units),
+        "rollout_is/ratio_max": math.exp(min(log_ratio_max, MAX_LOG_RATIO)) if units else math.nan,
+        "rollout_is/truncated_fraction": ratio(truncated, units),
+        "rollout_is/ess": ratio(weight_sum**2, units * weight_square_sum),
+        "rollout_is/sampler_kl": ratio(kl_sum, tokens),
+    }

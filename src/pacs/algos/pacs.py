@@ -20,23 +20,40 @@ policy itself carries and minimises a weighted binary cross-entropy:
                    only_negative: w_i = 1[R_i = 0]
     loss           L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i)
                      = −1/B · Σ_i w_i · [R_i log σ(ψ_i) + (1 − R_i) log(1 − σ(ψ_i))]
-    sampler        with rollout_is_cap = C (off by default): L = 1/B · Σ_i ρ_i · w_i · BCEWithLogits(ψ_i, R_i),
-    correction     ρ_i = min(π_old(o_i) / μ(o_i), C) = min(exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))), C)
     advantages     A_i = −∂/∂r_i Σ_j w_j · BCEWithLogits(ψ_j, R_j), so −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i
-    sound sampler  −∇_θ L_ρ = 1/B · Σ_i ρ_i · A_i ∇_θ r_i: each response's whole coefficient times its
-    correction     own weight (`sampler_corrected_coefficients`; the TRL and verl integrations use it)
+    sampler        with rollout_is_cap = C (off by default), each response's whole coefficient times
+    correction     its own truncated weight:  −∇_θ L_ρ = 1/B · Σ_i ρ_i · A_i ∇_θ r_i,
+                   ρ_i = min(π_old(o_i) / μ(o_i), C) = min(exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))), C)
+                   (`sampler_corrected_coefficients`; `pacs train`, the TRL and verl integrations)
     overlong       with overlong_buffer = L_cache > 0 (off by default): the label is
     shaping        R_i ← clip(R_i + p · R_length(o_i), 0, 1), DAPO's penalty (``core.overlong_penalty``)
                    kept in the label range: a correct response near the length limit becomes a soft
                    label 1 − p · R_length, an incorrect one stays 0
 
 ``m`` is the response mask, sums and means over ``j`` run inside the prompt group of ``i``, and
-the weights are constants. μ is the rollout engine's sampling distribution (vLLM's log-probs of its
-own samples), π_old the trainer's policy at rollout time: PACS classifies whole responses, so the
-truncated importance weight of the sampler mismatch is one per response, the product of its
-tokens' ratios truncated at C (`core.truncated_is_weights`), and it scales that response's term
-of the loss: a response μ drew more often than π_old would counts less, by at most ratio C more. The gradient is an actor-critic update: ``−∇L = β Σ_k A_k ∇log π_θ(o_k)``
+the weights are constants. The gradient is an actor-critic update: ``−∇L = β/B Σ_k A_k ∇log π_θ(o_k)``
 with ``A_k = e_k − mean_{i≠k} e_i`` and ``e_i = w_i (R_i − σ(ψ_i))`` (for ``logratio`` + ``rloo``).
+
+The sampler correction, derived. μ is the rollout engine's sampling distribution (vLLM's
+log-probs of its own samples), π_old the trainer's policy at rollout time; the loss is written
+for samples of π_old, the responses come from μ. With ∂L/∂ψ_i = −e_i / B and, for ``rloo``,
+∂ψ_i/∂r_k = 1 if i = k else −1/(n−1) (same group), the chain rule gives
+
+    ∂L/∂r_k = Σ_i ∂L/∂ψ_i · ∂ψ_i/∂r_k = −1/B · (e_k − 1/(n−1) · Σ_{i≠k} e_i) = −A_k / B,
+    −∇_θ L  = −Σ_k ∂L/∂r_k ∇_θ r_k   = 1/B · Σ_k A_k ∇_θ r_k,
+
+a sum of one term per sampled response o_k. Importance sampling reweights each sample's term by
+its own likelihood ratio, E_{o~π_old}[g(o)] = E_{o~μ}[π_old(o)/μ(o) · g(o)]; PACS classifies whole
+responses, so the ratio is one per response, the product of its tokens' ratios, truncated at C
+(`core.truncated_is_weights`): A'_k = ρ_k · A_k, as verl's TIS and TRL's correction scale a
+sample's advantage by its own ratio. A response of weight 0 gets coefficient 0. (As there, the
+group baseline inside A_k is built from μ's samples and left uncorrected.) Weighting each BCE
+term instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i), is not this: through the leave-one-out
+centring its coefficient is ∂L/∂r_k = −1/B · (ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i), so a response
+of weight 0 is still pushed by the others' errors (rewards [1, 1, 1, 0] and ρ [1, 1, 1, 0] at
+r = 0 give ∂L/∂r = [−1/36, −1/36, −1/36, +1/12] where the sound form gives [−1/9, −1/9, −1/9, 0];
+`tests/test_algos_rollout_is.py`). The reported loss is L itself: the correction changes the
+gradient, not what PACS predicts.
 
 The two references differ on the first update after a rollout: against π_old, θ = θ_old gives r = 0
 and ψ = 0 (that update is RLOO's, scaled by β); against a fixed π_ref, r_i = β · log(π_old(o_i) /
@@ -224,12 +241,11 @@ def pacs_loss_from_proxy(
     *,
     estimator: str = "rloo",
     weighting: str = "question",
-    sample_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PACS loss given the proxy rewards.
 
-    Formula: L = 1/B · Σ_i ρ_i · w_i · BCEWithLogits(ψ_i, R_i) with ψ = ``group_scores(proxy_rewards)``,
-    w = ``class_weights(rewards)`` and ρ = ``sample_weights`` (1 when None).
+    Formula: L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i) with ψ = ``group_scores(proxy_rewards)``
+    and w = ``class_weights(rewards)``.
 
     Args:
         proxy_rewards: (B,) proxy rewards r (see ``reward_proxy``), B a multiple of ``group_size``.
@@ -237,8 +253,6 @@ def pacs_loss_from_proxy(
         group_size: responses per prompt n.
         estimator: see ``group_scores``.
         weighting: see ``class_weights``.
-        sample_weights: (B,) constant per-response weights ρ (the truncated importance weights of
-            the sampler mismatch), or None.
 
     Returns:
         0-dim loss.
@@ -255,9 +269,6 @@ def pacs_loss_from_proxy(
         )
     scores = group_scores(proxy_rewards, group_size, estimator=estimator)
     weights = class_weights(rewards, group_size, weighting=weighting)
-    if sample_weights is not None:
-        check_same_shape(proxy_rewards=proxy_rewards, sample_weights=sample_weights)
-        weights = weights * sample_weights.detach().to(weights.dtype)
     losses = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
     return (weights * losses).mean()
 
@@ -327,9 +338,7 @@ def sampler_corrected_coefficients(coefficients: torch.Tensor, response_weights:
     as verl's TIS and TRL's correction scale a sample's advantage by its own ratio. ρ is one weight
     per response: the truncated (min(ρ, C)) or masked (0 outside [C_min, C_max]) sequence ratio
     π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))). A response of weight 0 has
-    coefficient 0. (Weighting each BCE term by ρ_i instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i),
-    gives response k the coefficient ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i through the leave-one-out
-    centring: a response of weight 0 is still pushed by the others' errors.)
+    coefficient 0 (the module docstring derives it, and why weighting each BCE term by ρ_i is not it).
 
     Args:
         coefficients: (B,) per-response gradient coefficients, constants: PACS's advantages A (see
@@ -471,8 +480,9 @@ class PACS:
         """The correction's weights are step terms of every row's old log-probs."""
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """With ``rollout_is_cap``, {"rollout_is_weight": (B,) ρ} (module docstring); else nothing:
-        PACS's other terms depend on the current policy, so they are made per update."""
+        """With ``rollout_is_cap``, {"rollout_is_weight": (B,) ρ, one truncated ratio per response}
+        (module docstring); else nothing: PACS's other terms depend on the current policy, so they
+        are made per update."""
         if self.rollout_is_cap is None:
             return {}
         weights = truncated_is_weights(
@@ -509,8 +519,9 @@ class PACS:
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
         over its `totals.num_rows` rows; groups are whole on each share, so ψ and the class weights
-        are local); metrics: this share's loss and the mean predicted probability of success σ(ψ)
-        on correct (R = 1) and incorrect (R = 0) rows."""
+        are local), times each row's own ρ_i with the sampler correction
+        (`sampler_corrected_coefficients`); metrics: this share's loss L (uncorrected) and the mean
+        predicted probability of success σ(ψ) on correct (R = 1) and incorrect (R = 0) rows."""
         totals = totals or MiniBatchTotals.of(minibatch["response_mask"])
         proxy_rewards = self._current_proxy(minibatch, current_logprobs, policy_is_rollout_policy)
         proxy_rewards = proxy_rewards.detach().requires_grad_(True)
@@ -521,9 +532,10 @@ class PACS:
             self.group_size,
             estimator=self.estimator,
             weighting=self.weighting,
-            sample_weights=minibatch.get("rollout_is_weight"),
         )
         (proxy_grad,) = torch.autograd.grad(loss * (len(rewards) / totals.num_rows), proxy_rewards)
+        if "rollout_is_weight" in minibatch:
+            proxy_grad = sampler_corrected_coefficients(proxy_grad, minibatch["rollout_is_weight"])
         predicted = torch.sigmoid(group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator))
         metrics = {"loss": float(loss.detach())}
         if self.overlong_buffer:

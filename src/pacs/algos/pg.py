@@ -31,6 +31,17 @@ Two options reproduce the paper's verl baselines (docs/paper-fidelity.md):
                     of token t before the advantages (``reward_kl_penalty``), the classic
                     PPO-RLHF penalty (verl's ``use_kl_in_reward``).
 
+The sampler correction (``rollout_is_cap`` C, off by default): the responses come from the rollout
+engine's sampler μ, the loss is written for π_old, so each token's clipped surrogate (after the
+dual clip) is multiplied by its own truncated ratio, outside the clip:
+
+    ℓ'_it = w_it · ℓ_it,    w_it = min(π_old(o_it) / μ(o_it), C)   (``core.truncated_is_weights``)
+
+which is verl's TIS (``compute_policy_loss_vanilla``: ``pg_losses * rollout_is_weights``) and the
+decoupled PPO objective of AReaL with π_old as the proximal policy and μ the behaviour policy: the
+clip bounds the step from π_old, the weight corrects for sampling from μ. The KL penalty, the
+entropy bonus and PPO's critic are not weighted (nor are they in verl).
+
 DAPO's overlong reward shaping (``overlong_buffer`` L_cache > 0, ``core.overlong_penalty``) adds
 p · R_length(o_i) ∈ [−p, 0] to each outcome reward before the advantages, for every algorithm here.
 """

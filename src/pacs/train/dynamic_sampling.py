@@ -40,12 +40,11 @@ from pacs.train.distributed.world import World
 @dataclass
 class Draw:
     """One round of a step on this rank: its prompts' rows (one per response, groups of n
-    consecutive rows), their rollouts and scores, and the seconds spent generating them."""
+    consecutive rows), their rollouts and scores."""
 
     rows: list[dict]
     rollouts: Rollouts
     scored: BatchScores
-    generate_s: float
 
 
 def sample_mixed_groups(
@@ -73,14 +72,14 @@ def sample_mixed_groups(
 
 def _groups_of(draws: Sequence[Draw], chosen: Sequence[tuple[int, int]], group_size: int) -> Draw:
     """One `Draw` of the `chosen` (draw, group) pairs, in order; scoring failures counted over
-    every draw (they were all scored), generation time summed."""
+    every draw (they were all scored)."""
     rows = [draws[d].rows[g * group_size + k] for d, g in chosen for k in range(group_size)]
     parts = [_group_rollouts(draws[d].rollouts, g, group_size) for d, g in chosen]
     scores = [draws[d].scored.scores[g * group_size + k] for d, g in chosen for k in range(group_size)]
     scored = BatchScores(
         scores, timed_out=sum(d.scored.timed_out for d in draws), crashed=sum(d.scored.crashed for d in draws)
     )
-    return Draw(rows, _concatenated(parts), scored, sum(d.generate_s for d in draws))
+    return Draw(rows, _concatenated(parts), scored)
 
 
 def _group_rollouts(rollouts: Rollouts, group: int, group_size: int) -> Rollouts:

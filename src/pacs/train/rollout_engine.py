@@ -8,7 +8,8 @@ when its turn comes (never a second whole model), with LoRA the adapters merged 
 weights on the device one decoder layer at a time, a tied `lm_head.weight` pushed under its own
 name. With tensor parallelism the ranks of a `generation_group` generate together. vLLM's
 log-probs are those of the distribution it sampled from; `sampler_mismatch` compares them with
-the trainer's recomputed old log-probs every step.
+the trainer's recomputed old log-probs every step, and with `algorithm.rollout_is_cap`
+`sampler_correction` says how much the correction reweights.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from pacs.algos.core import sampler_correction_metrics, sampler_correction_sums
 from pacs.config import Config
 from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
 from pacs.models.precision import Precision
@@ -124,3 +126,21 @@ def sampler_mismatch(
         "rollout/importance_ratio_min": -max_over_ranks(world, -1.0 if none else -float(log_ratio.min().exp())),
         "rollout/importance_ratio_max": max_over_ranks(world, 1.0 if none else float(log_ratio.max().exp())),
     }
+
+
+def sampler_correction(
+    world: World,
+    weights: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    cap: float,
+) -> dict[str, float]:
+    """The sampler correction's diagnostics over every rank's rows (`core.sampler_correction_metrics`:
+    `rollout_is/weight_mean`, `ratio_max`, `truncated_fraction`, `ess`, `sampler_kl`), per response
+    for (B,) weights (PACS), per token for (B, R) weights (the clipped policy gradient).
+
+    weights: the algorithm's "rollout_is_weight"; sampler_logprobs, old_logprobs, response_mask: (B, R).
+    """
+    sums, log_ratio_max = sampler_correction_sums(weights, old_logprobs, sampler_logprobs, response_mask, cap)
+    return sampler_correction_metrics(sum_over_ranks(world, sums), max_over_ranks(world, log_ratio_max))

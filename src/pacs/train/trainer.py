@@ -17,7 +17,6 @@ import functools
 import json
 import random
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
@@ -62,8 +61,16 @@ from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
 from pacs.train.resume import RunStart, claim_for_node_record, launch, open_run, record_checkpoint, records_checkpoints
-from pacs.train.rollout_engine import build_engine, generation_group, policy_weights, pushes_weights, sampler_mismatch
+from pacs.train.rollout_engine import (
+    build_engine,
+    generation_group,
+    policy_weights,
+    pushes_weights,
+    sampler_correction,
+    sampler_mismatch,
+)
 from pacs.train.sampler import PromptSampler
+from pacs.train.timing import PhaseTimes, flop_parameters, flops_utilisation, model_flops, timed
 from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
 
 NODE_INPUTS_HOW_TO_FIX = (
@@ -204,6 +211,8 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     sizes: dict[str, float]
     """`parameter_counts` of the unwrapped model, logged at a run's first step."""
+    flop_parameters: float
+    """N of `perf/mfu`'s 6ND rule (`pacs.train.timing.flop_parameters`)."""
 
 
 class Critic(NamedTuple):
@@ -211,6 +220,12 @@ class Critic(NamedTuple):
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    flop_parameters: float
+    """N of `perf/mfu`'s 6ND rule (`pacs.train.timing.flop_parameters`)."""
+
+    def trained(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The model and its optimizer, as checkpoints save and restore them."""
+        return self.model, self.optimizer
 
 
 @dataclass(kw_only=True)
@@ -322,7 +337,7 @@ class Trainer:
         config, world = self.config, self.world
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
-        skipped_updates, metrics = 0, {}
+        skipped_updates, metrics, checkpoint_time = 0, {}, {}
         if config.algorithm.name == "pacs":
             self.console.print(PACS_LOSS_NOTE)
         try:
@@ -335,15 +350,19 @@ class Trainer:
                 disable=not (show_progress and world.is_writer),
             )
             for step in steps:
-                metrics = self.step(step, logger)
+                metrics = {**self.step(step, logger), **checkpoint_time}
                 if self.validates_at(step):
-                    metrics.update(self.validate())
+                    validation, metrics["time/validate_s"] = timed(self.validate)
+                    metrics.update(validation)
                 logger.log(step, metrics)
                 self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])
                 steps.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['loss']:.4f}")
+                checkpoint_time = {}
                 if config.train.save_every and step % config.train.save_every == 0:
-                    self.save_step(step, logger.run_ids)
+                    # timed on the next step's line: this one is written first, so a run killed while
+                    # saving resumes with every step's line
+                    _, checkpoint_time["time/checkpoint_s"] = timed(self.save_step, step, logger.run_ids)
             steps.close()
         finally:
             logger.close()
@@ -365,12 +384,12 @@ class Trainer:
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
         → old log-probs → step terms (reference log-probs, values, advantages) → updates; its
-        global metrics."""
-        started = time.perf_counter()
+        global metrics, with the time of each phase (`PhaseTimes`)."""
+        times = PhaseTimes(self.world.device)
         resets_reference = self.reset_reference(step)
-        self.sync_engine_weights()
-        synced = time.perf_counter()
-        sample, sampling_metrics = self.sample()
+        with times.phase("weight_sync"):
+            self.sync_engine_weights()
+        sample, sampling_metrics = self.sample(times)
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
@@ -378,44 +397,75 @@ class Trainer:
         batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), batch_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
         first_update_rows = self.rows_from_first_update(len(batch), updates_policy)
-        self.fill_old_logprobs(batch, slice(first_update_rows, None))
-        self.fill_step_terms(batch, old_logprobs_known=first_update_rows == 0)
+        with times.phase("old_logprobs"):
+            self.fill_old_logprobs(batch, slice(first_update_rows, None))
+        self.fill_step_terms(batch, times, old_logprobs_known=first_update_rows == 0)
         train = self.config.train
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
-        metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows)}
+        metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows, times)}
         if self.config.train.reference_reset_every:
             metrics["reference/reset"] = float(resets_reference)
-        if "sampler_logprobs" in batch.row_terms:  # the trainer's old log-probs are all known after the update
-            metrics.update(sampler_mismatch(self.world, batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask))
-        timings = {
-            "time/step_s": time.perf_counter() - started,
-            "time/weight_sync_s": synced - started,
-            "time/generate_s": sample.generate_s,
-        }
-        metrics.update(slowest_timings(self.world, timings))
+        metrics.update(self.sampler_metrics(batch))
+        metrics.update(slowest_timings(self.world, times.metrics(), by="time/step_s"))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
+        metrics.update(self.flops_utilisation(batch, first_update_rows, updates_policy, metrics["time/step_s"]))
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
         return metrics
 
-    def sample(self) -> tuple[Draw, dict[str, float]]:
+    def sampler_metrics(self, batch: PolicyBatch) -> dict[str, float]:
+        """With a sampler of its own (vLLM), how far it is from the trainer (`sampler_mismatch`),
+        and with `algorithm.rollout_is_cap` what the correction did (`sampler_correction`); the
+        trainer's old log-probs are all known after the update."""
+        if "sampler_logprobs" not in batch.row_terms:
+            return {}
+        sampler_logprobs, old_logprobs, mask = batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask
+        metrics = sampler_mismatch(self.world, sampler_logprobs, old_logprobs, mask)
+        if "rollout_is_weight" in batch.row_terms:
+            weights, cap = batch.row_terms["rollout_is_weight"], self.config.algorithm.rollout_is_cap
+            metrics.update(sampler_correction(self.world, weights, sampler_logprobs, old_logprobs, mask, cap))
+        return metrics
+
+    def flops_utilisation(
+        self, batch: PolicyBatch, first_update_rows: int, updates_policy: bool, step_s: float
+    ) -> dict[str, float]:
+        """`perf/mfu` with `train.peak_flops` (`pacs.train.timing`), over every rank: the step's
+        passes per row (prompt and response tokens) of the policy — generation, the separate
+        old log-probs pass (not over the rows whose first update gives them), the reference's,
+        `train.epochs` updates — and of PPO's critic — values, `train.epochs` updates."""
+        peak = self.config.train.peak_flops
+        if peak is None:
+            return {}
+        tokens = (batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)).double()
+        forward = torch.full_like(tokens, 2.0 + ("ref_logprobs" in self.algorithm.needs))  # generation, old log-probs, reference
+        forward[:first_update_rows] -= 1
+        epochs = self.config.train.epochs
+        updates = epochs if updates_policy else 0
+        flops = model_flops(self.policy.flop_parameters, tokens, forward_passes=forward, training_passes=updates)
+        if self.critic is not None:
+            flops = flops + model_flops(self.critic.flop_parameters, tokens, forward_passes=1, training_passes=epochs)
+        total = float(sum_over_ranks(self.world, flops.sum()))
+        return {"perf/mfu": flops_utilisation(total, step_s, peak, self.world.world_size)}
+
+    def sample(self, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
         """The step's rollouts on this rank, scored: one `draw`, or with `rollout.dynamic_sampling`
         as many as it takes to fill the step with groups of mixed rewards
         (`pacs.train.dynamic_sampling`), and its metrics."""
         rollout = self.config.rollout
+        draw = functools.partial(self.draw, times)
         if not rollout.dynamic_sampling:
-            return self.draw(), {}
+            return draw(), {}
         groups = self.config.train.batch_size // self.world.world_size
-        return sample_mixed_groups(
-            self.draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds
-        )
+        return sample_mixed_groups(draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds)
 
-    def draw(self) -> Draw:
-        """This rank's share of `train.batch_size` fresh prompts, sampled (`rollout`) and scored."""
-        started = time.perf_counter()
-        rows, rollouts = self.rollout()
-        generated = time.perf_counter()
-        return Draw(rows, rollouts, self.scorer.score(rows, rollouts.response_texts), generated - started)
+    def draw(self, times: PhaseTimes) -> Draw:
+        """This rank's share of `train.batch_size` fresh prompts, sampled (`rollout`) and scored,
+        timed as the phases "generate" and "score"."""
+        with times.phase("generate"):
+            rows, rollouts = self.rollout()
+        with times.phase("score"):
+            scored = self.scorer.score(rows, rollouts.response_texts)
+        return Draw(rows, rollouts, scored)
 
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
@@ -471,46 +521,50 @@ class Trainer:
                 temperature=self.config.rollout.temperature,
             )
 
-    def fill_step_terms(self, batch: PolicyBatch, *, old_logprobs_known: bool) -> None:
-        """The reference's log-probs and the critic's values the algorithm needs, then the
-        algorithm's step terms (advantages), from every row's old log-probs if `old_logprobs_known`
-        (else the first update gives some, and the algorithm sees none)."""
+    def fill_step_terms(self, batch: PolicyBatch, times: PhaseTimes, *, old_logprobs_known: bool) -> None:
+        """The reference's log-probs and the critic's values the algorithm needs (the phases "ref"
+        and "values"), then the algorithm's step terms (advantages), from every row's old log-probs
+        if `old_logprobs_known` (else the first update gives some, and the algorithm sees none)."""
         micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
         with self.settings.autocast():
             if "ref_logprobs" in self.algorithm.needs:
-                with self.reference_policy() as reference:
+                with times.phase("ref"), self.reference_policy() as reference:
                     batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
                         reference, batch, micro_batch_size=micro, temperature=temperature
                     )
             if self.critic is not None:
-                batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, micro_batch_size=micro)
+                with times.phase("values"):
+                    batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, micro_batch_size=micro)
         step_inputs = batch.tensors()
         if not old_logprobs_known:
             del step_inputs["old_logprobs"]
         batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=functools.partial(sum_over_ranks, self.world)))
 
-    def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int) -> dict[str, float]:
-        """The critic's updates (PPO), then the policy's (none while the critic warms up)."""
+    def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int, times: PhaseTimes) -> dict[str, float]:
+        """The critic's updates (PPO; the phase "update_critic"), then the policy's ("update_actor";
+        none while the critic warms up)."""
         metrics: dict[str, float] = {}
         if self.critic is not None:
             critic_settings = replace(self.settings, grad_clip=self.config.critic.grad_clip or self.config.train.grad_clip)
-            metrics.update(
-                update_critic(self.critic.model, self.critic.optimizer, self.world, batch, self.algorithm, critic_settings)
-            )
+            with times.phase("update_critic"):
+                metrics.update(
+                    update_critic(self.critic.model, self.critic.optimizer, self.world, batch, self.algorithm, critic_settings)
+                )
         if not updates_policy:
             return {**metrics, "loss": 0.0, "updates/skipped": 0.0, "actor/critic_warmup": 1.0}
         policy = self.policy
-        metrics.update(
-            update_policy(
-                policy.model,
-                policy.optimizer,
-                self.world,
-                batch,
-                self.algorithm,
-                self.settings,
-                rows_without_old_logprobs=first_update_rows,
+        with times.phase("update_actor"):
+            metrics.update(
+                update_policy(
+                    policy.model,
+                    policy.optimizer,
+                    self.world,
+                    batch,
+                    self.algorithm,
+                    self.settings,
+                    rows_without_old_logprobs=first_update_rows,
+                )
             )
-        )
         self.engine_has_policy_weights = not pushes_weights(self.engine, self.config)
         return metrics
 
@@ -610,7 +664,7 @@ class Trainer:
             step=step,
             sampler=self.sampler,
             policy=(self.policy.model, self.policy.optimizer),
-            critic=self.critic,
+            critic=self.critic and self.critic.trained(),
             tracker_runs=tracker_runs,
             reference=self.reference if self.config.train.reference_reset_every else None,
         )
@@ -651,7 +705,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
         load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=precision.weights)
         model, rank0_weights = load_on_rank0(world, load_full)
     model = with_training_options(model, config, lora=lora, adapter=adapter)
-    sizes = parameter_counts(model)
+    sizes, multiplying = parameter_counts(model), flop_parameters(model)
     console.print(
         f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
         + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
@@ -660,7 +714,7 @@ def load_policy(config: Config, world: World, resume_from: Path | None, console:
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
     )
-    return Policy(model, optimizer, tokenizer, sizes)
+    return Policy(model, optimizer, tokenizer, sizes, multiplying)
 
 
 def with_training_options(
@@ -693,9 +747,10 @@ def load_critic(config: Config, world: World, resume_from: Path | None) -> Criti
     precision = Precision(config.model.dtype)
     critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=precision.weights))
     critic = with_training_options(critic, config, lora=False)
+    multiplying = flop_parameters(critic)
     critic = wrap_model(world, critic, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
     optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
-    return Critic(critic, optimizer)
+    return Critic(critic, optimizer, multiplying)
 
 
 def load_reference(config: Config, world: World, resume_from: Path | None) -> torch.nn.Module:
@@ -741,7 +796,7 @@ def restore_progress(
         if world.rank > 0:
             torch.manual_seed(rank_seed(config.seed, world.rank))
         return PromptSampler(num_prompts, config.seed), 0, {}
-    state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic)
+    state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic and critic.trained())
     return PromptSampler(**state["sampler"]), state["step"], state["trackers"]
 
 

@@ -174,12 +174,12 @@ def mean_over_ranks(world: World, metrics: dict[str, float], weights: dict[str, 
     return reduced
 
 
-def slowest_timings(world: World, timings: dict[str, float]) -> dict[str, float]:
-    """Each timing (seconds) of the slowest rank."""
+def slowest_timings(world: World, timings: dict[str, float], *, by: str) -> dict[str, float]:
+    """The timings (seconds) of the rank whose `timings[by]` is the largest, all from that rank so
+    that its phases add up as they did there."""
     if world.world_size == 1:
         return dict(timings)
-    per_rank = gather_objects(world, timings)
-    return {key: max(values[key] for values in per_rank) for key in timings}
+    return max(gather_objects(world, timings), key=lambda values: values[by])
 
 
 def barrier(world: World) -> None:
