@@ -237,7 +237,8 @@ def checkpoint_problem(directory: Path) -> str | None:
 
 
 def checkpoint_step(directory: Path) -> int | None:
-    """The step a checkpoint holds: its manifest's, else its trainer state's (older pacs), else None."""
+    """The step a checkpoint holds: its manifest's, else its trainer state's (a checkpoint written
+    before manifests existed), else None."""
     try:
         return int(json.loads((directory / MANIFEST).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
