@@ -206,15 +206,19 @@ def test_checkpoint_files_get_the_modes_the_users_umask_gives(tmp_path, tiny_mod
 
 
 def test_wandb_files_go_where_wandb_dir_says(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from pacs.train.trackers import WandbTracker
 
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path / "elsewhere")}.items():
         monkeypatch.setenv(name, value)
+    # W&B puts its service's address in WANDB_SERVICE; left there, every later `pacs train` this
+    # test process starts would join that one service (a killed run's stream then stays "in use")
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     (tmp_path / "elsewhere").mkdir()
     tracker = WandbTracker(load_config(None, ["train.report_to=[wandb]"]), tmp_path / "run", 0, None)
     tracker.log(1, {"loss": 0.5})
     tracker.close()
+    wandb.teardown()  # stop this process's service
     assert list((tmp_path / "elsewhere" / "wandb").glob("offline-run-*")) and not (tmp_path / "run" / "wandb").exists()
 
 

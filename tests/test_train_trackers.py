@@ -35,9 +35,11 @@ TINY_RUN = [
 
 
 def pacs_train(output_dir: Path, *options: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`pacs train` of the tiny run in a new process group (one thread)."""
+    """`pacs train` of the tiny run in a new process group (one thread), with a W&B service of its
+    own as a command typed in a shell has (not one this test process may have started)."""
     command = [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", f"output_dir={output_dir}", *TINY_RUN, *options]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    inherited = {name: value for name, value in os.environ.items() if name != "WANDB_SERVICE"}
+    environment = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
