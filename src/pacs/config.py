@@ -52,6 +52,10 @@ from pacs.algos.ppo import PPO
 from pacs.algos.rloo import RLOO
 from pacs.plugins import import_function
 
+ASYNC_IS_CAP = 2.0
+"""`algorithm.rollout_is_cap` of a run with rollout.max_staleness >= 1 that sets none: the truncation
+at 2 of verl's TIS default (`rollout_is_threshold`)."""
+
 
 class ConfigError(ValueError):
     """A configuration file or override that cannot be used; the message says how to fix it."""
@@ -158,11 +162,12 @@ class BaseAlgorithmConfig(_Section):
     def problems(self, config: Config) -> list[str]:
         """What in this section cannot run with the rest of `config`, one message each."""
         found = []
-        if self.rollout_is_cap is not None and config.rollout.engine != "vllm":
+        if self.rollout_is_cap is not None and config.rollout.engine != "vllm" and not config.rollout.max_staleness:
             found.append(
                 f"algorithm.rollout_is_cap={self.rollout_is_cap} with rollout.engine='{config.rollout.engine}': "
-                "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' returns "
-                "(the hf engine samples with the trained model itself: there is no mismatch to correct)"
+                "the correction needs the sampler's own log-probs, which only rollout.engine='vllm' or "
+                "rollout.max_staleness >= 1 give (the synchronous hf engine samples with the trained model itself: "
+                "there is no mismatch to correct)"
             )
         if self.overlong_buffer > config.data.max_response_length:
             found.append(
@@ -435,6 +440,12 @@ class RolloutConfig(_Section):
     `pacs.train.dynamic_sampling`."""
     max_sampling_rounds: int = Field(10, ge=1)
     """The most rounds of sampling in one step under `dynamic_sampling` (verl's max_num_gen_batches)."""
+    max_staleness: int = Field(0, ge=0)
+    """0: each step samples with the policy it updates (synchronous). k >= 1: generation runs in a
+    process of its own beside each training process and samples the coming steps while the trainer
+    updates; a batch is trained at most k policy versions after the one that sampled it, with the
+    sampler correction (`algorithm.rollout_is_cap`, ASYNC_IS_CAP unless set) between the two
+    (`pacs.train.async_rollouts`). Validation generates in the training process, with transformers."""
 
 
 class TrainConfig(_Section):
@@ -592,6 +603,7 @@ class Config(_Section):
             )
         problems += self.algorithm.problems(self)
         problems += self._sampling_and_reference_problems()
+        problems += self._staleness_problems()
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
             problems.append(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
@@ -612,6 +624,47 @@ class Config(_Section):
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _correct_stale_samples(cls, data: Any) -> Any:
+        """With rollout.max_staleness >= 1 the sampler correction is on: `algorithm.rollout_is_cap`
+        is ASYNC_IS_CAP unless the config sets it (null included, refused by `_staleness_problems`)."""
+        if not isinstance(data, dict):
+            return data
+        rollout, algorithm = data.get("rollout"), data.get("algorithm")
+        staleness = rollout.get("max_staleness", 0) if isinstance(rollout, dict) else getattr(rollout, "max_staleness", 0)
+        if isinstance(staleness, int) and not isinstance(staleness, bool) and staleness > 0:
+            if algorithm is None:
+                data = {**data, "algorithm": {"name": "pacs", "rollout_is_cap": ASYNC_IS_CAP}}
+            elif isinstance(algorithm, dict) and "rollout_is_cap" not in algorithm:
+                data = {**data, "algorithm": {**algorithm, "rollout_is_cap": ASYNC_IS_CAP}}
+        return data
+
+    def _staleness_problems(self) -> list[str]:
+        """What asynchronous generation (rollout.max_staleness >= 1) cannot run with."""
+        staleness = self.rollout.max_staleness
+        if not staleness:
+            return []
+        problems = []
+        if self.algorithm.rollout_is_cap is None:
+            problems.append(
+                f"rollout.max_staleness={staleness} with algorithm.rollout_is_cap=null: samples of an older policy "
+                f"need the sampler correction; leave rollout_is_cap unset ({ASYNC_IS_CAP:g}) or set a cap >= 1"
+            )
+        if self.rollout.dynamic_sampling:
+            problems.append(
+                f"rollout.max_staleness={staleness} with rollout.dynamic_sampling=true: dynamic sampling decides how "
+                "many rounds a step draws from the step's own rollouts, which asynchronous generation has already "
+                "scheduled; use one of the two"
+            )
+        if self.rollout.engine == "vllm" and self.rollout.vllm.tensor_parallel_size > 1:
+            problems.append(
+                f"rollout.max_staleness={staleness} with rollout.vllm.tensor_parallel_size="
+                f"{self.rollout.vllm.tensor_parallel_size}: each training process has one generator process of its "
+                "own; set tensor_parallel_size=1"
+            )
+        return problems
 
     def _sampling_and_reference_problems(self) -> list[str]:
         """Dynamic sampling needs groups; a reference reset needs a reference to reset, held apart

@@ -1,13 +1,13 @@
 """What `model.dtype` means for each kind of tensor in a run: the one home of the precision rule.
 
-    model.dtype   trained weights    batch tensors    forward passes          frozen models   vLLM engine
-                  and optimizer      (log-probs,
-                                     losses)
+    model.dtype   trained weights    batch tensors    forward passes          frozen models   an engine's own
+                  and optimizer      (log-probs,                                              copy (vLLM, the
+                                     losses)                                                  async generator)
     float32       float32            float32          float32                 float32         float32
     bfloat16      float32 (master)   float32          bfloat16 (autocast, or  bfloat16        bfloat16
                                                       FSDP's mixed precision)
-    float64       float64            float64          float64                 float64         (refused by
-                                                                                              the config)
+    float64       float64            float64          float64                 float64         float64 (vLLM:
+                                                                                              refused)
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class Precision:
 
     @property
     def engine(self) -> str:
-        """What a rollout engine with its own copy of the weights (vLLM) computes in."""
-        return "bfloat16" if self.dtype == "bfloat16" else "float32"
+        """What a rollout engine with its own copy of the weights (vLLM, the asynchronous
+        generator's) holds them in: the run's dtype (float64 only for transformers' engine)."""
+        return self.dtype
 
     def autocast(self, device: torch.device) -> Callable[[], ContextManager]:
         """The context forward passes on `device` run in: bfloat16 autocast for bfloat16 runs (the

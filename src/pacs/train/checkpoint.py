@@ -3,8 +3,8 @@
     checkpoints/step_N/   config.json, model.safetensors (or model-0000i-of-0000N.safetensors and
                           model.safetensors.index.json), tokenizer files (any HF tool reads it)
                           trainer_state.pt: step, RNG states, data position, the tracker runs'
-                          ids (tensors and plain Python values only: read with
-                          torch.load(weights_only=True))
+                          ids, with rollout.max_staleness the batches sampled ahead (tensors
+                          and plain Python values only: read with torch.load(weights_only=True))
                           optimizer/: the AdamW state, "<parameter name>:<key>" -> the whole
                           tensor, in safetensors files of at most 1 GiB each (none before the
                           first update)
@@ -260,12 +260,15 @@ def write_checkpoint(
     critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
     tracker_runs: dict[str, str] | None = None,
     reference: torch.nn.Module | None = None,
+    rollouts_in_flight: list[dict[str, Any]] | None = None,
 ) -> Path:
     """The training checkpoint of every rank: the optimizers' states, then the models (with the
     random states, `save_checkpoint`), each gathered one tensor at a time into rank 0's files;
     all wait until it is in place. `tracker_runs`: tracker name -> run id (rank 0's), which
     resuming continues (`pacs.train.trackers`). `reference`: a reference model that moves during
-    the run (`train.reference_reset_every`), written to `REFERENCE_DIR`."""
+    the run (`train.reference_reset_every`), written to `REFERENCE_DIR`. `rollouts_in_flight`: with
+    asynchronous generation, every rank's batches sampled ahead (`pacs.train.async_rollouts`), in
+    rank order, kept in the trainer state."""
     staging = staging_directory(directory) if world.is_writer else None
     model, optimizer = policy
     critic_model = None
@@ -277,6 +280,8 @@ def write_checkpoint(
             critic_model, critic_optimizer = critic
             save_optimizer_state(world, critic_model, critic_optimizer, staging and staging / CRITIC_OPTIMIZER_DIR)
         state = {"step": step, "sampler": sampler.state(), "rng": rng_states(world), "trackers": dict(tracker_runs or {})}
+        if rollouts_in_flight is not None:
+            state["rollouts_in_flight"] = rollouts_in_flight
     save_checkpoint(directory, model, tokenizer, state, world=world, critic=critic_model, staging=staging)
     barrier(world)
     return directory

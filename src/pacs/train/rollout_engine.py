@@ -47,13 +47,14 @@ def generation_group(config: Config, world: World) -> GenerationGroup:
 
 
 def build_engine(config: Config, world: World, policy_module: torch.nn.Module, tokenizer) -> TransformersEngine | VllmEngine:
-    """`rollout.engine`'s engine for this process: transformers' generate on `policy_module`
+    """`rollout.engine`'s engine for this process (transformers' with `rollout.max_staleness`, where
+    the generator process holds the configured one and this one only validates): transformers' generate on `policy_module`
     (the unwrapped language model), or a vLLM engine in the run's compute dtype, attached to the
     job (`EnginePlace`: each rank's engine on its own device), seeded per generation group, started
     without reading the checkpoint when the trainer pushes the weights before the first rollout.
     Every node first gets what vLLM reads of `model.path` (`local_model_dir`), so that a node that
     cannot stops every rank with its error; then every rank starts its engine at once."""
-    if config.rollout.engine == "hf":
+    if config.rollout.engine == "hf" or config.rollout.max_staleness:
         return TransformersEngine(policy_module, tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
     settings = config.rollout.vllm
     pushed = settings.sync_weights

@@ -17,6 +17,7 @@ import functools
 import json
 import random
 import sys
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
@@ -40,6 +41,7 @@ from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores, ScoringWatch
 from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
+from pacs.train.async_rollouts import DROPPED_IN_FLIGHT, RolloutPipeline, start_pipeline
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, REFERENCE_DIR, restore_training_state, write_checkpoint
 from pacs.train.checkpoint_dirs import FINAL, link_checkpoint, remove_older_checkpoints
@@ -156,7 +158,10 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
         if start.finished:
             return finished_result(config, world, start)
         trainer = Trainer.setup(config, world, start)
-        with contextlib.closing(trainer.engine):  # vLLM's teardown ends the process group: after the barrier
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(contextlib.closing(trainer.engine))  # vLLM's teardown ends the process group: after the barrier
+            if trainer.pipeline is not None:
+                stack.enter_context(contextlib.closing(trainer.pipeline))
             result = trainer.run(show_progress=show_progress)
             barrier(world)  # no rank tears its process group down while another still uses it
         return result
@@ -243,6 +248,10 @@ class Trainer:
     initial policy, or the policy at its last reset (`reset_reference`)."""
     algorithm: Algorithm
     engine: RolloutEngine
+    """What this process generates with: the rollouts (synchronous runs) and validation."""
+    pipeline: RolloutPipeline | None
+    """With rollout.max_staleness >= 1, this process's generator process and its schedule
+    (`pacs.train.async_rollouts`), which samples the training batches; None otherwise."""
     generation_group: GenerationGroup
     """The ranks that generate together with this one (vLLM's tensor parallelism; alone otherwise)."""
     scorer: ScoringPool
@@ -282,10 +291,13 @@ class Trainer:
         train_prompts, val_prompts = run_on_every_rank(
             world, lambda: load_train_and_val_prompts(config, policy.tokenizer, console), how_to_fix=NODE_INPUTS_HOW_TO_FIX
         )
-        sampler, start_step, tracker_runs = restore_progress(config, world, resume_from, policy, critic, len(train_prompts.rows))
+        sampler, start_step, tracker_runs, in_flight = restore_progress(
+            config, world, resume_from, policy, critic, len(train_prompts.rows)
+        )
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
         engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
+        pipeline = start_pipeline(config, world, in_flight) if config.rollout.max_staleness else None
         scorer = ScoringPool(
             config.reward.function,
             num_workers=config.reward.num_workers,
@@ -314,6 +326,7 @@ class Trainer:
             reference=reference,
             algorithm=algorithm,
             engine=engine,
+            pipeline=pipeline,
             generation_group=group,
             scorer=scorer,
             scoring_watch=scoring_watch,
@@ -349,6 +362,8 @@ class Trainer:
                 unit="step",
                 disable=not (show_progress and world.is_writer),
             )
+            if self.pipeline is not None:
+                self.begin_generation()
             for step in steps:
                 metrics = {**self.step(step, logger), **checkpoint_time}
                 if self.validates_at(step):
@@ -389,7 +404,7 @@ class Trainer:
         resets_reference = self.reset_reference(step)
         with times.phase("weight_sync"):
             self.sync_engine_weights()
-        sample, sampling_metrics = self.sample(times)
+        sample, sampling_metrics = self.sample(step, times)
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
@@ -403,6 +418,8 @@ class Trainer:
         train = self.config.train
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
         metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows, times)}
+        if self.pipeline is not None:
+            self.continue_generation(step, times)
         if self.config.train.reference_reset_every:
             metrics["reference/reset"] = float(resets_reference)
         metrics.update(self.sampler_metrics(batch))
@@ -447,10 +464,13 @@ class Trainer:
         total = float(sum_over_ranks(self.world, flops.sum()))
         return {"perf/mfu": flops_utilisation(total, step_s, peak, self.world.world_size)}
 
-    def sample(self, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
-        """The step's rollouts on this rank, scored: one `draw`, or with `rollout.dynamic_sampling`
+    def sample(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
+        """The step's rollouts on this rank, scored: from the generator process with
+        `rollout.max_staleness` (`take_generated`), else one `draw`, or with `rollout.dynamic_sampling`
         as many as it takes to fill the step with groups of mixed rewards
         (`pacs.train.dynamic_sampling`), and its metrics."""
+        if self.pipeline is not None:
+            return self.take_generated(step, times)
         rollout = self.config.rollout
         draw = functools.partial(self.draw, times)
         if not rollout.dynamic_sampling:
@@ -467,13 +487,61 @@ class Trainer:
             scored = self.scorer.score(rows, rollouts.response_texts)
         return Draw(rows, rollouts, scored)
 
+    def take_generated(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
+        """The batch the generator process sampled for `step` (the phase "wait_rollout": how long
+        the trainer waited for it), scored ("score"); its staleness (the same on every rank: the
+        schedule is global) and the seconds the generator spent on it, beside the step."""
+        with times.phase("wait_rollout"):
+            generated = self.pipeline.take(step)
+        rows = [self.train_prompts.rows[i] for i in generated.prompt_indices for _ in range(self.config.rollout.n)]
+        with times.phase("score"):
+            scored = self.scorer.score(rows, generated.rollouts.response_texts)
+        staleness = float(step - 1 - generated.version)
+        metrics = {"rollout/staleness_mean": staleness, "rollout/staleness_max": staleness, "rollout/generator_s": generated.generate_s}
+        return Draw(rows, generated.rollouts, scored), metrics
+
+    def begin_generation(self) -> None:
+        """Give the generator the weights the run starts from and ask for the first batches: those
+        whose prompts a checkpoint kept, then new ones up to `rollout.max_staleness` + 1 steps ahead."""
+        pipeline = self.pipeline
+        pipeline.push(self.start_step, self.engine_weights())
+        for request in pipeline.resent:
+            pipeline.request(request.step, request.prompt_indices, self.prompt_token_ids(request.prompt_indices))
+        ahead = min(self.start_step + 1 + self.config.rollout.max_staleness, self.config.train.steps)
+        for step in range(self.start_step + 1, ahead + 1):
+            if step not in pipeline.ready and step not in pipeline.requested:
+                self.request_batch(step)
+
+    def continue_generation(self, step: int, times: PhaseTimes) -> None:
+        """After the update of `step`: its weights to the generator ("weight_sync"), and the batch
+        they sample, `rollout.max_staleness` + 1 steps ahead, asked for."""
+        with times.phase("weight_sync"):
+            self.pipeline.push(step, self.engine_weights())
+        ahead = step + 1 + self.config.rollout.max_staleness
+        if ahead <= self.config.train.steps:
+            self.request_batch(ahead)
+
+    def request_batch(self, step: int) -> None:
+        """Ask the generator for this rank's share of the next prompts, as the batch of `step`."""
+        (indices,) = self.draw_prompts()
+        self.pipeline.request(step, indices, self.prompt_token_ids(indices))
+
+    def prompt_token_ids(self, indices: list[int]) -> list[list[int]]:
+        return [self.train_prompts.token_ids[i] for i in indices]
+
+    def draw_prompts(self) -> list[list[int]]:
+        """The next `train.batch_size` prompts' indices, as each rank of this generation group
+        takes its share (`World.shard_prompts`), in the group's order."""
+        config = self.config
+        prompts = self.sampler.next_batch(config.train.batch_size)
+        return [self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in self.generation_group.ranks]
+
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
         their sampled responses. The engine generates for its generation group's prompts (this
         rank's alone without tensor parallelism), then sleeps (`RolloutEngine.sleep`)."""
         config, group = self.config, self.generation_group
-        prompts = self.sampler.next_batch(config.train.batch_size)
-        shares = [self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in group.ranks]
+        shares = self.draw_prompts()
         indices = shares[group.member]
         params = SamplingParams(
             n=config.rollout.n,
@@ -493,9 +561,12 @@ class Trainer:
         changed since it last got them or it dropped them asleep
         (`pacs.train.rollout_engine.policy_weights`)."""
         if not self.engine_has_policy_weights or not self.engine.has_weights:
-            dtype = DTYPES[Precision(self.config.model.dtype).engine]
-            self.engine.load_weights(policy_weights(self.policy.model, dtype))
+            self.engine.load_weights(self.engine_weights())
             self.engine_has_policy_weights = True
+
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights as an engine with its own copy takes them, in its dtype (`policy_weights`)."""
+        return policy_weights(self.policy.model, DTYPES[Precision(self.config.model.dtype).engine])
 
     def generation(self) -> contextlib.AbstractContextManager:
         """The context an engine generates in: for transformers' generate on the policy itself,
@@ -656,13 +727,16 @@ class Trainer:
 
     def save(self, name: str, step: int, tracker_runs: dict[str, str]) -> Path:
         """`checkpoints/<name>`: every rank gathers its part, rank 0 writes (with the trackers' run
-        ids, which `resume=auto` continues); the other nodes record it (`record`)."""
+        ids, which `resume=auto` continues, and every rank's batches in flight with
+        `rollout.max_staleness`); the other nodes record it (`record`)."""
+        in_flight = gather_objects(self.world, self.pipeline.state(step)) if self.pipeline is not None else None
         checkpoint = write_checkpoint(
             self.world,
             Path(self.config.output_dir) / "checkpoints" / name,
             self.policy.tokenizer,
             step=step,
             sampler=self.sampler,
+            rollouts_in_flight=in_flight,
             policy=(self.policy.model, self.policy.optimizer),
             critic=self.critic and self.critic.trained(),
             tracker_runs=tracker_runs,
@@ -788,16 +862,23 @@ def restore_progress(
     policy: Policy,
     critic: Critic | None,
     num_prompts: int,
-) -> tuple[PromptSampler, int, dict[str, str]]:
-    """The prompt sampler, the last step done and the tracker runs to continue: from the
-    checkpoint (with the optimizers' and every rank's random states), or fresh (each rank > 0
-    seeded apart, so ranks sample apart)."""
+) -> tuple[PromptSampler, int, dict[str, str], dict | None]:
+    """The prompt sampler, the last step done, the tracker runs to continue and this rank's
+    batches in flight (`RolloutPipeline.state`; None without): from the checkpoint (with the
+    optimizers' and every rank's random states), or fresh (each rank > 0 seeded apart, so ranks
+    sample apart)."""
     if not resume_from:
         if world.rank > 0:
             torch.manual_seed(rank_seed(config.seed, world.rank))
-        return PromptSampler(num_prompts, config.seed), 0, {}
+        return PromptSampler(num_prompts, config.seed), 0, {}, None
     state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic and critic.trained())
-    return PromptSampler(**state["sampler"]), state["step"], state["trackers"]
+    in_flight = state.get("rollouts_in_flight")
+    own = in_flight[world.rank] if in_flight and len(in_flight) == world.world_size else None
+    if in_flight and (own is None or not config.rollout.max_staleness):
+        why = f"{world.world_size} processes, not {len(in_flight)}" if own is None else "it runs synchronously"
+        warnings.warn(DROPPED_IN_FLIGHT.format(saved=in_flight[0]["max_staleness"], why=why), stacklevel=2)
+        own = None
+    return PromptSampler(**state["sampler"]), state["step"], state["trackers"], own
 
 
 def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:
