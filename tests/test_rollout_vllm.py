@@ -179,6 +179,18 @@ def test_unsynced_sampler_drifts_from_the_trainer(tiny_model_dir, tmp_path):
     assert distance > TOLERANCE
 
 
+@pytest.mark.slow
+def test_an_asynchronous_vllm_generator_samples_one_step_ahead_with_the_pushed_weights(tiny_model_dir, tmp_path):
+    """`rollout.max_staleness=1`: vLLM in the generator process (`pacs.train.async_rollouts`), the
+    weights pushed over the private group. Step 1 samples the starting weights; steps 2-4 the
+    previous step's, and after them the sampler is one update behind the trainer, so the
+    correction reweights."""
+    lines = four_vllm_steps(tiny_model_dir, tmp_path / "run", "rollout.max_staleness=1")
+    assert [line["rollout/staleness_max"] for line in lines] == [0, 1, 1, 1]
+    assert lines[0]["rollout/logprob_abs_diff_max"] < TOLERANCE
+    assert lines[-1]["rollout/logprob_abs_diff_max"] > TOLERANCE
+
+
 CORRECTION_DIAGNOSTICS = ("weight_mean", "ratio_max", "truncated_fraction", "ess", "sampler_kl")
 
 
