@@ -23,8 +23,8 @@ TINY = [
     "data.val=builtin:arithmetic?max_operand=19&size=8",
     "reward.num_workers=0",  # scored in-process: a pool of scoring processes costs each run about a core-second
 ]
-ALGORITHMS = ["pacs", "grpo", "ppo", "dr_grpo", "dapo", "gspo", "cispo", "pacs"]
-"""Every algorithm, and PACS a second time (an A/A run)."""
+ALGORITHMS = ["pacs", "grpo", "ppo", "dr_grpo", "dapo", "gspo", "cispo", "pacs", "pacs[train.lr=5e-6]"]
+"""Every algorithm, PACS a second time (an A/A run) and a variant of PACS."""
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,8 @@ def test_every_method_and_the_unweighted_ablation_is_trained_and_evaluated(compa
     out, report = comparison
     rows = report["results"]["arithmetic"]
     assert list(rows) == [
-        "base model", "pacs", "grpo", "ppo", "dr_grpo", "dapo", "gspo", "cispo", "pacs (run 2)", "pacs (no weighting)"
+        "base model", "pacs", "grpo", "ppo", "dr_grpo", "dapo", "gspo", "cispo", "pacs (run 2)", "pacs [train.lr=5e-6]",
+        "pacs (no weighting)",
     ]  # fmt: skip
     assert set(rows["pacs"]["pass@k"]) == {"pass@1", "pass@2", "pass@4"}
     assert rows["pacs"]["pass@k"]["pass@1"]["std"] == 0.0 and len(rows["pacs"]["pass@k"]["pass@1"]["per_seed"]) == 1
@@ -94,6 +95,22 @@ def test_an_algorithm_listed_again_is_an_a_a_run_with_other_training_seeds(compa
     assert {**again, "seed": 0, "output_dir": first["output_dir"]} == first
     assert report["training_seed_offsets"]["pacs (run 2)"] == 1000 and report["training_seed_offsets"]["pacs"] == 0
     assert "pacs (run 2) with seeds + 1000" in (out / "comparison.md").read_text()
+
+
+def test_an_algorithm_with_overrides_in_brackets_is_a_variant_trained_with_the_same_seeds(comparison):
+    out, report = comparison
+    plain, variant = (yaml.safe_load((out / name / "seed_0" / "config.yaml").read_text()) for name in ("pacs", "pacs_train.lr-5e-6"))
+    assert variant["train"]["lr"] == 5e-6 and variant["seed"] == plain["seed"] == 0
+    assert {**variant, "train": {**variant["train"], "lr": plain["train"]["lr"]}, "output_dir": plain["output_dir"]} == plain
+    assert report["training_seed_offsets"]["pacs [train.lr=5e-6]"] == 0
+
+
+@pytest.mark.parametrize("variant", ["pacs[rollout.max_staleness]", "pacs[]", "pacs[train.lr=1e-6"])
+def test_a_variant_without_key_value_overrides_is_refused_saying_how_to_write_one(variant, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", "builtin:compare-demo", "--algorithms", f"pacs,{variant},grpo", "--out", str(tmp_path / "out")])
+    assert "a variant is NAME[key=value key=value ...]" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_paper_baselines_are_refused_for_methods_the_paper_did_not_compare(tmp_path, capsys):

@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -181,7 +182,7 @@ def _prepare(args: argparse.Namespace) -> None:
 def _compare(args: argparse.Namespace) -> None:
     from pacs.compare import PAPER_BASELINES, PAPER_METHODS, run_comparison
 
-    algorithms = [name for name in args.algorithms.split(",") if name]
+    algorithms = [name for name in re.split(r",(?![^\[]*\])", args.algorithms) if name]  # no split inside [...]
     if args.paper_baselines and (others := sorted(set(algorithms) - set(PAPER_METHODS))):
         raise ValueError(
             f"--paper-baselines sets what the paper's verl baselines used ({', '.join(PAPER_BASELINES)}), which are "
@@ -325,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--algorithms",
         default="pacs,grpo,ppo,rloo",
         help="comma-separated values of algorithm.name; one named again is an A/A run of it (labelled 'NAME (run 2)', "
-        "trained with seeds + 1000)",
+        "trained with seeds + 1000); NAME[key=value ...] is a variant of it with those overrides and the same seeds, "
+        "e.g. 'pacs,pacs[rollout.max_staleness=1]'",
     )
     compare.add_argument(
         "--seeds",

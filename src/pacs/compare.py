@@ -13,6 +13,11 @@ labelled "NAME (run k)" and trains with seed S + 1000·(k − 1) (`REPEAT_SEED_O
 trains with S, from the same base model and evaluated with the same seed S, so that the runs differ
 only by the randomness of training (`pacs compare --algorithms pacs,pacs --baseline pacs`).
 
+An algorithm listed with overrides in brackets, `NAME[key=value key=value]`, is a variant of it:
+labelled "NAME [key=value key=value]", trained with the same seeds and those overrides on top of
+the others, so that it differs from NAME only by them (`pacs compare --algorithms
+'pacs,pacs[rollout.max_staleness=1]' --baseline pacs`).
+
     out/base/seed_S/                 evaluation of the base model
     out/METHOD/seed_S/               the training run (config, metrics, checkpoints) and eval/
     out/comparison.md, comparison.json, reward_curves.png, pass_at_k_<source>.png
@@ -103,19 +108,41 @@ class Method(NamedTuple):
 
 def _methods(algorithms: list[str]) -> dict[str, Method]:
     """Each method compared, by label: every algorithm listed (its k-th listing labelled "NAME
-    (run k)", trained with seeds offset by REPEAT_SEED_OFFSET·(k − 1)), and PACS without class
-    weighting beside PACS."""
-    unknown = [name for name in algorithms if name not in ALGORITHM_CONFIGS]
+    (run k)", trained with seeds offset by REPEAT_SEED_OFFSET·(k − 1); a variant "NAME[overrides]"
+    labelled "NAME [overrides]", with the same seeds), and PACS without class weighting beside PACS."""
+    listed = [_variant(entry) for entry in algorithms]
+    unknown = [name for name, _ in listed if name not in ALGORITHM_CONFIGS]
     if unknown or not algorithms:
         raise ValueError(f"unknown algorithms {unknown}; valid: {', '.join(ALGORITHM_CONFIGS)}")
     methods = {}
-    for position, name in enumerate(algorithms):
+    for position, (name, overrides) in enumerate(listed):
+        if overrides:
+            methods[f"{name} [{' '.join(overrides)}]"] = Method(name, overrides)
+            continue
         run = algorithms[:position].count(name) + 1
         label = name if run == 1 else f"{name} (run {run})"
         methods[label] = Method(name, [], REPEAT_SEED_OFFSET * (run - 1))
     if "pacs" in algorithms:
         methods[PACS_WITHOUT_WEIGHTING] = Method("pacs", ["algorithm.weighting=none"])
     return methods
+
+
+def _variant(entry: str) -> tuple[str, list[str]]:
+    """"NAME[key=value key=value]" -> (NAME, its overrides); "NAME" -> (NAME, [])."""
+    name, bracket, rest = entry.partition("[")
+    if not bracket:
+        return entry, []
+    overrides = rest.removesuffix("]").split()
+    if not rest.endswith("]") or not overrides or not all("=" in override for override in overrides):
+        raise ValueError(f"{entry!r}: a variant is NAME[key=value key=value ...], e.g. pacs[rollout.max_staleness=1]")
+    return name, overrides
+
+
+def method_directory(label: str) -> str:
+    """The folder of a method's runs under the comparison's output: "pacs (run 2)" -> "pacs_run_2",
+    "pacs [rollout.max_staleness=1]" -> "pacs_rollout.max_staleness-1"."""
+    name = label.replace(" ", "_").replace("(", "").replace(")", "")
+    return name.replace("[", "").replace("]", "").replace("=", "-").replace("/", "-")
 
 
 def _base_model(model_path: str, seed: int) -> str:
@@ -400,7 +427,7 @@ def run_comparison(
         evaluations["base model"].append(evaluate(base, out / "base" / f"seed_{seed}", seed))
         for method, (algorithm, method_overrides, seed_offset) in methods.items():
             run += 1
-            run_dir = out / method.replace(" ", "_").replace("(", "").replace(")", "") / f"seed_{seed}"
+            run_dir = out / method_directory(method) / f"seed_{seed}"
             console.rule(f"run {run}/{total}: {method}, seed {seed} ({time.perf_counter() - start:.0f} s so far)")
             run_config = load_config(
                 config_source,
