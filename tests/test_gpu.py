@@ -68,6 +68,16 @@ def test_bf16_training_with_hf_runs_on_the_gpu(warm_model_dir, tmp_path):
     assert torch.cuda.max_memory_allocated() > 0
 
 
+def test_an_asynchronous_bf16_run_generates_on_the_gpu_with_the_pushed_weights(warm_model_dir, tmp_path):
+    """`rollout.max_staleness=1`: the generator process on the trainer's GPU (transformers), the
+    weights pushed through the host after every update. Step 1 samples the starting weights: the
+    generator's bf16 log-probs within the bf16 bound of the trainer's recomputation."""
+    metrics = train_steps(warm_model_dir, tmp_path / "run", "rollout.max_staleness=1", "train.steps=4")
+    assert [line["rollout/staleness_max"] for line in metrics] == [0, 1, 1, 1]
+    assert metrics[0]["rollout/logprob_abs_diff_mean"] < BF16_LOGPROB_GAP
+    assert all(torch.isfinite(torch.tensor(line["loss"])) for line in metrics)
+
+
 def test_bf16_training_with_vllm_asleep_keeps_the_sampler_in_sync(vllm_installed, tiny_model_dir, tmp_path):
     """Sleep mode (on by default on a GPU: weights dropped after each rollout and pushed again),
     CUDA graphs (on by default on a GPU): after every update the sampler's log-probs stay within
