@@ -186,7 +186,9 @@ def test_tables_are_printed_unwrapped_in_a_log(comparison, monkeypatch, capsys):
     monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     run_comparison("builtin:compare-demo", ALGORITHMS, [0], out, eval_n=4, overrides=TINY, show_progress=False)
     header = "| method | problems | samples per problem | prompts too long | timeouts | crashes | max new tokens |"
-    assert header in capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr().out
+    assert header in printed.splitlines()
+    assert "| pacs [train.lr=5e-6] | 8 | 4 | 0 | 0 | 0 | 16 |" in printed  # brackets are not console markup
 
 
 def test_seeds_that_are_not_integers_are_refused_naming_the_option(tmp_path, capsys):

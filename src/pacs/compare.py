@@ -384,7 +384,7 @@ def run_comparison(
     val_specs = [config.data.val] if isinstance(config.data.val, str) else list(config.data.val)
     out = Path(out_dir)
     claim_output_dir(out, "pacs compare", reuse=True)
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, markup=False)  # labels, paths and settings hold [brackets]
     start = time.perf_counter()
     total = len(seeds) * len(methods)
 
