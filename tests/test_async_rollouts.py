@@ -17,7 +17,7 @@ from pacs.config import ASYNC_IS_CAP, ConfigError, load_config
 from pacs.train.async_rollouts import version_of
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
-from killing import kill_once_checkpointed
+from killing import kill_job, kill_once_checkpointed
 from torchrun_jobs import process_env, read_jsonl, torchrun
 
 SAME_WEIGHTS_LOGPROB_GAP = 1e-4
@@ -63,6 +63,17 @@ def test_every_step_is_trained_within_max_staleness_versions_of_its_sampler(tmp_
 
 
 @pytest.mark.slow
+def test_batches_larger_than_the_pipe_do_not_stall_a_run_two_steps_ahead(tmp_path, warm_model_dir):
+    """With k = 2 the trainer waits for the generator to take version j − 1 while the generator has
+    a finished batch to send (each about a megabyte here, more than a pipe holds): neither may
+    wait for the other (a hang fails within the timeout)."""
+    job = pacs_train(tmp_path / "run", warm_model_dir, "rollout.max_staleness=2", "train.steps=5", "train.save_every=0",
+                     "train.batch_size=32", "train.mini_batch_size=16", "rollout.n=8", "data.max_response_length=64")
+    finished(job, timeout=240)
+    assert [row["rollout/staleness_max"] for row in read_metrics(tmp_path / "run")] == [0, 1, 2, 2, 2]
+
+
+@pytest.mark.slow
 def test_the_phases_of_an_asynchronous_step_add_up_to_it(tmp_path, warm_model_dir):
     for row in run_async(tmp_path / "run", warm_model_dir):
         phases = {key: value for key, value in row.items() if key.startswith("time/") and key not in PHASES_OUTSIDE_THE_STEP}
@@ -99,8 +110,12 @@ def pacs_train(output_dir: Path, model_dir: Path, *extra: str) -> subprocess.Pop
                             start_new_session=True)
 
 
-def finished(job: subprocess.Popen) -> None:
-    _, stderr = job.communicate(timeout=300)
+def finished(job: subprocess.Popen, timeout: float = 300) -> None:
+    try:
+        _, stderr = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(job)
+        raise
     assert job.returncode == 0, stderr[-3000:]
 
 

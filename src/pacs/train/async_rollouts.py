@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
+import threading
 import time
 import traceback
 import warnings
@@ -124,22 +126,50 @@ def serve(spec: GeneratorSpec, store_port: int, timeout_s: float, connection: Co
         ("weights", version, layout)        receive the flat buffer, load it (layout: (name, shape) list)
         ("generate", step, prompts, params, seed) -> ("rollouts", step, arrays, texts, n, seconds)
 
-    Any error is sent back as ("error", traceback) before the process ends."""
+    Replies go out through `Outbox`, so that a batch larger than the pipe's buffer never holds the
+    loop up: the trainer may be waiting for this process to take the next weights before it reads
+    (with max_staleness >= 2 it is). Any error is sent back as ("error", traceback) before the process ends."""
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
     if spec.device != "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
     torch.set_num_threads(spec.threads)
+    outbox = Outbox(connection)
     try:
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", store_port, 2, False, timeout=timeout)
         group = dist.ProcessGroupGloo(store, 1, 2, timeout)
         engine = _build_engine(spec)
-        _serve_messages(engine, group, connection, DTYPES[spec.dtype])
+        _serve_messages(engine, group, connection, outbox, DTYPES[spec.dtype])
     except EOFError:
         return
     except BaseException:
-        connection.send(("error", traceback.format_exc()))
+        outbox.put(("error", traceback.format_exc()))
+    outbox.close()
+
+
+class Outbox:
+    """Messages to the trainer, sent in order by a thread of their own (`put` never blocks);
+    `close` waits until every one is sent or the trainer is gone."""
+
+    def __init__(self, connection: Connection):
+        self.messages: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._send_each, args=(connection,), daemon=True)
+        self.thread.start()
+
+    def _send_each(self, connection: Connection) -> None:
+        while (message := self.messages.get()) is not None:
+            try:
+                connection.send(message)
+            except OSError:  # the trainer is gone
+                return
+
+    def put(self, message: tuple) -> None:
+        self.messages.put(message)
+
+    def close(self) -> None:
+        self.messages.put(None)
+        self.thread.join()
 
 
 def _build_engine(spec: GeneratorSpec) -> TransformersEngine | VllmEngine:
@@ -153,7 +183,7 @@ def _build_engine(spec: GeneratorSpec) -> TransformersEngine | VllmEngine:
     return TransformersEngine(model, tokenizer, max_sequences_per_call=spec.max_sequences_per_call)
 
 
-def _serve_messages(engine, group, connection: Connection, dtype: torch.dtype) -> None:
+def _serve_messages(engine, group, connection: Connection, outbox: Outbox, dtype: torch.dtype) -> None:
     layout: list[tuple[str, tuple[int, ...]]] = []
     while True:
         message = connection.recv()
@@ -172,7 +202,7 @@ def _serve_messages(engine, group, connection: Connection, dtype: torch.dtype) -
             rollouts = engine.generate(prompts, params)
         fields = {name: getattr(rollouts, name) for name in ROLLOUT_FIELDS}
         arrays = {name: tensor.numpy() for name, tensor in fields.items()}
-        connection.send(("rollouts", step, arrays, rollouts.response_texts, params.n, time.perf_counter() - started))
+        outbox.put(("rollouts", step, arrays, rollouts.response_texts, params.n, time.perf_counter() - started))
 
 
 def _load(engine: TransformersEngine | VllmEngine, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
