@@ -339,7 +339,7 @@ def sampler_corrected_coefficients(coefficients: torch.Tensor, response_weights:
     Formula (A = ``coefficients``, ρ = ``response_weights``, μ the sampler, e.g. vLLM):
         −∇_θ L_ρ = 1/B · Σ_k ρ_k · A_k · ∇_θ r_k,    i.e.   A'_k = ρ_k · A_k
     as verl's TIS and TRL's correction scale a sample's advantage by its own ratio. ρ is one weight
-    per response: the truncated (min(ρ, C)) or masked (0 outside [C_min, C_max]) sequence ratio
+    per response: the truncated (min(ρ, C)) or masked (0 outside [F, C]) sequence ratio
     π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))). A response of weight 0 has
     coefficient 0 (the module docstring derives it, and why weighting each BCE term by ρ_i is not it).
 
