@@ -137,7 +137,7 @@ class BaseAlgorithmConfig(_Section):
     """Importance-sampling correction of the mismatch between the rollout engine's sampler μ and
     the trainer's π_old (needs rollout.engine=vllm): the cap C of the ratio ρ = π_old/μ; None: off.
     The clipped policy gradients (grpo, rloo, ppo, ...): each token's clipped surrogate times its
-    weight w (verl's TIS); pacs: each response's whole gradient coefficient times its response's w
+    weight w (verl's rollout correction); pacs: each response's whole gradient coefficient times its w
     (`pacs.algos.pacs`). Logs the `rollout_is/*` diagnostics every step."""
     rollout_is_mode: RolloutIsMode = "truncate"
     """How the correction bounds ρ: `truncate`, w = min(ρ, C) (verl's TIS); `mask`, w = ρ inside
