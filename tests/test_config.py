@@ -264,3 +264,39 @@ def test_the_rollout_is_correction_needs_the_vllm_engine():
     with pytest.raises(ConfigError, match="algorithm.rollout_is_cap=2.0 with rollout.engine='hf': the correction needs the sampler's own log-probs"):
         load_config(None, ["algorithm.rollout_is_cap=2"])
     assert load_config(None, ["algorithm.rollout_is_cap=2", "rollout.engine=vllm"]).algorithm.rollout_is_cap == 2.0
+
+
+def test_the_rollout_is_level_defaults_to_tokens_and_pacs_to_whole_responses():
+    pacs, grpo = load_config(None).algorithm, load_config(None, ["algorithm.name=grpo"]).algorithm
+    assert (pacs.rollout_is_mode, pacs.rollout_is_level, pacs.rollout_is_floor) == ("truncate", "sequence", None)
+    assert (grpo.rollout_is_mode, grpo.rollout_is_level, grpo.rollout_is_floor) == ("truncate", "token", None)
+
+
+def test_the_mask_modes_options_reach_the_algorithm():
+    vllm_mask = ["rollout.engine=vllm", "algorithm.rollout_is_cap=4", "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_floor=0.5"]
+    grpo = load_config(None, [*vllm_mask, "algorithm.name=grpo", "algorithm.rollout_is_level=sequence"]).algorithm.build(4, horizon=8)
+    pacs = load_config(None, vllm_mask).algorithm.build(4, horizon=8)
+    assert (grpo.rollout_is_mode, grpo.rollout_is_level, grpo.rollout_is_floor) == ("mask", "sequence", 0.5)
+    assert (pacs.rollout_is_mode, pacs.rollout_is_floor) == ("mask", 0.5)
+
+
+def test_pacs_refuses_the_token_level_naming_the_key_and_the_valid_level():
+    with pytest.raises(ConfigError, match="algorithm.rollout_is_level='token' is not valid here; valid: 'sequence'"):
+        load_config(None, ["algorithm.rollout_is_level=token"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.rollout_is_mode=mask"], "algorithm.rollout_is_mode='mask' needs rollout_is_cap"),
+        (["rollout.engine=vllm", "algorithm.rollout_is_cap=2", "algorithm.rollout_is_floor=0.5"],
+         "algorithm.rollout_is_floor=0.5 with rollout_is_mode='truncate': the floor is the bottom of mask mode's kept range"),
+        (["algorithm.rollout_is_floor=1.5"], r"algorithm.rollout_is_floor: Input should be less than or equal to 1 \(got 1.5\)"),
+        (["algorithm.rollout_is_mode=clip"], r"algorithm.rollout_is_mode: Input should be 'truncate' or 'mask' \(got 'clip'\)"),
+        (["algorithm.name=grpo", "algorithm.rollout_is_level=geometric"],
+         r"algorithm.rollout_is_level: Input should be 'token' or 'sequence' \(got 'geometric'\)"),
+    ],
+)
+def test_rollout_is_options_that_cannot_work_are_refused_by_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -191,7 +191,7 @@ def test_an_asynchronous_vllm_generator_samples_one_step_ahead_with_the_pushed_w
     assert lines[-1]["rollout/logprob_abs_diff_max"] > TOLERANCE
 
 
-CORRECTION_DIAGNOSTICS = ("weight_mean", "ratio_max", "truncated_fraction", "ess", "sampler_kl")
+CORRECTION_DIAGNOSTICS = ("weight_mean", "ratio_max", "truncated_fraction", "masked_fraction", "ess", "sampler_kl")
 
 
 @pytest.mark.slow
@@ -208,8 +208,24 @@ def test_the_sampler_correction_logs_its_diagnostics_every_step(algorithm, tiny_
     assert first["rollout_is/sampler_kl"] < 1e-8 and first["rollout_is/ess"] > 1 - 1e-6
     assert first["rollout_is/weight_mean"] == pytest.approx(1, abs=1e-3) and first["rollout_is/truncated_fraction"] == 0
     assert last["rollout_is/sampler_kl"] > 1e-4 and last["rollout_is/ess"] < 1 - 1e-4 and last["rollout_is/truncated_fraction"] > 0
+    assert all(line["rollout_is/masked_fraction"] == 0 for line in lines)
     if algorithm == "grpo":
         assert all(line["rollout_is/ratio_max"] == pytest.approx(line["rollout/importance_ratio_max"], rel=1e-9) for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("algorithm", "level"), [("pacs", "sequence"), ("grpo", "sequence"), ("grpo", "token")])
+def test_the_mask_mode_drops_units_outside_its_range_and_says_how_many(algorithm, level, tiny_model_dir, tmp_path):
+    """`algorithm.rollout_is_mode=mask` against a sampler left at the initial weights: at step 1
+    every ratio (a response's or a token's) is 1 up to rounding, inside [1/1.05, 1.05], so none is
+    masked; after 3 updates some lie outside and get weight 0 (counted in `masked_fraction`), and
+    none is truncated."""
+    lines = four_vllm_steps(tiny_model_dir, tmp_path / "run", f"algorithm.name={algorithm}", "algorithm.rollout_is_cap=1.05",
+                            "algorithm.rollout_is_mode=mask", f"algorithm.rollout_is_level={level}", "rollout.vllm.sync_weights=false")
+    assert all(f"rollout_is/{name}" in line for line in lines for name in CORRECTION_DIAGNOSTICS)
+    first, last = lines[0], lines[-1]
+    assert first["rollout_is/masked_fraction"] == 0 and first["rollout_is/weight_mean"] == pytest.approx(1, abs=1e-3)
+    assert last["rollout_is/masked_fraction"] > 0 and all(line["rollout_is/truncated_fraction"] == 0 for line in lines)
 
 
 TWO_PROCESS_RUNS = {

@@ -42,7 +42,7 @@ from pydantic import (
 from pacs import EVAL_SAMPLING
 from pacs.algos.base import Algorithm
 from pacs.algos.cispo import CISPO
-from pacs.algos.core import KlEstimator, LossAggregation, check_kl_penalty
+from pacs.algos.core import KlEstimator, LossAggregation, RolloutIsLevel, RolloutIsMode, check_kl_penalty, check_rollout_is
 from pacs.algos.dapo import DAPO
 from pacs.algos.dr_grpo import DrGRPO
 from pacs.algos.grpo import GRPO
@@ -138,11 +138,19 @@ class BaseAlgorithmConfig(_Section):
     """How per-token losses are aggregated into a mini-batch's loss (`pacs.algos.core.aggregation_weights`):
     the policy loss of grpo, rloo and ppo, and the KL and entropy terms of every algorithm."""
     rollout_is_cap: float | None = Field(None, ge=1, allow_inf_nan=False)
-    """Truncated importance-sampling correction of the mismatch between the rollout engine's
-    sampler μ and the trainer's π_old (needs rollout.engine=vllm), capped at this value; None: off.
-    The clipped policy gradients (grpo, rloo, ppo, ...): each token's clipped surrogate times
-    min(π_old/μ, cap) (verl's TIS); pacs: each response's whole gradient coefficient times
-    min(Π_t π_old/μ, cap) (`pacs.algos.pacs`). Logs the `rollout_is/*` diagnostics every step."""
+    """Importance-sampling correction of the mismatch between the rollout engine's sampler μ and
+    the trainer's π_old (needs rollout.engine=vllm): the cap C of the ratio ρ = π_old/μ; None: off.
+    The clipped policy gradients (grpo, rloo, ppo, ...): each token's clipped surrogate times its
+    weight w (verl's rollout correction); pacs: each response's whole gradient coefficient times its w
+    (`pacs.algos.pacs`). Logs the `rollout_is/*` diagnostics every step."""
+    rollout_is_mode: RolloutIsMode = "truncate"
+    """How the correction bounds ρ: `truncate`, w = min(ρ, C) (verl's TIS); `mask`, w = ρ inside
+    [rollout_is_floor, C] and 0 outside (verl's MIS, IcePop), which needs rollout_is_cap."""
+    rollout_is_level: RolloutIsLevel = "token"
+    """What one weight covers: `token`, ρ per token (verl's default); `sequence`, one ρ per
+    response, the product of its tokens' ratios, for every token of it. pacs takes `sequence` only."""
+    rollout_is_floor: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    """The bottom F of mask mode's kept range [F, C] (rollout_is_mode=mask only); None: 1/C."""
     overlong_buffer: int = Field(0, ge=0)
     """DAPO's overlong reward shaping, for every algorithm: over the last `overlong_buffer` tokens
     before data.max_response_length a response's reward falls linearly by up to
@@ -169,6 +177,13 @@ class BaseAlgorithmConfig(_Section):
                 "rollout.max_staleness >= 1 give (the synchronous hf engine samples with the trained model itself: "
                 "there is no mismatch to correct)"
             )
+        try:
+            check_rollout_is(
+                self.rollout_is_cap, self.rollout_is_mode, self.rollout_is_level, self.rollout_is_floor,
+                levels=self.builds.rollout_is_levels,
+            )
+        except ValueError as error:
+            found.append(f"algorithm.{error}")
         if self.overlong_buffer > config.data.max_response_length:
             found.append(
                 f"algorithm.overlong_buffer={self.overlong_buffer} exceeds data.max_response_length="
@@ -202,6 +217,10 @@ class PacsConfig(BaseAlgorithmConfig):
     weighting: Weighting = "question"
     """Class weights of the cross-entropy: `question`, classes balanced within each group; `none`;
     `only_positive` / `only_negative`, one class only."""
+    rollout_is_level: RolloutIsLevel = "sequence"
+    """What one weight of the correction covers: PACS classifies whole responses, so one ρ per
+    response, the product of its tokens' ratios, scales its whole gradient coefficient; `sequence`
+    is the only valid value."""
     pacs_reference: Reference = "rollout"
     """The reference π_ref of the logratio proxy: `rollout`, the policy that sampled the step (the
     authors' code: ψ = 0 on a step's first update); `fixed`, the frozen reference model, the

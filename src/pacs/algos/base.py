@@ -73,6 +73,10 @@ class Algorithm(Protocol):
     `prepare_update` does without them (it calls `current_logprobs()` for values it needs). False
     for step terms built from every row's old log-probs (a KL penalty in the reward, the sampler
     correction): the trainer then computes them all before `prepare_step`."""
+    rollout_is_levels: tuple[str, ...]
+    """The levels of the sampler correction (`core.rollout_is_weights`) the algorithm takes, a
+    subset of `core.ROLLOUT_IS_LEVELS`; its "rollout_is_weight" step term is (B, R) at the token
+    level, (B,) at the sequence level."""
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every

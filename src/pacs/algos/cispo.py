@@ -83,9 +83,9 @@ class CISPO(ClippedPolicyGradient):
 
     ``CISPO(group_size, *, horizon, clip_low=1.0, clip_high=4.0, loss_agg="token-mean",
     kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_scale=1.0, kl_in_reward=False,
-    rollout_is_cap=None, overlong_buffer=0, overlong_penalty=1.0)``: the options of
-    ``ClippedPolicyGradient`` but ``dual_clip``, with the defaults above; ``clip_low`` and
-    ``clip_high`` bound the importance weight.
+    rollout_is_cap=None, rollout_is_mode="truncate", rollout_is_level="token", rollout_is_floor=None,
+    overlong_buffer=0, overlong_penalty=1.0)``: the options of ``ClippedPolicyGradient`` but
+    ``dual_clip``, with the defaults above; ``clip_low`` and ``clip_high`` bound the importance weight.
     """
 
     min_group_size = 2

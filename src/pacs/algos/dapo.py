@@ -36,8 +36,9 @@ class DAPO(ClippedPolicyGradient):
 
     ``DAPO(group_size, *, horizon, clip_low=0.2, clip_high=0.28, dual_clip=None,
     loss_agg="token-mean", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_scale=1.0,
-    kl_in_reward=False, rollout_is_cap=None, overlong_buffer=0, overlong_penalty=1.0)``: the options
-    of ``ClippedPolicyGradient`` with DAPO's defaults.
+    kl_in_reward=False, rollout_is_cap=None, rollout_is_mode="truncate", rollout_is_level="token",
+    rollout_is_floor=None, overlong_buffer=0, overlong_penalty=1.0)``: the options of
+    ``ClippedPolicyGradient`` with DAPO's defaults.
     """
 
     min_group_size = 2

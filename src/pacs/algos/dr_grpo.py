@@ -30,7 +30,8 @@ class DrGRPO(ClippedPolicyGradient):
 
     ``DrGRPO(group_size, *, horizon, clip_low=0.2, clip_high=0.2, dual_clip=None,
     loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-    loss_scale=1.0, kl_in_reward=False, rollout_is_cap=None, overlong_buffer=0, overlong_penalty=1.0)``:
+    loss_scale=1.0, kl_in_reward=False, rollout_is_cap=None, rollout_is_mode="truncate",
+    rollout_is_level="token", rollout_is_floor=None, overlong_buffer=0, overlong_penalty=1.0)``:
     the options of ``ClippedPolicyGradient``.
     """
 

@@ -87,7 +87,8 @@ class GSPO(ClippedPolicyGradient):
 
     ``GSPO(group_size, *, horizon, clip_low=3e-4, clip_high=4e-4, dual_clip=None,
     loss_agg="seq-mean-token-mean", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-    loss_scale=1.0, kl_in_reward=False, rollout_is_cap=None, overlong_buffer=0, overlong_penalty=1.0)``:
+    loss_scale=1.0, kl_in_reward=False, rollout_is_cap=None, rollout_is_mode="truncate",
+    rollout_is_level="token", rollout_is_floor=None, overlong_buffer=0, overlong_penalty=1.0)``:
     the options of ``ClippedPolicyGradient`` with the paper's defaults.
     """
 

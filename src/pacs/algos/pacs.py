@@ -22,8 +22,10 @@ policy itself carries and minimises a weighted binary cross-entropy:
                      = −1/B · Σ_i w_i · [R_i log σ(ψ_i) + (1 − R_i) log(1 − σ(ψ_i))]
     advantages     A_i = −∂/∂r_i Σ_j w_j · BCEWithLogits(ψ_j, R_j), so −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i
     sampler        with rollout_is_cap = C (off by default), each response's whole coefficient times
-    correction     its own truncated weight:  −∇_θ L_ρ = 1/B · Σ_i ρ_i · A_i ∇_θ r_i,
-                   ρ_i = min(π_old(o_i) / μ(o_i), C) = min(exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))), C)
+    correction     its own weight:  −∇_θ L_ρ = 1/B · Σ_i w_i · A_i ∇_θ r_i, from the response's ratio
+                   ρ_i = π_old(o_i) / μ(o_i) = exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))):
+                   rollout_is_mode truncate (default):  w_i = min(ρ_i, C)
+                                   mask:                w_i = ρ_i · 1[F ≤ ρ_i ≤ C], F = rollout_is_floor or 1/C
                    (`sampler_corrected_coefficients`; `pacs train`, the TRL and verl integrations)
     overlong       with overlong_buffer = L_cache > 0 (off by default): the label is
     shaping        R_i ← clip(R_i + p · R_length(o_i), 0, 1), DAPO's penalty (``core.overlong_penalty``)
@@ -44,9 +46,10 @@ for samples of π_old, the responses come from μ. With ∂L/∂ψ_i = −e_i / 
 
 a sum of one term per sampled response o_k. Importance sampling reweights each sample's term by
 its own likelihood ratio, E_{o~π_old}[g(o)] = E_{o~μ}[π_old(o)/μ(o) · g(o)]; PACS classifies whole
-responses, so the ratio is one per response, the product of its tokens' ratios, truncated at C
-(`core.truncated_is_weights`): A'_k = ρ_k · A_k, as verl's TIS and TRL's correction scale a
-sample's advantage by its own ratio. A response of weight 0 gets coefficient 0. (As there, the
+responses, so the ratio is one per response, the product of its tokens' ratios, truncated at C or
+masked outside [F, C] (`core.rollout_is_weights`; ``rollout_is_level`` is "sequence", the only
+level PACS takes): A'_k = w_k · A_k, as verl's TIS and TRL's correction scale a sample's advantage
+by its own ratio. A response of weight 0 (masked) gets coefficient 0. (As there, the
 group baseline inside A_k is built from μ's samples and left uncorrected.) Weighting each BCE
 term instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i), is not this: through the leave-one-out
 centring its coefficient is ∂L/∂r_k = −1/B · (ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i), so a response
@@ -92,7 +95,7 @@ from pacs.algos.core import (
     check_choice,
     check_kl_penalty,
     check_overlong_shaping,
-    check_rollout_is_cap,
+    check_rollout_is,
     check_same_shape,
     group_normalised,
     group_view,
@@ -101,7 +104,7 @@ from pacs.algos.core import (
     masked_mean,
     masked_sum,
     shaped_rewards,
-    truncated_is_weights,
+    rollout_is_weights,
     weighted_token_sum,
 )
 
@@ -336,7 +339,7 @@ def sampler_corrected_coefficients(coefficients: torch.Tensor, response_weights:
     Formula (A = ``coefficients``, ρ = ``response_weights``, μ the sampler, e.g. vLLM):
         −∇_θ L_ρ = 1/B · Σ_k ρ_k · A_k · ∇_θ r_k,    i.e.   A'_k = ρ_k · A_k
     as verl's TIS and TRL's correction scale a sample's advantage by its own ratio. ρ is one weight
-    per response: the truncated (min(ρ, C)) or masked (0 outside [C_min, C_max]) sequence ratio
+    per response: the truncated (min(ρ, C)) or masked (0 outside [F, C]) sequence ratio
     π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))). A response of weight 0 has
     coefficient 0 (the module docstring derives it, and why weighting each BCE term by ρ_i is not it).
 
@@ -430,6 +433,10 @@ class PACS:
     kl_coef > 0. The reported "loss" is L alone.
     """
 
+    rollout_is_levels = ("sequence",)
+    """The levels of the sampler correction that PACS takes: its loss classifies whole responses,
+    so a response's weight scales its whole gradient coefficient (module docstring); no token level."""
+
     def __init__(
         self,
         group_size: int,
@@ -444,6 +451,9 @@ class PACS:
         loss_agg: str = "seq-mean-token-sum-norm",
         horizon: int | None = None,
         rollout_is_cap: float | None = None,
+        rollout_is_mode: str = "truncate",
+        rollout_is_level: str = "sequence",
+        rollout_is_floor: float | None = None,
         overlong_buffer: int = 0,
         overlong_penalty: float = 1.0,
         pacs_reference: str = "rollout",
@@ -455,7 +465,7 @@ class PACS:
                 f"pacs_reference='fixed' with proxy={proxy!r}: only the logratio proxy has a reference policy"
             )
         check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
-        check_rollout_is_cap(rollout_is_cap)
+        check_rollout_is(rollout_is_cap, rollout_is_mode, rollout_is_level, rollout_is_floor, levels=self.rollout_is_levels)
         check_choice("estimator", estimator, ESTIMATORS)
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
@@ -467,7 +477,7 @@ class PACS:
         self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.loss_agg, self.horizon = loss_agg, horizon
-        self.rollout_is_cap = rollout_is_cap
+        self.rollout_is_cap, self.rollout_is_mode, self.rollout_is_floor = rollout_is_cap, rollout_is_mode, rollout_is_floor
         self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
         self.reference_name = "ref_logprobs" if pacs_reference == "fixed" else "old_logprobs"
         self.regularised = kl_coef > 0 or entropy_coef > 0
@@ -480,14 +490,15 @@ class PACS:
         """The correction's weights are step terms of every row's old log-probs."""
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """With ``rollout_is_cap``, {"rollout_is_weight": (B,) ρ, one truncated ratio per response}
-        (module docstring); else nothing: PACS's other terms depend on the current policy, so they
-        are made per update."""
+        """With ``rollout_is_cap``, {"rollout_is_weight": (B,) w, one truncated or masked ratio per
+        response} (module docstring); else nothing: PACS's other terms depend on the current policy,
+        so they are made per update."""
         if self.rollout_is_cap is None:
             return {}
-        weights = truncated_is_weights(
-            batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap, per_response=True
-        )
+        weights = rollout_is_weights(
+            batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap,
+            mode=self.rollout_is_mode, level="sequence", floor=self.rollout_is_floor,
+        )  # fmt: skip
         return {"rollout_is_weight": weights}
 
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -33,14 +33,18 @@ Two options reproduce the paper's verl baselines (docs/paper-fidelity.md):
 
 The sampler correction (``rollout_is_cap`` C, off by default): the responses come from the rollout
 engine's sampler μ, the loss is written for π_old, so each token's clipped surrogate (after the
-dual clip) is multiplied by its own truncated ratio, outside the clip:
+dual clip) is multiplied by an importance weight, outside the clip (``core.rollout_is_weights``):
 
-    ℓ'_it = w_it · ℓ_it,    w_it = min(π_old(o_it) / μ(o_it), C)   (``core.truncated_is_weights``)
+    ℓ'_it = w_it · ℓ_it           level "token" (default):  w_it from ρ_it = π_old(o_it) / μ(o_it)
+                                  level "sequence":         w_it = w_i from ρ_i = Π_t ρ_it, every
+                                                            token of response i alike
+    w = min(ρ, C)                 mode "truncate" (default; verl's TIS)
+    w = ρ · 1[F ≤ ρ ≤ C]          mode "mask" (verl's MIS, IcePop), F = ``rollout_is_floor`` or 1/C
 
-which is verl's TIS (``compute_policy_loss_vanilla``: ``pg_losses * rollout_is_weights``) and the
-decoupled PPO objective of AReaL with π_old as the proximal policy and μ the behaviour policy: the
-clip bounds the step from π_old, the weight corrects for sampling from μ. The KL penalty, the
-entropy bonus and PPO's critic are not weighted (nor are they in verl).
+which is verl's rollout correction (``compute_policy_loss_vanilla``: ``pg_losses *
+rollout_is_weights``) and the decoupled PPO objective of AReaL with π_old as the proximal policy
+and μ the behaviour policy: the clip bounds the step from π_old, the weight corrects for sampling
+from μ. The KL penalty, the entropy bonus and PPO's critic are not weighted (nor are they in verl).
 
 DAPO's overlong reward shaping (``overlong_buffer`` L_cache > 0, ``core.overlong_penalty``) adds
 p · R_length(o_i) ∈ [−p, 0] to each outcome reward before the advantages, for every algorithm here.
@@ -56,13 +60,14 @@ from pacs.algos.base import MiniBatchTotals
 from pacs.algos.core import (
     GRPO_STD_EPS,
     LOSS_AGG_MODES,
+    ROLLOUT_IS_LEVELS,
     aggregation_weights,
     check_choice,
     check_clip_range,
     check_group_size,
     check_kl_penalty,
     check_overlong_shaping,
-    check_rollout_is_cap,
+    check_rollout_is,
     clipped_surrogate,
     group_normalised,
     kl_penalty,
@@ -70,7 +75,7 @@ from pacs.algos.core import (
     mixed_group_fraction,
     outcome_token_rewards,
     shaped_rewards,
-    truncated_is_weights,
+    rollout_is_weights,
     weighted_token_sum,
 )
 
@@ -94,11 +99,15 @@ class ClippedPolicyGradient:
         kl_in_reward: subtract the KL estimate of the rollout policy from the reward instead of adding
             it to the loss; needs kl_coef > 0, "ref_logprobs" and every row's ``old_logprobs`` in
             ``prepare_step``. Any estimator, k1 included, is valid there.
-        rollout_is_cap: C >= 1 of the truncated importance-sampling correction of the sampler
-            mismatch, or None (off): each token's surrogate ℓ_it is multiplied by
-            w_it = min(π_old(o_it) / μ(o_it), C) (``core.truncated_is_weights``; μ the rollout
-            engine's "sampler_logprobs"), as verl's TIS does; the KL and entropy terms are not.
-            Needs "sampler_logprobs" and every row's ``old_logprobs`` in ``prepare_step``.
+        rollout_is_cap: C >= 1 of the importance-sampling correction of the sampler mismatch, or
+            None (off): each token's surrogate ℓ_it is multiplied by its weight w_it (the module
+            docstring; ``core.rollout_is_weights``, μ the rollout engine's "sampler_logprobs");
+            the KL and entropy terms are not. Needs "sampler_logprobs" and every row's
+            ``old_logprobs`` in ``prepare_step``.
+        rollout_is_mode: "truncate" (w = min(ρ, C)) or "mask" (w = ρ inside [floor, C], else 0).
+        rollout_is_level: "token" (one ratio per token) or "sequence" (one per response, the
+            product of its tokens').
+        rollout_is_floor: F in (0, 1], the bottom of mask mode's kept range; None: 1/C.
         overlong_buffer: L_cache >= 0 of DAPO's overlong reward shaping (0: off; see the module
             docstring), at most ``horizon``.
         overlong_penalty: p >= 0, the shaping's largest penalty.
@@ -111,6 +120,8 @@ class ClippedPolicyGradient:
     surrogate_needs_logprobs = False
     """True when the surrogate's value depends on the log-probs themselves, not only on the ratio
     to ``old_logprobs`` (CISPO): its first-update "loss" metric then needs them."""
+    rollout_is_levels = ROLLOUT_IS_LEVELS
+    """The levels of the sampler correction these algorithms take: token and sequence."""
 
     def __init__(
         self,
@@ -127,11 +138,14 @@ class ClippedPolicyGradient:
         loss_scale: float = 1.0,
         kl_in_reward: bool = False,
         rollout_is_cap: float | None = None,
+        rollout_is_mode: str = "truncate",
+        rollout_is_level: str = "token",
+        rollout_is_floor: float | None = None,
         overlong_buffer: int = 0,
         overlong_penalty: float = 1.0,
     ):
         check_group_size(group_size, self.min_group_size, type(self).__name__)
-        check_rollout_is_cap(rollout_is_cap)
+        check_rollout_is(rollout_is_cap, rollout_is_mode, rollout_is_level, rollout_is_floor, levels=self.rollout_is_levels)
         check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
         check_clip_range(clip_low, clip_high, dual_clip)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
@@ -150,7 +164,8 @@ class ClippedPolicyGradient:
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
         self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
         self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
-        self.rollout_is_cap = rollout_is_cap
+        self.rollout_is_cap, self.rollout_is_floor = rollout_is_cap, rollout_is_floor
+        self.rollout_is_mode, self.rollout_is_level = rollout_is_mode, rollout_is_level
         self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
         needs = set()
         if kl_coef > 0:
@@ -164,12 +179,14 @@ class ClippedPolicyGradient:
         """The reward's KL penalty and the correction's weights are step terms of every row's old log-probs."""
 
     def rollout_is_terms(self, batch) -> dict[str, torch.Tensor]:
-        """{"rollout_is_weight": (B, T) per-token truncated IS weights} with ``rollout_is_cap``, else {}."""
+        """{"rollout_is_weight": the IS weights, (B, T) per token or (B,) per response by
+        ``rollout_is_level``} with ``rollout_is_cap``, else {}."""
         if self.rollout_is_cap is None:
             return {}
-        weights = truncated_is_weights(
-            batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap, per_response=False
-        )
+        weights = rollout_is_weights(
+            batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap,
+            mode=self.rollout_is_mode, level=self.rollout_is_level, floor=self.rollout_is_floor,
+        )  # fmt: skip
         return {"rollout_is_weight": weights}
 
     def reward_kl_penalty(self, batch) -> torch.Tensor:
@@ -246,13 +263,15 @@ class ClippedPolicyGradient:
         )
 
     def _policy_loss(self, logprobs: torch.Tensor, rows) -> tuple[torch.Tensor, dict[str, float]]:
-        """(B, T) per-token surrogate (times the truncated IS weight with ``rollout_is_cap``) +
+        """(B, T) per-token surrogate (times the IS weight with ``rollout_is_cap``, a response's
+        own for every token at the sequence level) +
         kl_coef · KL unless ``kl_in_reward`` (no entropy), and its metrics."""
         mask = rows["response_mask"]
         per_token, surrogate_metrics = self.surrogate(logprobs, rows)
         metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
         if "rollout_is_weight" in rows:
-            per_token = per_token * rows["rollout_is_weight"].to(per_token.dtype)
+            weights = rows["rollout_is_weight"].to(per_token.dtype)
+            per_token = per_token * (weights[:, None] if weights.dim() == 1 else weights)
         if self.kl_coef > 0:
             kl = kl_penalty(logprobs, rows["ref_logprobs"], mask, self.kl_estimator)
             if not self.kl_in_reward:

@@ -138,8 +138,10 @@ def sampler_correction(
     cap: float,
 ) -> dict[str, float]:
     """The sampler correction's diagnostics over every rank's rows (`core.sampler_correction_metrics`:
-    `rollout_is/weight_mean`, `ratio_max`, `truncated_fraction`, `ess`, `sampler_kl`), per response
-    for (B,) weights (PACS), per token for (B, R) weights (the clipped policy gradient).
+    `rollout_is/weight_mean`, `ratio_max`, `truncated_fraction`, `masked_fraction`, `ess`,
+    `sampler_kl`), per response for (B,) weights (PACS, the sequence level), per token for (B, R)
+    weights (the token level); truncated and masked units are read off the applied weights, so any
+    `algorithm.rollout_is_mode` is reported without being named here.
 
     weights: the algorithm's "rollout_is_weight"; sampler_logprobs, old_logprobs, response_mask: (B, R).
     """
