@@ -1,0 +1,216 @@
+"""Asynchronous rollouts (`rollout.max_staleness`): a training step's time and its phases at each staleness.
+
+    python benchmarks/async_rollouts.py                                  # both workloads, staleness 0,1,2
+    python benchmarks/async_rollouts.py --workloads demo --staleness 0,1 --json async.json
+
+Workloads, each the demo's task (`builtin:arithmetic?max_operand=19`, scored by its real verifier):
+- `demo`: the demo's work, `pacs train --config builtin:demo data.val=null` (64 prompts x 8
+  responses of at most 16 tokens, two updates a step, `builtin:tiny-arithmetic`);
+- `100m`: a ~100M-parameter Qwen2 shape (hidden 768, 12 layers, 12 heads with 2 key/value heads,
+  intermediate 3072, tied embeddings: 101.6M parameters) with the built-in character tokenizer,
+  randomly initialised and saved in a temporary directory (`pacs.models.tiny.save_builtin_tiny`),
+  4 prompts x 4 responses of 128 tokens at most, two updates a step.
+
+Each (workload, staleness K) is one `pacs train` process, with `rollout.max_staleness=K` added only
+for K > 0 (so staleness 0 is the synchronous loop, on any pacs) and pacs's own thread choice
+(`pacs.threads`: the user's OMP_NUM_THREADS / OMP_WAIT_POLICY are removed from its environment).
+A pacs that does not know `rollout.max_staleness` refuses the run; its row says so. From the run's
+metrics.jsonl, leaving out the first step (it warms up allocators and kernels): the median
+`time/step_s`, steps/s (1 / that median), the median of every `time/*_s` phase the run logged,
+and the largest `rollout/staleness_max`.
+
+Below each table, the arithmetic of a split of devices from staleness 0's phases: generation on a
+device of its own overlapping everything else, a step takes max(generate, rest) + weight_sync,
+where rest = step - generate - weight_sync (medians). The hf engine samples with the trainer's own
+model, so its weight_sync is about 0 and the weights' transfer to a separate sampler is not in the
+figure: it is a bound, not a measurement. Timings mean something only on a quiet machine: each row
+gives the 1-minute load average before and after its run, and the thread count pacs chose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHAPE_100M = {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 2, "intermediate_size": 3072}
+"""`pacs.models.tiny.tiny_model_config`'s keywords for the `100m` workload (101,558,784 parameters
+with the 101-token character vocabulary)."""
+WORKLOADS = {
+    "demo": {"steps": 12, "overrides": []},
+    "100m": {
+        "steps": 4,
+        "overrides": ["data.max_response_length=128", "train.batch_size=4", "rollout.n=4",
+                      "train.mini_batch_size=2", "train.micro_batch_size=8"],
+    },
+}  # fmt: skip
+"""Workload -> default steps and `pacs train` overrides of `builtin:demo` (`100m` also sets model.path)."""
+COMMON_OVERRIDES = ["data.val=null", "train.save_every=0"]
+PHASES = ("generate", "weight_sync", "score", "old_logprobs", "ref", "values", "update_actor", "update_critic",
+          "wait_rollout", "other")  # fmt: skip
+"""The phases of `pacs.train.timing.PhaseTimes` in the order the tables show them; any other
+`time/*_s` a run logs follows them."""
+UNKNOWN_OPTION = "rollout.max_staleness: unknown key"
+"""pacs's configuration error for an option it does not have (`pacs.config`)."""
+NOT_AVAILABLE = "not available (rollout.max_staleness unknown to this pacs)"
+
+
+def build_100m(scratch: Path) -> Path:
+    """The `100m` workload's model and tokenizer, saved under `scratch`."""
+    from pacs.models.tiny import save_builtin_tiny
+
+    return save_builtin_tiny(scratch / "qwen2-100m", seed=0, **SHAPE_100M)
+
+
+def train_command(workload: str, staleness: int, steps: int, output_dir: Path, model_dir: Path | None) -> list[str]:
+    """The `pacs train` command line of one run."""
+    overrides = [*WORKLOADS[workload]["overrides"], *COMMON_OVERRIDES, f"train.steps={steps}", f"output_dir={output_dir}"]
+    if model_dir is not None:
+        overrides.append(f"model.path={model_dir}")
+    if staleness > 0:
+        overrides.append(f"rollout.max_staleness={staleness}")
+    return [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", *overrides]
+
+
+def run_training(command: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run `command` with pacs choosing its threads; the finished process and the machine around it."""
+    environment = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    finished = subprocess.run(command, env=environment, capture_output=True, text=True)
+    machine = {"load_before": load_before, "load_after": os.getloadavg()[0], "wall_s": time.perf_counter() - start}
+    chosen = re.search(r"computing with (\d+) thread", finished.stderr)
+    machine["threads"] = int(chosen.group(1)) if chosen else len(os.sched_getaffinity(0))
+    return finished, machine
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Medians over the steps after the first of a run's metrics rows."""
+    measured = rows[1:] or rows
+    step_s = [row["time/step_s"] for row in measured]
+    keys = {key for row in measured for key in row if key.startswith("time/") and key.endswith("_s") and key != "time/step_s"}
+    phases = {key: statistics.median(row[key] for row in measured if key in row) for key in keys}
+    staleness = [row["rollout/staleness_max"] for row in rows if "rollout/staleness_max" in row]
+    return {
+        "step_s": step_s,
+        "median_step_s": statistics.median(step_s),
+        "steps_per_s": 1 / statistics.median(step_s),
+        "phases": phases,
+        "staleness_max": max(staleness) if staleness else None,
+        "parameters": rows[0].get("model/total_parameters"),
+    }
+
+
+def measure(workload: str, staleness: int, steps: int, scratch: Path, model_dir: Path | None) -> dict:
+    """One run of `workload` at `staleness`: its summary, or why it is not available."""
+    output_dir = scratch / f"{workload}-staleness{staleness}"
+    command = train_command(workload, staleness, steps, output_dir, model_dir)
+    finished, machine = run_training(command)
+    result = {"staleness": staleness, "command": command, **machine}
+    if finished.returncode != 0:
+        if staleness > 0 and UNKNOWN_OPTION in finished.stderr:
+            return {**result, "available": False}
+        raise RuntimeError(f"{' '.join(command)} failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
+    from pacs.train.metrics import read_metrics
+
+    return {**result, "available": True, **summarise(read_metrics(output_dir))}
+
+
+def phase_columns(runs: list[dict]) -> list[str]:
+    """The `time/*_s` keys any run logged, in `PHASES`' order and then by name."""
+    logged = {key for run in runs if run["available"] for key in run["phases"]}
+    known = [f"time/{phase}_s" for phase in PHASES if f"time/{phase}_s" in logged]
+    return known + sorted(logged - set(known))
+
+
+def table(workload: str, runs: list[dict]) -> str:
+    """The markdown table of one workload's runs."""
+    columns = phase_columns(runs)
+    names = [key.removeprefix("time/").removesuffix("_s") for key in columns]
+    lines = [
+        "| staleness | median step s | vs staleness 0 | steps/s | staleness max | threads | load before/after | "
+        + " | ".join(f"{name} s" for name in names) + " |",
+        "|---" * (7 + len(columns)) + "|",
+    ]
+    synchronous = next((run for run in runs if run["staleness"] == 0 and run["available"]), None)
+    for run in runs:
+        load = f"{run['load_before']:.1f}/{run['load_after']:.1f}"
+        if not run["available"]:
+            lines.append(f"| {run['staleness']} | {NOT_AVAILABLE} | - | - | - | {run['threads']} | {load} |" + " - |" * len(columns))
+            continue
+        ratio = f"{run['median_step_s'] / synchronous['median_step_s']:.2f}" if synchronous else "-"
+        stale = "-" if run["staleness_max"] is None else f"{run['staleness_max']:g}"
+        phases = " | ".join(f"{run['phases'][key]:.2f}" if key in run["phases"] else "-" for key in columns)
+        lines.append(f"| {run['staleness']} | {run['median_step_s']:.2f} | {ratio} | {run['steps_per_s']:.3f} | {stale} | "
+                     f"{run['threads']} | {load} | {phases} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def split_devices(run: dict) -> dict:
+    """The step a split of devices would give, from a synchronous run's medians (module docstring)."""
+    generate = run["phases"].get("time/generate_s", 0.0)
+    weight_sync = run["phases"].get("time/weight_sync_s", 0.0)
+    rest = run["median_step_s"] - generate - weight_sync
+    predicted = max(generate, rest) + weight_sync
+    return {"generate_s": generate, "weight_sync_s": weight_sync, "rest_s": rest, "predicted_step_s": predicted,
+            "measured_step_s": run["median_step_s"], "speedup": run["median_step_s"] / predicted}  # fmt: skip
+
+
+def split_arithmetic(split: dict) -> str:
+    """`split_devices`' figures, written out."""
+    return (
+        f"split of devices, from staleness 0's medians: rest = step - generate - weight_sync = "
+        f"{split['measured_step_s']:.2f} - {split['generate_s']:.2f} - {split['weight_sync_s']:.2f} = {split['rest_s']:.2f} s; "
+        f"step = max(generate, rest) + weight_sync = max({split['generate_s']:.2f}, {split['rest_s']:.2f}) + "
+        f"{split['weight_sync_s']:.2f} = {split['predicted_step_s']:.2f} s, against {split['measured_step_s']:.2f} s "
+        f"synchronous: {split['speedup']:.2f}x (the weights' transfer to a separate sampler not included)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="demo,100m", help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--staleness", default="0,1,2", help="comma-separated values of rollout.max_staleness")
+    parser.add_argument("--steps", type=int, help="training steps per run, the first left out (default: demo 12, 100m 4)")
+    parser.add_argument("--json", type=Path, help="write the raw figures (every step's time, every median) here")
+    args = parser.parse_args()
+    workloads = args.workloads.split(",")
+    unknown = [workload for workload in workloads if workload not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: {', '.join(unknown)} unknown; valid: {', '.join(WORKLOADS)}")
+    staleness_values = [int(value) for value in args.staleness.split(",")]
+    print(f"{os.cpu_count()} CPU cores; load average at the start {os.getloadavg()[0]:.1f}", flush=True)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="pacs-async-rollouts-") as scratch:
+        for workload in workloads:
+            model_dir = build_100m(Path(scratch)) if workload == "100m" else None
+            steps = args.steps or WORKLOADS[workload]["steps"]
+            runs = []
+            for staleness in staleness_values:
+                runs.append(measure(workload, staleness, steps, Path(scratch), model_dir))
+                print(f"{workload}, staleness {staleness}: {json.dumps({k: v for k, v in runs[-1].items() if k not in ('command', 'step_s')})}", flush=True)
+            results[workload] = {"steps": steps, "runs": runs}
+            synchronous = next((run for run in runs if run["staleness"] == 0 and run["available"]), None)
+            if synchronous:
+                results[workload]["split"] = split_devices(synchronous)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    for workload, result in results.items():
+        parameters = next((run["parameters"] for run in result["runs"] if run["available"]), None)
+        size = f", {parameters / 1e6:.1f}M parameters" if parameters else ""
+        print(f"\n{workload}{size}: {result['steps']} steps a run, medians over steps 2-{result['steps']}\n")
+        print(table(workload, result["runs"]))
+        if "split" in result:
+            print(f"\n{split_arithmetic(result['split'])}")
+    if args.json:
+        args.json.write_text(json.dumps({"cores": os.cpu_count(), "workloads": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
