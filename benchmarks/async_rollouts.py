@@ -57,9 +57,13 @@ PHASES = ("generate", "weight_sync", "score", "old_logprobs", "ref", "values", "
           "wait_rollout", "other")  # fmt: skip
 """The phases of `pacs.train.timing.PhaseTimes` in the order the tables show them; any other
 `time/*_s` a run logs follows them."""
-UNKNOWN_OPTION = "rollout.max_staleness: unknown key"
-"""pacs's configuration error for an option it does not have (`pacs.config`)."""
-NOT_AVAILABLE = "not available (rollout.max_staleness unknown to this pacs)"
+STALENESS_KEY = "rollout.max_staleness"
+NOT_AVAILABLE = f"not available ({STALENESS_KEY} unknown to this pacs)"
+
+
+def refuses_unknown(key: str, stderr: str) -> bool:
+    """Whether `pacs train`'s `stderr` is its configuration error for a `key` it does not have."""
+    return f"{key}: unknown key" in stderr
 
 
 def build_100m(scratch: Path) -> Path:
@@ -75,7 +79,7 @@ def train_command(workload: str, staleness: int, steps: int, output_dir: Path, m
     if model_dir is not None:
         overrides.append(f"model.path={model_dir}")
     if staleness > 0:
-        overrides.append(f"rollout.max_staleness={staleness}")
+        overrides.append(f"{STALENESS_KEY}={staleness}")
     return [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", *overrides]
 
 
@@ -115,7 +119,7 @@ def measure(workload: str, staleness: int, steps: int, scratch: Path, model_dir:
     finished, machine = run_training(command)
     result = {"staleness": staleness, "command": command, **machine}
     if finished.returncode != 0:
-        if staleness > 0 and UNKNOWN_OPTION in finished.stderr:
+        if staleness > 0 and refuses_unknown(STALENESS_KEY, finished.stderr):
             return {**result, "available": False}
         raise RuntimeError(f"{' '.join(command)} failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
     from pacs.train.metrics import read_metrics
