@@ -14,10 +14,12 @@ Workloads, each the demo's task (`builtin:arithmetic?max_operand=19`, scored by 
 Each (workload, staleness K) is one `pacs train` process, with `rollout.max_staleness=K` added only
 for K > 0 (so staleness 0 is the synchronous loop, on any pacs) and pacs's own thread choice
 (`pacs.threads`: the user's OMP_NUM_THREADS / OMP_WAIT_POLICY are removed from its environment).
-A pacs that does not know `rollout.max_staleness` refuses the run; its row says so. From the run's
+A pacs that does not know `rollout.max_staleness` refuses the run, and a run past `--timeout` is
+killed with the processes it started; the row says which. From the run's
 metrics.jsonl, leaving out the first step (it warms up allocators and kernels): the median
-`time/step_s`, steps/s (1 / that median), the median of every `time/*_s` phase the run logged,
-and the largest `rollout/staleness_max`.
+`time/step_s`, steps/s (1 / that median), the median of every `time/*_s` phase the run logged
+(and of `rollout/generator_s`, the generator process's seconds, where there is one), and the
+largest `rollout/staleness_max`.
 
 Below each table, the arithmetic of a split of devices from staleness 0's phases: generation on a
 device of its own overlapping everything else, a step takes max(generate, rest) + weight_sync,
@@ -33,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +60,9 @@ PHASES = ("generate", "weight_sync", "score", "old_logprobs", "ref", "values", "
           "wait_rollout", "other")  # fmt: skip
 """The phases of `pacs.train.timing.PhaseTimes` in the order the tables show them; any other
 `time/*_s` a run logs follows them."""
+GENERATOR_KEY = "rollout/generator_s"
+"""An asynchronous run's seconds of generation per batch, in its generator process (the training
+process logs only its wait, `time/wait_rollout_s`); shown after the phases."""
 STALENESS_KEY = "rollout.max_staleness"
 NOT_AVAILABLE = f"not available ({STALENESS_KEY} unknown to this pacs)"
 
@@ -83,23 +89,37 @@ def train_command(workload: str, staleness: int, steps: int, output_dir: Path, m
     return [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", *overrides]
 
 
-def run_training(command: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run `command` with pacs choosing its threads; the finished process and the machine around it."""
+def run_training(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, dict]:
+    """Run `command` with pacs choosing its threads, its output in `log`: its exit status (None:
+    killed after `timeout_s`, with the processes it started), output, and the machine around it."""
     environment = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    finished = subprocess.run(command, env=environment, capture_output=True, text=True)
+    load_before, start = os.getloadavg()[0], time.perf_counter()
+    with log.open("w") as output:
+        # a session of its own, so that a run that hangs is killed with its generator and scoring processes
+        process = subprocess.Popen(command, env=environment, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     machine = {"load_before": load_before, "load_after": os.getloadavg()[0], "wall_s": time.perf_counter() - start}
-    chosen = re.search(r"computing with (\d+) thread", finished.stderr)
+    text = log.read_text()
+    chosen = re.search(r"computing with (\d+) thread", text)
     machine["threads"] = int(chosen.group(1)) if chosen else len(os.sched_getaffinity(0))
-    return finished, machine
+    return returncode, text, machine
 
 
 def summarise(rows: list[dict]) -> dict:
     """Medians over the steps after the first of a run's metrics rows."""
-    measured = rows[1:] or rows
+    measured = rows[1:]
     step_s = [row["time/step_s"] for row in measured]
-    keys = {key for row in measured for key in row if key.startswith("time/") and key.endswith("_s") and key != "time/step_s"}
+    keys = {
+        key for row in measured for key in row
+        if key.startswith("time/") and key.endswith("_s") and key != "time/step_s" or key == GENERATOR_KEY
+    }  # fmt: skip
     phases = {key: statistics.median(row[key] for row in measured if key in row) for key in keys}
     staleness = [row["rollout/staleness_max"] for row in rows if "rollout/staleness_max" in row]
     return {
@@ -112,29 +132,36 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
-def measure(workload: str, staleness: int, steps: int, scratch: Path, model_dir: Path | None) -> dict:
-    """One run of `workload` at `staleness`: its summary, or why it is not available."""
+def measure(workload: str, staleness: int, steps: int, scratch: Path, model_dir: Path | None, timeout_s: float) -> dict:
+    """One run of `workload` at `staleness`: its summary, or why there is none."""
     output_dir = scratch / f"{workload}-staleness{staleness}"
     command = train_command(workload, staleness, steps, output_dir, model_dir)
-    finished, machine = run_training(command)
+    returncode, output, machine = run_training(command, scratch / f"{workload}-staleness{staleness}.log", timeout_s)
     result = {"staleness": staleness, "command": command, **machine}
-    if finished.returncode != 0:
-        if staleness > 0 and refuses_unknown(STALENESS_KEY, finished.stderr):
-            return {**result, "available": False}
-        raise RuntimeError(f"{' '.join(command)} failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
+    if returncode is None:
+        return {**result, "available": False, "why": f"timed out after {timeout_s:g} s"}
+    if returncode != 0:
+        if staleness > 0 and refuses_unknown(STALENESS_KEY, output):
+            return {**result, "available": False, "why": NOT_AVAILABLE}
+        raise RuntimeError(f"{' '.join(command)} failed ({returncode}):\n{output[-3000:]}")
     from pacs.train.metrics import read_metrics
 
     return {**result, "available": True, **summarise(read_metrics(output_dir))}
 
 
 def phase_columns(runs: list[dict]) -> list[str]:
-    """The `time/*_s` keys any run logged, in `PHASES`' order and then by name."""
+    """The `time/*_s` keys any run logged, in `PHASES`' order and then by name, and `GENERATOR_KEY`."""
     logged = {key for run in runs if run["available"] for key in run["phases"]}
     known = [f"time/{phase}_s" for phase in PHASES if f"time/{phase}_s" in logged]
-    return known + sorted(logged - set(known))
+    return known + sorted(logged - set(known) - {GENERATOR_KEY}) + [GENERATOR_KEY] * (GENERATOR_KEY in logged)
 
 
-def table(workload: str, runs: list[dict]) -> str:
+def synchronous_run(runs: list[dict]) -> dict | None:
+    """The staleness-0 run among `runs`, if there is one."""
+    return next((run for run in runs if run["staleness"] == 0 and run["available"]), None)
+
+
+def table(runs: list[dict]) -> str:
     """The markdown table of one workload's runs."""
     columns = phase_columns(runs)
     names = [key.removeprefix("time/").removesuffix("_s") for key in columns]
@@ -143,11 +170,11 @@ def table(workload: str, runs: list[dict]) -> str:
         + " | ".join(f"{name} s" for name in names) + " |",
         "|---" * (7 + len(columns)) + "|",
     ]
-    synchronous = next((run for run in runs if run["staleness"] == 0 and run["available"]), None)
+    synchronous = synchronous_run(runs)
     for run in runs:
         load = f"{run['load_before']:.1f}/{run['load_after']:.1f}"
         if not run["available"]:
-            lines.append(f"| {run['staleness']} | {NOT_AVAILABLE} | - | - | - | {run['threads']} | {load} |" + " - |" * len(columns))
+            lines.append(f"| {run['staleness']} | {run['why']} | - | - | - | {run['threads']} | {load} |" + " - |" * len(columns))
             continue
         ratio = f"{run['median_step_s'] / synchronous['median_step_s']:.2f}" if synchronous else "-"
         stale = "-" if run["staleness_max"] is None else f"{run['staleness_max']:g}"
@@ -178,40 +205,62 @@ def split_arithmetic(split: dict) -> str:
     )
 
 
+def measure_workload(workload: str, staleness_values: list[int], steps: int, scratch: Path, timeout_s: float) -> dict:
+    """Every staleness's run of `workload`, and the split-of-devices arithmetic from staleness 0."""
+    model_dir = build_100m(scratch) if workload == "100m" else None
+    runs = []
+    for staleness in staleness_values:
+        runs.append(measure(workload, staleness, steps, scratch, model_dir, timeout_s))
+        shown = {key: value for key, value in runs[-1].items() if key not in ("command", "step_s")}
+        print(f"{workload}, staleness {staleness}: {json.dumps(shown)}", flush=True)
+    synchronous = synchronous_run(runs)
+    return {"steps": steps, "runs": runs, **({"split": split_devices(synchronous)} if synchronous else {})}
+
+
+def report(results: dict[str, dict]) -> None:
+    """Each workload's table and split-of-devices arithmetic."""
+    for workload, result in results.items():
+        parameters = next((run["parameters"] for run in result["runs"] if run["available"]), None)
+        size = f", {parameters / 1e6:.1f}M parameters" if parameters else ""
+        print(f"\n{workload}{size}: {result['steps']} steps a run, medians over steps 2-{result['steps']}\n")
+        print(table(result["runs"]))
+        if "split" in result:
+            print(f"\n{split_arithmetic(result['split'])}")
+
+
+def comma_separated_staleness(text: str) -> list[int]:
+    """`--staleness`'s values: whole numbers, 0 or more."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers >= 0 separated by commas, e.g. 0,1,2")
+    return values
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="demo,100m", help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    parser.add_argument("--staleness", default="0,1,2", help="comma-separated values of rollout.max_staleness")
-    parser.add_argument("--steps", type=int, help="training steps per run, the first left out (default: demo 12, 100m 4)")
+    parser.add_argument("--staleness", type=comma_separated_staleness, default="0,1,2", help="comma-separated values of rollout.max_staleness")
+    parser.add_argument("--steps", type=int, help="training steps per run, at least 2: the first is left out (default: demo 12, 100m 4)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take before it is killed and reported as timed out")
     parser.add_argument("--json", type=Path, help="write the raw figures (every step's time, every median) here")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     unknown = [workload for workload in workloads if workload not in WORKLOADS]
     if unknown:
         parser.error(f"--workloads: {', '.join(unknown)} unknown; valid: {', '.join(WORKLOADS)}")
-    staleness_values = [int(value) for value in args.staleness.split(",")]
+    if args.steps is not None and args.steps < 2:
+        parser.error(f"--steps {args.steps}: at least 2 (the first step is left out of the medians)")
     print(f"{os.cpu_count()} CPU cores; load average at the start {os.getloadavg()[0]:.1f}", flush=True)
-    results = {}
     with tempfile.TemporaryDirectory(prefix="pacs-async-rollouts-") as scratch:
-        for workload in workloads:
-            model_dir = build_100m(Path(scratch)) if workload == "100m" else None
-            steps = args.steps or WORKLOADS[workload]["steps"]
-            runs = []
-            for staleness in staleness_values:
-                runs.append(measure(workload, staleness, steps, Path(scratch), model_dir))
-                print(f"{workload}, staleness {staleness}: {json.dumps({k: v for k, v in runs[-1].items() if k not in ('command', 'step_s')})}", flush=True)
-            results[workload] = {"steps": steps, "runs": runs}
-            synchronous = next((run for run in runs if run["staleness"] == 0 and run["available"]), None)
-            if synchronous:
-                results[workload]["split"] = split_devices(synchronous)
+        results = {
+            workload: measure_workload(workload, args.staleness, args.steps or WORKLOADS[workload]["steps"], Path(scratch), args.timeout)
+            for workload in workloads
+        }  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
-    for workload, result in results.items():
-        parameters = next((run["parameters"] for run in result["runs"] if run["available"]), None)
-        size = f", {parameters / 1e6:.1f}M parameters" if parameters else ""
-        print(f"\n{workload}{size}: {result['steps']} steps a run, medians over steps 2-{result['steps']}\n")
-        print(table(workload, result["runs"]))
-        if "split" in result:
-            print(f"\n{split_arithmetic(result['split'])}")
+    report(results)
     if args.json:
         args.json.write_text(json.dumps({"cores": os.cpu_count(), "workloads": results}, indent=1))
 

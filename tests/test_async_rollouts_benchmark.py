@@ -20,12 +20,12 @@ def test_medians_leave_out_the_first_step_and_take_each_phase_where_it_was_logge
     rows = [
         {"time/step_s": 9.0, "time/generate_s": 5.0, "model/total_parameters": 10.0},
         {"time/step_s": 2.0, "time/generate_s": 1.0, "rollout/staleness_max": 1.0},
-        {"time/step_s": 4.0, "time/generate_s": 3.0, "time/wait_rollout_s": 0.5, "rollout/staleness_max": 0.0},
+        {"time/step_s": 4.0, "time/generate_s": 3.0, "time/wait_rollout_s": 0.5, "rollout/generator_s": 2.5, "rollout/staleness_max": 0.0},
         {"time/step_s": 3.0, "time/generate_s": 2.0, "rollout/staleness_max": 1.0},
     ]
     summary = summarise(rows)
     assert summary["median_step_s"] == 3.0 and summary["steps_per_s"] == 1 / 3.0
-    assert summary["phases"] == {"time/generate_s": 2.0, "time/wait_rollout_s": 0.5}
+    assert summary["phases"] == {"time/generate_s": 2.0, "time/wait_rollout_s": 0.5, "rollout/generator_s": 2.5}
     assert summary["staleness_max"] == 1.0 and summary["parameters"] == 10.0
 
 
@@ -39,9 +39,9 @@ def test_a_refused_staleness_is_a_row_that_says_so():
     runs = [
         {"staleness": 0, "available": True, "median_step_s": 2.0, "steps_per_s": 0.5, "staleness_max": None,
          "threads": 1, "load_before": 0.1, "load_after": 0.2, "phases": {"time/generate_s": 1.0}},
-        {"staleness": 1, "available": False, "threads": 1, "load_before": 0.2, "load_after": 0.2},
+        {"staleness": 1, "available": False, "why": NOT_AVAILABLE, "threads": 1, "load_before": 0.2, "load_after": 0.2},
     ]  # fmt: skip
-    header, rule, synchronous, refused = table("demo", runs).splitlines()
+    header, rule, synchronous, refused = table(runs).splitlines()
     assert synchronous.startswith("| 0 | 2.00 | 1.00 | 0.500 | - |") and synchronous.endswith("| 1.00 |")
     assert refused.startswith(f"| 1 | {NOT_AVAILABLE} |")
     assert header.count("|") == rule.count("|") == synchronous.count("|") == refused.count("|")
