@@ -65,12 +65,14 @@ def tiny_model_config(
     hidden_size: int = 128,
     num_layers: int = 2,
     num_heads: int = 4,
+    num_kv_heads: int | None = None,
     intermediate_size: int = 512,
     max_positions: int = TINY_MAX_POSITIONS,
     eos_token_id: int,
     pad_token_id: int,
 ) -> transformers.Qwen2Config:
-    """Return a small Qwen2 configuration: tied embeddings, no dropout, default RoPE.
+    """Return a small Qwen2 configuration: tied embeddings, no dropout, default RoPE;
+    `num_kv_heads` key/value heads (grouped-query attention; None: `num_heads`).
 
     With the defaults and the 101-token character vocabulary the model has 538,624 parameters.
     """
@@ -79,7 +81,7 @@ def tiny_model_config(
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_key_value_heads=num_heads if num_kv_heads is None else num_kv_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
@@ -90,8 +92,12 @@ def tiny_model_config(
     )
 
 
-def save_builtin_tiny(directory: Path, *, seed: int = 0) -> Path:
+def save_builtin_tiny(directory: Path, *, seed: int = 0, **shape: int) -> Path:
     """Build the tokenizer and a randomly initialised float32 tiny model, save them to ``directory``.
+
+    ``shape``: keyword arguments of `tiny_model_config` (``hidden_size``, ``num_layers``, ...) for
+    a model of another size with the same tokenizer (``benchmarks/async_rollouts.py``'s ~100M
+    one); without them, ``builtin:tiny``.
 
     The files (config.json, model.safetensors, generation_config.json, tokenizer files) are
     written to a temporary sibling directory that is then renamed to ``directory``, so a reader
@@ -107,6 +113,7 @@ def save_builtin_tiny(directory: Path, *, seed: int = 0) -> Path:
         len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **shape,
     )
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(config).to(torch.float32)
