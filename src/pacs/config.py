@@ -139,7 +139,8 @@ class BaseAlgorithmConfig(_Section):
     the policy loss of grpo, rloo and ppo, and the KL and entropy terms of every algorithm."""
     rollout_is_cap: float | None = Field(None, ge=1, allow_inf_nan=False)
     """Importance-sampling correction of the mismatch between the rollout engine's sampler μ and
-    the trainer's π_old (needs rollout.engine=vllm): the cap C of the ratio ρ = π_old/μ; None: off.
+    the trainer's π_old (needs rollout.engine=vllm or rollout.max_staleness >= 1, where an unset cap
+    is 2): the cap C of the ratio ρ = π_old/μ; None: off.
     The clipped policy gradients (grpo, rloo, ppo, ...): each token's clipped surrogate times its
     weight w (verl's rollout correction); pacs: each response's whole gradient coefficient times its w
     (`pacs.algos.pacs`). Logs the `rollout_is/*` diagnostics every step."""
@@ -463,7 +464,7 @@ class RolloutConfig(_Section):
     """0: each step samples with the policy it updates (synchronous). k >= 1: generation runs in a
     process of its own beside each training process and samples the coming steps while the trainer
     updates; a batch is trained at most k policy versions after the one that sampled it, with the
-    sampler correction (`algorithm.rollout_is_cap`, ASYNC_IS_CAP unless set) between the two
+    sampler correction (`algorithm.rollout_is_cap`, 2 unless set) between the two
     (`pacs.train.async_rollouts`). Validation generates in the training process, with transformers."""
 
 

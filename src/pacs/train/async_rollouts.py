@@ -33,6 +33,7 @@ seeds fail on a CPU), so a resumed run with vLLM regenerates the version-s batch
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import queue
 import threading
@@ -42,7 +43,7 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -111,6 +112,8 @@ class GeneratedBatch:
 
 @dataclass
 class Request:
+    """A batch asked of the generator: its step, the version that samples it, its prompts."""
+
     step: int
     version: int
     prompt_indices: list[int]
@@ -185,13 +188,15 @@ def _build_engine(spec: GeneratorSpec) -> TransformersEngine | VllmEngine:
 
 def _serve_messages(engine, group, connection: Connection, outbox: Outbox, dtype: torch.dtype) -> None:
     layout: list[tuple[str, tuple[int, ...]]] = []
+    buffer = torch.empty(0, dtype=dtype)
     while True:
         message = connection.recv()
         if message[0] == "stop":
             return
         if message[0] == "weights":
-            layout = message[2] or layout
-            buffer = torch.empty(sum(_numel(shape) for _, shape in layout), dtype=dtype)
+            if message[2] is not None:  # the first push says where each tensor lies; later ones reuse it
+                layout = message[2]
+                buffer = torch.empty(sum(math.prod(shape) for _, shape in layout), dtype=dtype)
             group.broadcast([buffer], _from_trainer()).wait()
             _load(engine, _unflattened(buffer, layout))
             continue
@@ -223,17 +228,10 @@ def _from_trainer() -> BroadcastOptions:
     return options
 
 
-def _numel(shape: Sequence[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
 def _unflattened(buffer: torch.Tensor, layout: list[tuple[str, tuple[int, ...]]]) -> Iterator[tuple[str, torch.Tensor]]:
     offset = 0
     for name, shape in layout:
-        count = _numel(shape)
+        count = math.prod(shape)
         yield name, buffer[offset : offset + count].view(shape)
         offset += count
 
@@ -263,18 +261,21 @@ class AsyncGenerator:
 
     def push(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Send `weights` (the policy's, whole, by Hugging Face name) as `version`: copied into one
-        flat host buffer, whose broadcast runs on while the trainer goes on (the previous push is
-        waited for first: its buffer is reused)."""
-        if self.sending is not None:
+        flat host buffer, whose broadcast runs on while the trainer goes on. The first push builds
+        the buffer and sends its layout; every later one waits for the previous broadcast and copies
+        each tensor into its place in the same buffer."""
+        if self.buffer is None:
+            pieces = []
+            for name, tensor in weights:
+                pieces.append(tensor.detach().reshape(-1).to("cpu", self.dtype))
+                self.layout.append((name, tuple(tensor.shape)))
+            self.buffer = torch.cat(pieces) if pieces else torch.empty(0, dtype=self.dtype)
+            self.connection.send(("weights", version, self.layout))
+        else:
             self.sending.wait()
-        pieces, layout = [], []
-        for name, tensor in weights:
-            pieces.append(tensor.detach().reshape(-1).to("cpu", self.dtype))
-            layout.append((name, tuple(tensor.shape)))
-        self.buffer = torch.cat(pieces) if pieces else torch.empty(0, dtype=self.dtype)
-        new_layout = layout != self.layout
-        self.layout = layout
-        self.connection.send(("weights", version, layout if new_layout else None))
+            for (_, tensor), (_, place) in zip(weights, _unflattened(self.buffer, self.layout), strict=True):
+                place.copy_(tensor.detach())
+            self.connection.send(("weights", version, None))
         self.sending = self.group.broadcast([self.buffer], _from_trainer())
 
     def request(self, step: int, prompts: list[list[int]], params: SamplingParams, seed: int) -> None:
@@ -400,12 +401,27 @@ def start_pipeline(config: Config, world: World, in_flight: dict[str, Any] | Non
     )
     generator = AsyncGenerator(spec, timeout_s=config.train.distributed_timeout_s)
     pipeline = RolloutPipeline(generator, max_staleness=rollout.max_staleness, params=params, seed=config.seed, rank=world.rank)
-    if in_flight is not None and in_flight["max_staleness"] == rollout.max_staleness:
+    if in_flight is not None:
         pipeline.restore(in_flight)
-    elif in_flight is not None:
-        why = f"it runs with rollout.max_staleness={rollout.max_staleness}"
-        warnings.warn(DROPPED_IN_FLIGHT.format(saved=in_flight["max_staleness"], why=why), stacklevel=2)
     return pipeline
+
+
+def in_flight_to_resume(saved: list[dict[str, Any]] | None, world: World, max_staleness: int) -> dict[str, Any] | None:
+    """This rank's batches in flight (`RolloutPipeline.state`) from a checkpoint's every-rank list
+    `saved`, or None: when it has none, or when this run cannot take them (another process count,
+    another `max_staleness`, or a synchronous run), which a warning says (`DROPPED_IN_FLIGHT`)."""
+    if not saved:
+        return None
+    if len(saved) != world.world_size:
+        why = f"{world.world_size} processes, not {len(saved)}"
+    elif not max_staleness:
+        why = "it runs synchronously"
+    elif saved[world.rank]["max_staleness"] != max_staleness:
+        why = f"it runs with rollout.max_staleness={max_staleness}"
+    else:
+        return saved[world.rank]
+    warnings.warn(DROPPED_IN_FLIGHT.format(saved=saved[0]["max_staleness"], why=why), stacklevel=3)
+    return None
 
 
 def _visible_device(device: torch.device) -> str:

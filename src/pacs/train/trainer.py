@@ -17,7 +17,6 @@ import functools
 import json
 import random
 import sys
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
@@ -41,7 +40,7 @@ from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores, ScoringWatch
 from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
-from pacs.train.async_rollouts import DROPPED_IN_FLIGHT, RolloutPipeline, start_pipeline
+from pacs.train.async_rollouts import RolloutPipeline, in_flight_to_resume, start_pipeline
 from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
 from pacs.train.checkpoint import CRITIC_DIR, REFERENCE_DIR, restore_training_state, write_checkpoint
 from pacs.train.checkpoint_dirs import FINAL, link_checkpoint, remove_older_checkpoints
@@ -49,6 +48,7 @@ from pacs.train.determinism import use_deterministic_kernels
 from pacs.train.distributed.collectives import (
     barrier,
     gather_objects,
+    gather_objects_on_rank0,
     gather_rows,
     run_on_every_rank,
     run_on_rank0,
@@ -729,7 +729,7 @@ class Trainer:
         """`checkpoints/<name>`: every rank gathers its part, rank 0 writes (with the trackers' run
         ids, which `resume=auto` continues, and every rank's batches in flight with
         `rollout.max_staleness`); the other nodes record it (`record`)."""
-        in_flight = gather_objects(self.world, self.pipeline.state(step)) if self.pipeline is not None else None
+        in_flight = gather_objects_on_rank0(self.world, self.pipeline.state(step)) if self.pipeline is not None else None
         checkpoint = write_checkpoint(
             self.world,
             Path(self.config.output_dir) / "checkpoints" / name,
@@ -872,13 +872,8 @@ def restore_progress(
             torch.manual_seed(rank_seed(config.seed, world.rank))
         return PromptSampler(num_prompts, config.seed), 0, {}, None
     state = restore_training_state(world, resume_from, (policy.model, policy.optimizer), critic and critic.trained())
-    in_flight = state.get("rollouts_in_flight")
-    own = in_flight[world.rank] if in_flight and len(in_flight) == world.world_size else None
-    if in_flight and (own is None or not config.rollout.max_staleness):
-        why = f"{world.world_size} processes, not {len(in_flight)}" if own is None else "it runs synchronously"
-        warnings.warn(DROPPED_IN_FLIGHT.format(saved=in_flight[0]["max_staleness"], why=why), stacklevel=2)
-        own = None
-    return PromptSampler(**state["sampler"]), state["step"], state["trackers"], own
+    in_flight = in_flight_to_resume(state.get("rollouts_in_flight"), world, config.rollout.max_staleness)
+    return PromptSampler(**state["sampler"]), state["step"], state["trackers"], in_flight
 
 
 def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:
