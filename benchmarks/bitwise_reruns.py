@@ -41,8 +41,17 @@ def environment(setting: str) -> dict[str, str]:
 
 def train(setting: str, output_dir: Path, steps: int) -> Path:
     env = {**os.environ, **environment(setting)}
-    command = [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", f"train.steps={steps}",
-               "data.val=null", f"output_dir={output_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pacs.cli",
+        "train",
+        "--config",
+        "builtin:demo",
+        f"train.steps={steps}",
+        "data.val=null",
+        f"output_dir={output_dir}",
+    ]
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return output_dir
 
@@ -71,8 +80,10 @@ def main() -> None:
     args = parser.parse_args()
     settings = args.settings.split(",")
     print(f"{os.cpu_count()} CPU cores, torch {torch.__version__}; load average at start {os.getloadavg()[0]:.1f}", flush=True)
-    print("| setting | run | max abs weight difference from the first run | same metrics | mean step s |\n|---|---|---|---|---|",
-          flush=True)
+    print(
+        "| setting | run | max abs weight difference from the first run | same metrics | mean step s |\n|---|---|---|---|---|",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="pacs-bitwise-") as scratch:
         first = None
         for run in range(args.runs):
@@ -80,8 +91,11 @@ def main() -> None:
                 output_dir = train(setting, Path(scratch) / f"{setting}-{run}", args.steps)
                 first = first or output_dir
                 same = metrics(output_dir) == metrics(first)
-                print(f"| {setting} | {run + 1} | {max_weight_difference(first, output_dir):.3g} | {'yes' if same else 'no'} "
-                      f"| {step_seconds(output_dir):.2f} |", flush=True)
+                print(
+                    f"| {setting} | {run + 1} | {max_weight_difference(first, output_dir):.3g} | {'yes' if same else 'no'} "
+                    f"| {step_seconds(output_dir):.2f} |",
+                    flush=True,
+                )
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--bootstrap-comparisons", type=int, default=400, help="A/A comparisons per row for the bootstrap")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    print("| seeds | run_sd | t over seeds: coverage | mean width (points) | two-level bootstrap: coverage | mean width (points) |")
+    print(
+        "| seeds | run_sd | t over seeds: coverage | mean width (points) | two-level bootstrap: coverage | mean width (points) |"
+    )
     print("|---|---|---|---|---|---|")
     start = time.perf_counter()
     for seeds in SEEDS:
@@ -64,7 +66,9 @@ def main() -> None:
             simulated = simulate_aa_differences(rng, args.comparisons, seeds, run_sd)
             t_cover, t_width = coverage([difference_interval(d) for d in simulated])
             b_cover, b_width = coverage([two_level_bootstrap(d, rng) for d in simulated[: args.bootstrap_comparisons]])
-            print(f"| {seeds} | {run_sd} | {t_cover:.3f} | {100 * t_width:.1f} | {b_cover:.3f} | {100 * b_width:.1f} |", flush=True)
+            print(
+                f"| {seeds} | {run_sd} | {t_cover:.3f} | {100 * t_width:.1f} | {b_cover:.3f} | {100 * b_width:.1f} |", flush=True
+            )
     print(f"\n{args.comparisons} comparisons a row for t, {args.bootstrap_comparisons} for the bootstrap; "
           f"{time.perf_counter() - start:.0f} s")  # fmt: skip
 

@@ -3,7 +3,7 @@
 "Today's way" (until chunking; reimplemented here as `full_logits_logprobs`) builds the (B, R, V)
 logits of the response positions, divides them by the temperature, takes logsumexp and, for the
 entropy, a full log-distribution and its exp: about five fp32 copies of B x R x 151,936 numbers.
-"Chunked" is `pacs.train.batch.response_logprobs`, which projects `tokens_per_chunk` response
+"Chunked" is `pacs.train.logprobs.response_logprobs`, which projects `tokens_per_chunk` response
 tokens at a time inside the model's forward and recomputes each chunk in backward.
 
 Each row runs in a fresh subprocess and reports its peak resident set (`ru_maxrss`), the RSS
@@ -83,7 +83,7 @@ def save_wide_tiny(directory: Path) -> Path:
 
 def full_logits_logprobs(model, batch, *, temperature: float = 1.0, with_entropy: bool = False):
     """Today's way: (B, R) log-probs (and entropy) from the full (B, R, V) logits."""
-    from pacs.train.batch import _sequence_inputs
+    from pacs.train.logprobs import _sequence_inputs
 
     response_width = batch.response_ids.shape[1]
     logits = model(**_sequence_inputs(batch), logits_to_keep=response_width + 1).logits[:, :-1]
@@ -102,14 +102,23 @@ def full_logits_logprobs(model, batch, *, temperature: float = 1.0, with_entropy
 def measure_logprobs(way: str, length: int, model_dir: Path) -> dict:
     """Forward and backward of log-probs and entropy of 2 responses of `length` tokens."""
     from pacs.models.loading import load_causal_lm
-    from pacs.train.batch import PolicyBatch, response_logprobs
+    from pacs.train.batch import PolicyBatch
+    from pacs.train.logprobs import response_logprobs
 
     model = load_causal_lm(str(model_dir)).train()
     generator = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(0, VOCAB_SIZE, (RESPONSES, PROMPT_LENGTH), generator=generator)
     response_ids = torch.randint(0, VOCAB_SIZE, (RESPONSES, length), generator=generator)
     mask = torch.ones(RESPONSES, length)
-    batch = PolicyBatch(prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, torch.zeros(RESPONSES), torch.zeros_like(mask), torch.zeros_like(mask))
+    batch = PolicyBatch(
+        prompt_ids,
+        torch.ones_like(prompt_ids),
+        response_ids,
+        mask,
+        torch.zeros(RESPONSES),
+        torch.zeros_like(mask),
+        torch.zeros_like(mask),
+    )
     compute = full_logits_logprobs if way == "today" else response_logprobs
     baseline = peak_rss_bytes()
     start = time.perf_counter()
@@ -121,12 +130,12 @@ def measure_logprobs(way: str, length: int, model_dir: Path) -> dict:
 def measure_train_step(way: str, length: int, model_dir: Path) -> dict:
     """One `pacs train` step with 1 prompt x 2 responses of up to `length` tokens."""
     from pacs.config import load_config
-    from pacs.train import batch as batch_module
+    from pacs.train import logprobs as logprobs_module
     from pacs.train import update as update_module
     from pacs.train.trainer import train
 
     if way == "today":
-        for module in (batch_module, update_module):
+        for module in (logprobs_module, update_module):
             module.response_logprobs = full_logits_logprobs
     baseline = peak_rss_bytes()
     with tempfile.TemporaryDirectory() as output_dir:
@@ -196,7 +205,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pacs.train.batch import tokens_per_chunk
+    from pacs.train.logprobs import tokens_per_chunk
 
     table = Table(
         title=f"log-probs + entropy, vocabulary {VOCAB_SIZE:,}, {RESPONSES} responses, chunks of "
@@ -220,8 +229,13 @@ def main() -> None:
                 result = measured[(task, way, length)] = run_child(task, way, length, model_dir)
                 note = f"responses of {result['response_length']:.0f} tokens" if "response_length" in result else ""
                 table.add_row(
-                    work, way, gib(result["peak"]), gib(result["baseline"]),
-                    gib(result["peak"] - result["baseline"]), f"{result['seconds']:.1f}", note,
+                    work,
+                    way,
+                    gib(result["peak"]),
+                    gib(result["baseline"]),
+                    gib(result["peak"] - result["baseline"]),
+                    f"{result['seconds']:.1f}",
+                    note,
                 )
     Console(width=160).print(table)
 

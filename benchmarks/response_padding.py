@@ -23,12 +23,12 @@ import argparse
 import torch
 from rich.console import Console
 from rich.table import Table
+from shared_prompts import median_seconds, warm_started_model_and_prompts
 
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
-from pacs.train import batch as batch_module
+from pacs.train import logprobs as logprobs_module
 from pacs.train.batch import PolicyBatch
-from shared_prompts import median_seconds, warm_started_model_and_prompts
 
 PROMPTS, N, MAX_NEW_TOKENS, LONGEST = 32, 8, 16, 256
 
@@ -63,18 +63,18 @@ def main() -> None:
 
     def passes(batch: PolicyBatch, micro_batch_size: int, with_grad: bool, max_buckets: int):
         def run():
-            batch_module.MAX_BUCKETS = max_buckets
+            logprobs_module.MAX_BUCKETS = max_buckets
             model.train(with_grad)
             with torch.set_grad_enabled(with_grad):
                 for start in range(0, len(batch), micro_batch_size):
-                    result = batch_module.response_logprobs(model, batch.rows(slice(start, start + micro_batch_size)))
+                    result = logprobs_module.response_logprobs(model, batch.rows(slice(start, start + micro_batch_size)))
                     if with_grad:
                         result.sum().backward()
             model.zero_grad(set_to_none=True)
 
         return run
 
-    buckets = batch_module.MAX_BUCKETS
+    buckets = logprobs_module.MAX_BUCKETS
     table = Table(title=f"length buckets in log-prob passes: median of {args.repeats}, {torch.get_num_threads()} threads")
     for column in ("work", "pass", "padded: 1 bucket", "buckets", "1 bucket s", "buckets s", "ratio"):
         table.add_column(column, justify="right" if column not in ("work", "pass") else "left")
@@ -84,7 +84,7 @@ def main() -> None:
         for start in range(0, len(batch), micro_batch_size):
             micro = lengths[start : start + micro_batch_size]
             one += len(micro) * int(micro.max())
-            many += sum(len(rows) * int(micro[rows].max()) for rows in batch_module.length_buckets(micro))
+            many += sum(len(rows) * int(micro[rows].max()) for rows in logprobs_module.length_buckets(micro))
         for label, with_grad in (("no grad", False), ("fwd+bwd", True)):
             single_s = median_seconds(passes(batch, micro_batch_size, with_grad, 1), args.repeats)
             bucketed_s = median_seconds(passes(batch, micro_batch_size, with_grad, buckets), args.repeats)

@@ -72,9 +72,16 @@ def demo_workload(scratch: Path):
 def qwen2_100m_workload(scratch: Path):
     """(model_dir, prompt token ids, sampling params) on a random ~102 M-parameter Qwen2 shape."""
     config = transformers.Qwen2Config(
-        vocab_size=QWEN_VOCAB, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-        intermediate_size=1536, max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=QWEN_VOCAB - 1, pad_token_id=QWEN_VOCAB - 2,
+        vocab_size=QWEN_VOCAB,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1536,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=QWEN_VOCAB - 1,
+        pad_token_id=QWEN_VOCAB - 2,
     )
     torch.manual_seed(0)
     model_dir = scratch / "qwen2-100m"
@@ -82,7 +89,8 @@ def qwen2_100m_workload(scratch: Path):
     vocabulary = {f"t{index}": index for index in range(QWEN_VOCAB)}
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="t0")),
-        eos_token=f"t{QWEN_VOCAB - 1}", pad_token=f"t{QWEN_VOCAB - 2}",
+        eos_token=f"t{QWEN_VOCAB - 1}",
+        pad_token=f"t{QWEN_VOCAB - 2}",
     )
     tokenizer.save_pretrained(model_dir)
     generator = torch.Generator().manual_seed(0)
@@ -144,15 +152,25 @@ def main() -> None:
             tokenizer, model = load_tokenizer(str(model_dir)), load_causal_lm(str(model_dir))
             torch.manual_seed(0)
             hf = tokens_per_second(
-                TransformersEngine(model, tokenizer, max_sequences_per_call=len(prompts) * params.n), prompts, params, args.repeats
+                TransformersEngine(model, tokenizer, max_sequences_per_call=len(prompts) * params.n),
+                prompts,
+                params,
+                args.repeats,
             )
             train, evaluation = (
                 vllm_tokens_per_second(model_dir, tokenizer, prompts, params, vllm_settings, args.repeats, training=training)
                 for training in (True, False)
             )
             parameters = sum(p.numel() for p in model.parameters())
-            row = (name, f"{parameters / 1e6:.1f} M", f"{hf:.0f}", f"{train:.0f}", f"{evaluation:.0f}",
-                   f"{train / hf:.2f}", f"{evaluation / hf:.2f}")
+            row = (
+                name,
+                f"{parameters / 1e6:.1f} M",
+                f"{hf:.0f}",
+                f"{train:.0f}",
+                f"{evaluation:.0f}",
+                f"{train / hf:.2f}",
+                f"{evaluation / hf:.2f}",
+            )
             print(" | ".join(row), flush=True)
             table.add_row(*row)
     Console().print(table)

@@ -31,7 +31,7 @@ from pacs.data.prompts import encode_prompts
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.rollout.base import SamplingParams, pad_rows
 from pacs.rollout.hf import TransformersEngine
-from pacs.train import batch as batch_module
+from pacs.train import logprobs as logprobs_module
 from pacs.train.batch import PolicyBatch
 from pacs.train.builtin_models import warm_started_tiny
 
@@ -72,8 +72,13 @@ def main() -> None:
     input_ids = pad_rows(chunk, tokenizer.pad_token_id, left=True)
     attention_mask = pad_rows([torch.ones_like(ids) for ids in chunk], 0, left=True)
     config = GenerationConfig(
-        do_sample=True, temperature=1.0, top_k=0, max_new_tokens=MAX_NEW_TOKENS, num_return_sequences=N,
-        eos_token_id=list(engine.eos_ids), pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        max_new_tokens=MAX_NEW_TOKENS,
+        num_return_sequences=N,
+        eos_token_id=list(engine.eos_ids),
+        pad_token_id=tokenizer.pad_token_id,
     )
 
     def plain_generation():
@@ -90,10 +95,11 @@ def main() -> None:
                     if with_grad:
                         result.sum().backward()
             model.zero_grad(set_to_none=True)
+
         return run
 
-    plain_terms = lambda micro: batch_module._plain_terms(model, micro, 1.0, False)
-    shared_terms = lambda micro: batch_module.response_logprobs(model, micro)
+    plain_terms = lambda micro: logprobs_module._plain_terms(model, micro, 1.0, False)
+    shared_terms = lambda micro: logprobs_module.response_logprobs(model, micro)
     rows = [
         ("generation (64 prompts x 8)", plain_generation, lambda: engine.generate(prompts.token_ids, params)),
         ("log-probs, no grad (512 sequences)", passes(plain_terms, False), passes(shared_terms, False)),

@@ -83,7 +83,9 @@ print(json.dumps({"threads": torch.get_num_threads(), "seconds_per_step": statis
 def measure(workload: str, setting: str, steps: int, cache: Path) -> dict:
     """One fresh process of `workload` under `setting`: its thread count and median seconds per step."""
     chosen = SETTINGS[setting]
-    environment = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    environment = {
+        key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    }
     environment.update(chosen or {}, PACS_CACHE_DIR=str(cache))
     with tempfile.TemporaryDirectory(prefix="pacs-threads-") as scratch:
         result = subprocess.run(

@@ -20,11 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pacs.algos.pacs import PACS
+from pacs.distributed.world import World
 from pacs.models.loading import load_causal_lm
 from pacs.models.tiny import save_builtin_tiny
-from pacs.train.distributed.world import World
 from pacs.rollout.base import pad_rows
-from pacs.train.batch import PolicyBatch, response_logprobs_no_grad
+from pacs.train.batch import PolicyBatch
+from pacs.train.logprobs import response_logprobs_no_grad
 from pacs.train.update import UpdateSettings, update_policy
 
 
@@ -49,9 +50,11 @@ def make_batch(prompts: int, n: int, prompt_length: int, response_length: int, v
     prompt_ids = torch.randint(0, vocab, (prompts * n, prompt_length), generator=generator)
     response_ids = torch.randint(0, vocab, (prompts * n, response_length), generator=generator)
     lengths = torch.randint(1, response_length + 1, (prompts * n,), generator=generator)
-    mask = pad_rows([torch.ones(int(l)) for l in lengths], 0, left=False)
+    mask = pad_rows([torch.ones(int(length)) for length in lengths], 0, left=False)
     rewards = (torch.rand(prompts * n, generator=generator) < 0.5).float()
-    return PolicyBatch(prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, rewards, torch.zeros_like(mask), torch.zeros_like(mask))
+    return PolicyBatch(
+        prompt_ids, torch.ones_like(prompt_ids), response_ids, mask, rewards, torch.zeros_like(mask), torch.zeros_like(mask)
+    )
 
 
 def main() -> None:
@@ -79,9 +82,11 @@ def main() -> None:
         return statistics.median(times[1:])
 
     rows = args.prompts * args.n
-    table = Table(title=f"one PACS update of {rows} sequences ({args.prompts} prompts x n={args.n}), "
-                  f"prompt {args.prompt_length} + response {args.response_length} tokens, builtin:tiny, "
-                  f"{torch.get_num_threads()} CPU threads; median of {args.repeats}")
+    table = Table(
+        title=f"one PACS update of {rows} sequences ({args.prompts} prompts x n={args.n}), "
+        f"prompt {args.prompt_length} + response {args.response_length} tokens, builtin:tiny, "
+        f"{torch.get_num_threads()} CPU threads; median of {args.repeats}"
+    )
     for column in ("micro-batch", "closed form (first update) s", "with no-grad pass s", "saved"):
         table.add_column(column, justify="right")
     for micro_batch_size in (args.n // 2 or 1, args.n * 4, rows):

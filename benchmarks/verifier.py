@@ -108,9 +108,7 @@ def main() -> None:
     for label, num_workers in scorers:
         with ScoringPool(num_workers=num_workers, timeout_s=args.timeout_s) as pool:
             seconds, mean_score, timed_out = timed_batch(pool, rows, responses)
-        throughput.add_row(
-            label, f"{args.rows / seconds:.0f}", f"{seconds:.2f}", f"{mean_score:.3f}", str(timed_out)
-        )
+        throughput.add_row(label, f"{args.rows / seconds:.0f}", f"{seconds:.2f}", f"{mean_score:.3f}", str(timed_out))
     console.print(throughput)
 
     latency = Table(title=f"seconds to score an adversarial answer (truth '1', limit {args.timeout_s} s)")

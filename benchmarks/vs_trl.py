@@ -80,9 +80,7 @@ def trl_worker(model_dir: str, steps: int, out_path: str) -> None:
     from pacs.rewards.arithmetic import arithmetic_score
 
     rows = load_rows(DATA, default_split="train")
-    dataset = Dataset.from_list(
-        [{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]} for row in rows]
-    )
+    dataset = Dataset.from_list([{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]} for row in rows])
 
     def arithmetic_reward(completions, ground_truth, **_) -> list[float]:
         return [arithmetic_score(completion[-1]["content"], truth) for completion, truth in zip(completions, ground_truth)]

@@ -6,7 +6,7 @@ its weights, so every sample drawn from it, follow that CPU's float rounding and
 tests that use it (marked `warm_model` by tests/conftest.py) must pass whichever model they get:
 this script builds the model with each thread count and seed asked for, evaluates its pass@1, and
 runs those tests against it (`PACS_TEST_WARM_MODEL`), in the main venv and, when it exists, in the
-vLLM venv (`make vllm-venv`) for tests/test_rollout_vllm.py.
+vLLM venv (`make vllm-venv`) for tests/rollout/test_rollout_vllm.py.
 
     python benchmarks/warm_model_variants.py                    # threads 1,2 x seeds 0,1,2
     python benchmarks/warm_model_variants.py --threads 1 --seeds 0 --cache /tmp/variants
@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".peer-venvs" / "vllm" / "bin" / "python"
-VLLM_TESTS = "tests/test_rollout_vllm.py"
+VLLM_TESTS = "tests/rollout/test_rollout_vllm.py"
 PASS_AT_1_DATA = "builtin:arithmetic?max_operand=19&split=val"
 """The demo's validation problems (91), 8 samples each at the demo's evaluation temperature."""
 
@@ -46,7 +46,12 @@ def build(threads: int, seed: int, cache: Path) -> Path:
     """The warm model of `seed` built on `threads` threads, cached in `cache`/threads-N."""
     code = f"from pacs.train.builtin_models import warm_started_tiny; print(warm_started_tiny({seed}, show_progress=False))"
     # A passive OpenMP wait: the same arithmetic, without threads spinning against a busy machine.
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "PACS_CACHE_DIR": str(cache / f"threads-{threads}")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "PACS_CACHE_DIR": str(cache / f"threads-{threads}"),
+    }
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"building the warm model ({threads} threads, seed {seed}) failed:\n{done.stderr[-3000:]}")
@@ -92,8 +97,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=integers, default=[1, 2], help="thread counts to build with (default: 1,2)")
     parser.add_argument("--seeds", type=integers, default=[0, 1, 2], help="warm-start seeds (default: 0,1,2)")
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "pacs-warm-model-variants",
-                        help="where the models and the tests' model cache are kept (default: %(default)s)")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "pacs-warm-model-variants",
+        help="where the models and the tests' model cache are kept (default: %(default)s)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the main venv's tests (default: 2)")
     args = parser.parse_args()
 
@@ -105,7 +114,9 @@ def main() -> None:
             model = build(threads, seed, args.cache)
             score = pass_at_1(model)
             test_cache = args.cache / f"threads-{threads}"
-            passed, failed = run_marked_tests(Path(sys.executable), ["--ignore", VLLM_TESTS, "tests"], model, test_cache, args.workers)
+            passed, failed = run_marked_tests(
+                Path(sys.executable), ["--ignore", VLLM_TESTS, "tests"], model, test_cache, args.workers
+            )
             if VLLM_PYTHON.is_file():
                 vllm_passed, vllm_failed = run_marked_tests(VLLM_PYTHON, [VLLM_TESTS], model, test_cache, 1)
                 passed, failed = passed + vllm_passed, failed + vllm_failed

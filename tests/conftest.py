@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from exact_float64 import normalise_float64_in_float64
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS / "helpers"))  # the tests' own helper modules, imported by name
+sys.path.insert(0, str(TESTS.parent / "benchmarks"))  # tests of the benchmark scripts import them
+
+from exact_float64 import normalise_float64_in_float64  # noqa: E402 (from tests/helpers, on the path above)
 
 normalise_float64_in_float64()
 
@@ -23,9 +27,7 @@ if XDIST_WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # tests use some scripts' building blocks
-
-BENCHMARK_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
+BENCHMARK_DATA = TESTS.parent / "data" / "benchmarks"
 """The public benchmark files kept in the repository (see data/benchmarks/README.md)."""
 
 

@@ -5,7 +5,7 @@
 
 Every key, type, default and description comes from the pydantic classes themselves (a field's
 `description`, else the docstring written under it), so the page says what the code does;
-tests/test_docs.py fails when the committed page differs from this script's output. Written against
+tests/project/test_docs.py fails when the committed page differs from this script's output. Written against
 pydantic's `model_fields` only: a section may be a model, or a union of models told apart by a
 discriminator field (one table per member), whatever the classes are called.
 """
@@ -76,7 +76,9 @@ def sections(model: type[BaseModel], prefix: str, title: str | None = None) -> l
         key = f"{prefix}{name}"
         members = model_members(field.annotation)
         if not members:
-            rows.append(Row(key, cell(type_text(field.annotation, field)), cell(default_text(field)), cell(description(model, name))))
+            rows.append(
+                Row(key, cell(type_text(field.annotation, field)), cell(default_text(field)), cell(description(model, name)))
+            )
         elif len(members) == 1:
             nested += sections(members[0], f"{key}.")
         else:
@@ -106,7 +108,9 @@ def union_tags(annotation: object, field: FieldInfo) -> list[str]:
         return union_tags(typing.get_args(annotation)[0], field)
     tags = []
     for arg in typing.get_args(annotation):
-        member, metadata = (typing.get_args(arg)[0], arg.__metadata__) if typing.get_origin(arg) is typing.Annotated else (arg, ())
+        member, metadata = (
+            (typing.get_args(arg)[0], arg.__metadata__) if typing.get_origin(arg) is typing.Annotated else (arg, ())
+        )
         tag = next((item.tag for item in metadata if isinstance(item, Tag)), None)
         tags.append(f"{field.discriminator} = {discriminator_value(member, field)}" if tag is None else f"`{tag}`")
     return tags
@@ -144,8 +148,13 @@ def bounds(field: FieldInfo | None) -> str:
     signs = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤"}
     found = []
     for constraint in field.metadata if field else ():
-        if isinstance(constraint, annotated_types.Interval | annotated_types.Gt | annotated_types.Ge | annotated_types.Lt | annotated_types.Le):
-            found += [f"{signs[name]} {getattr(constraint, name)}" for name in signs if getattr(constraint, name, None) is not None]
+        if isinstance(
+            constraint,
+            annotated_types.Interval | annotated_types.Gt | annotated_types.Ge | annotated_types.Lt | annotated_types.Le,
+        ):
+            found += [
+                f"{signs[name]} {getattr(constraint, name)}" for name in signs if getattr(constraint, name, None) is not None
+            ]
     return (" " + ", ".join(found)) if found else ""
 
 

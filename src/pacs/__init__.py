@@ -1,4 +1,5 @@
 """pacs: PACS and its baselines for reinforcement learning from verifiable rewards."""
+
 __version__ = "0.1.0"
 
 EVAL_SAMPLING = {"temperature": 0.6, "top_p": 0.95}

@@ -17,8 +17,8 @@ from typing import Any
 import pacs
 from pacs import EVAL_SAMPLING
 from pacs.outputs import claim_output_dir, claim_output_file
-from pacs.train.determinism import reproducible_math_environment
 from pacs.threads import choose_threads, usable_cores
+from pacs.train.determinism import reproducible_math_environment
 
 
 def _checked(parse: Callable[[str], float], valid: str, is_valid: Callable[[float], bool]) -> Callable[[str], float]:
@@ -97,9 +97,8 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    from pacs.distributed.world import World
     from pacs.eval.evaluate import evaluate_model
-    from pacs.train.distributed import collectives
-    from pacs.train.distributed.world import World
 
     world = World.from_environment()  # under torchrun: every process takes its share of the problems
     try:
@@ -118,7 +117,6 @@ def _eval(args: argparse.Namespace) -> None:
             reward_workers=args.reward_workers,
             overwrite=args.overwrite,
             engine=args.engine,
-            collectives=collectives,
             stop_after_failing_batches=args.stop_after_failing_batches,
         )
     finally:
@@ -126,8 +124,10 @@ def _eval(args: argparse.Namespace) -> None:
     if result is None:  # not rank 0, which reports
         return
     print(result.table())
-    print(f"pass@k in %; every sample in {Path(args.out) / 'eval_rollout.jsonl'}, every metric (per problem too) in "
-          f"{Path(args.out) / 'eval_metrics.json'}")
+    print(
+        f"pass@k in %; every sample in {Path(args.out) / 'eval_rollout.jsonl'}, every metric (per problem too) in "
+        f"{Path(args.out) / 'eval_metrics.json'}"
+    )
 
 
 def _sft(args: argparse.Namespace) -> None:
@@ -138,7 +138,10 @@ def _sft(args: argparse.Namespace) -> None:
     from pacs.train.sft import supervised_warm_start
 
     rows = []
-    checks = [("--model", lambda: check_model_reachable(args.model)), ("--data", lambda: rows.extend(load_rows(args.data, default_split="train")))]
+    checks = [
+        ("--model", lambda: check_model_reachable(args.model)),
+        ("--data", lambda: rows.extend(load_rows(args.data, default_split="train"))),
+    ]
     if problems := unusable_inputs(checks):
         raise ValueError(problems)
     if aside := claim_output_dir(Path(args.out), "pacs sft", replace=args.overwrite):
@@ -224,12 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="run the RLVR loop from a YAML config")
     train.add_argument(
-        "--config", help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo); none: every key's default"
+        "--config",
+        help="YAML file, or builtin:NAME for a recipe shipped with pacs (e.g. builtin:demo); none: every key's default",
     )
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
-    train.add_argument(
-        "--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)"
-    )
+    train.add_argument("--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)")
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("eval", help="sample N responses per problem and report pass@k")
@@ -241,7 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated dataset specs, e.g. builtin:arithmetic",
     )
     evaluate.add_argument(
-        "-n", "--n", type=AT_LEAST_ONE, required=True,
+        "-n",
+        "--n",
+        type=AT_LEAST_ONE,
+        required=True,
         help="samples per problem (pass@k for k up to N); under torchrun write -n (torchrun takes --n for its own options)",
     )
     evaluate.add_argument("--out", required=True, help="directory for eval_rollout.jsonl and eval_metrics.json")

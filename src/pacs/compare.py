@@ -60,13 +60,13 @@ from rich.console import Console
 
 from pacs import EVAL_SAMPLING
 from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
+from pacs.distributed.world import World
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
 from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.distributed.world import World
 from pacs.train.metrics import read_metrics
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
@@ -128,7 +128,7 @@ def _methods(algorithms: list[str]) -> dict[str, Method]:
 
 
 def _variant(entry: str) -> tuple[str, list[str]]:
-    """"NAME[key=value key=value]" -> (NAME, its overrides); "NAME" -> (NAME, [])."""
+    """ "NAME[key=value key=value]" -> (NAME, its overrides); "NAME" -> (NAME, [])."""
     name, bracket, rest = entry.partition("[")
     if not bracket:
         return entry, []
@@ -151,7 +151,7 @@ def _base_model(model_path: str, seed: int) -> str:
 
 
 def _differences(stored: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """"key: stored -> wanted" for every (dotted) key whose value differs between two settings."""
+    """ "key: stored -> wanted" for every (dotted) key whose value differs between two settings."""
     lines = []
     for key in dict.fromkeys([*stored, *wanted]):
         old, new = stored.get(key, "absent"), wanted.get(key, "absent")
@@ -408,7 +408,9 @@ def run_comparison(
             if "settings" not in stored:
                 console.print(f"{metrics_file} records no settings to compare with this run's: evaluating again")
             elif any("correct_counts" not in entry for entry in stored["data_sources"].values()):
-                console.print(f"{metrics_file} records no per-problem results, which the paired comparison needs: evaluating again")
+                console.print(
+                    f"{metrics_file} records no per-problem results, which the paired comparison needs: evaluating again"
+                )
             elif changes := _differences(stored["settings"], asdict(settings)):
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:
@@ -431,7 +433,14 @@ def run_comparison(
             console.rule(f"run {run}/{total}: {method}, seed {seed} ({time.perf_counter() - start:.0f} s so far)")
             run_config = load_config(
                 config_source,
-                [*overrides, *method_overrides, f"seed={seed + seed_offset}", f"output_dir={run_dir}", f"model.path={base}", "resume=auto"],
+                [
+                    *overrides,
+                    *method_overrides,
+                    f"seed={seed + seed_offset}",
+                    f"output_dir={run_dir}",
+                    f"model.path={base}",
+                    "resume=auto",
+                ],
                 algorithm=algorithm,
             )
             if changes := _training_changes(run_dir, run_config):
@@ -470,7 +479,9 @@ def run_comparison(
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "comparison.md").write_text(_markdown(results, seeds, config_source, eval_n, baseline, report["training_seed_offsets"]))
+    (out / "comparison.md").write_text(
+        _markdown(results, seeds, config_source, eval_n, baseline, report["training_seed_offsets"])
+    )
     plot_reward_curves(reward_curves, out / "reward_curves.png")
     for source, rows in results.items():
         table = {

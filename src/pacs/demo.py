@@ -12,19 +12,17 @@ from rich.table import Table
 
 from pacs import EVAL_SAMPLING
 from pacs.config import Config, load_config
+from pacs.distributed.world import World
 from pacs.eval.evaluate import evaluate_model
 from pacs.outputs import claim_output_dir
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.distributed.world import World
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
 
 DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 16, **EVAL_SAMPLING, "max_tokens": 16}
 
 
-def run_demo(
-    seed: int = 0, out_dir: str = "runs/demo", overrides: list[str] = (), *, show_progress: bool = True
-) -> dict:
+def run_demo(seed: int = 0, out_dir: str = "runs/demo", overrides: list[str] = (), *, show_progress: bool = True) -> dict:
     """Run the whole demo; return (and write to `out_dir/report.json`) both metric sets.
 
     `overrides` (`key=value`) adjust the training recipe `configs/demo.yaml`. They are checked

@@ -129,8 +129,7 @@ def claim_output_file(path: Path, *, replace: bool = False) -> Path | None:
         raise OutputRefused(f"{path} is a folder; give the path of a file to write")
     if path.exists() and not replace:
         raise OutputRefused(
-            f"{path} already exists; pass --overwrite to move it aside to {superseded_path(path)}, "
-            "or choose another output file"
+            f"{path} already exists; pass --overwrite to move it aside to {superseded_path(path)}, or choose another output file"
         )
     aside = move_aside(path) if path.exists() else None
     path.parent.mkdir(parents=True, exist_ok=True)

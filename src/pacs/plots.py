@@ -135,7 +135,7 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
 
 
 def _algorithm_and_seed(run_dir: Path) -> str | None:
-    """"ALGORITHM, seed S" from the run's config.yaml, or None if it has no readable one."""
+    """ "ALGORITHM, seed S" from the run's config.yaml, or None if it has no readable one."""
     try:
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         return f"{config['algorithm']['name']}, seed {config['seed']}"
@@ -216,9 +216,7 @@ def _mean_and_std_over_seeds(runs: list[list[tuple[int, float]]]) -> tuple[np.nd
             values_by_step.setdefault(step, []).append(value)
     steps = np.array(sorted(values_by_step))
     means = np.array([np.mean(values_by_step[step]) for step in steps])
-    stds = np.array(
-        [np.std(values_by_step[step], ddof=1) if len(values_by_step[step]) > 1 else np.nan for step in steps]
-    )
+    stds = np.array([np.std(values_by_step[step], ddof=1) if len(values_by_step[step]) > 1 else np.nan for step in steps])
     return steps, means, stds
 
 
@@ -238,9 +236,7 @@ def plot_reward_curves(
         raise ValueError("plot_reward_curves needs at least one method in curves")
     for method, runs in curves.items():
         if not runs or not all(runs):
-            raise ValueError(
-                f"curves[{method!r}] must hold at least one run, each with at least one (step, value) point"
-            )
+            raise ValueError(f"curves[{method!r}] must hold at least one run, each with at least one (step, value) point")
     figure, axes = _new_axes(f"{metric_label} (mean ± std over seeds)", "step", metric_label)
     colours = method_colours(list(curves))
     for method, runs in curves.items():
@@ -265,9 +261,7 @@ def plot_pass_at_k(table: dict[str, dict[int, tuple[float, float]]], out_path: P
         raise ValueError("plot_pass_at_k needs at least one method in table")
     for method, by_k in table.items():
         if not by_k or any(not isinstance(k, int) or k < 1 for k in by_k):
-            raise ValueError(
-                f"table[{method!r}] must map integers k >= 1 to (mean, std); got ks {sorted(by_k, key=str)}"
-            )
+            raise ValueError(f"table[{method!r}] must map integers k >= 1 to (mean, std); got ks {sorted(by_k, key=str)}")
     figure, axes = _new_axes(title or "pass@k", "k", "pass@k (%)")
     colours = method_colours(list(table))
     for method, by_k in table.items():

@@ -44,9 +44,7 @@ def import_function(spec: str) -> Callable:
     except ImportError as error:
         raise ValueError(f"Cannot import module {module_name!r} of function {spec!r}: {error}") from error
     if not hasattr(module, function_name):
-        available = sorted(
-            name for name, value in vars(module).items() if callable(value) and not name.startswith("_")
-        )
+        available = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise ValueError(f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}")
     function = getattr(module, function_name)
     if not callable(function):

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from pacs.algos.core import (
-    KL_ESTIMATORS,
+from pacs.algos.aggregation import (
     LOSS_AGG_MODES,
     aggregate_loss,
     aggregation_weights,
-    clipped_surrogate,
-    kl_penalty,
-    mixed_groups,
-    outcome_token_rewards,
-    overlong_penalty,
-    shaped_rewards,
     weighted_token_sum,
 )
 from pacs.algos.cispo import CISPO, cispo_surrogate
 from pacs.algos.dapo import DAPO
 from pacs.algos.dr_grpo import DrGRPO
+from pacs.algos.groups import mixed_groups
 from pacs.algos.grpo import GRPO, grpo_advantages
 from pacs.algos.gspo import GSPO, sequence_clipped_surrogate
+from pacs.algos.kl import KL_ESTIMATORS, kl_penalty
 from pacs.algos.pacs import (
     ESTIMATORS,
     PACS,
@@ -36,6 +31,8 @@ from pacs.algos.pacs import (
 from pacs.algos.pg import ClippedPolicyGradient
 from pacs.algos.ppo import PPO, explained_variance, gae_advantages, value_loss, whiten
 from pacs.algos.rloo import RLOO, rloo_advantages
+from pacs.algos.shaping import outcome_token_rewards, overlong_penalty, shaped_rewards
+from pacs.algos.surrogates import clipped_surrogate
 
 __all__ = [
     "CISPO",

@@ -33,8 +33,9 @@ may take the step's first mini-batch's "old_logprobs" from its first update's ow
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
 import torch
 
@@ -74,8 +75,8 @@ class Algorithm(Protocol):
     for step terms built from every row's old log-probs (a KL penalty in the reward, the sampler
     correction): the trainer then computes them all before `prepare_step`."""
     rollout_is_levels: tuple[str, ...]
-    """The levels of the sampler correction (`core.rollout_is_weights`) the algorithm takes, a
-    subset of `core.ROLLOUT_IS_LEVELS`; its "rollout_is_weight" step term is (B, R) at the token
+    """The levels of the sampler correction (`importance.rollout_is_weights`) the algorithm takes, a
+    subset of `importance.ROLLOUT_IS_LEVELS`; its "rollout_is_weight" step term is (B, R) at the token
     level, (B,) at the sequence level."""
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
@@ -112,7 +113,7 @@ class Algorithm(Protocol):
         """For each metric of `prepare_update` that is a mean over this share's response tokens
         or over some of its rows, how many it is a mean over (metrics absent here are means over
         all the share's rows, which every rank holds equally many of): the weights that make the
-        ranks' metrics the global mini-batch's (`pacs.train.distributed.collectives.mean_over_ranks`)."""
+        ranks' metrics the global mini-batch's (`pacs.distributed.collectives.mean_over_ranks`)."""
         ...
 
     def micro_batch_loss(self, logprobs: torch.Tensor, micro: Tensors, row_terms: Tensors) -> torch.Tensor:

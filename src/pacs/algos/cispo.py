@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from pacs.algos.core import MAX_LOG_RATIO, check_clip_range, masked_mean, per_token_advantages
+from pacs.algos.masks import masked_mean
 from pacs.algos.pg import ClippedPolicyGradient
+from pacs.algos.surrogates import MAX_LOG_RATIO, check_clip_range, per_token_advantages
 
 
 def cispo_surrogate(

@@ -16,7 +16,7 @@ this module, the other two are options every algorithm of pacs can use:
        ``rollout.max_sampling_rounds`` rounds (``pacs.train.dynamic_sampling``)
     4. overlong reward shaping (``overlong_buffer`` L_cache, ``overlong_penalty`` p; the options of
        every algorithm): R_i ← R_i + p · R_length(o_i) ∈ [R_i − p, R_i], the penalty growing linearly
-       over the last L_cache tokens before the maximum length (``core.overlong_penalty``)
+       over the last L_cache tokens before the maximum length (``shaping.overlong_penalty``)
 
 j runs over the group of i (rows ``[g*n, (g+1)*n)`` answer prompt g), m is the response mask. The
 paper's rewards are ±1 and pacs's 0/1: the same relative length penalty is p = 0.5 here for the

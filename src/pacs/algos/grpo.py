@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from pacs.algos.core import GRPO_STD_EPS, check_group_size, group_normalised
+from pacs.algos.groups import GRPO_STD_EPS, check_group_size, group_normalised
 from pacs.algos.pg import ClippedPolicyGradient
 
 

@@ -19,15 +19,16 @@ with ``seq-mean-token-mean`` (the default, the paper's) L is the formula above, 
 aggregation the gradient equals that of verl's token form, ℓ_it = −A_i · sg(s_i) · π_θ(o_it) /
 sg(π_θ(o_it)) (verl's ``gspo`` policy loss; TRL's ``importance_sampling_level="sequence"``). The
 optional dual clip c acts on s_i as PPO's acts on ρ. |log s_i| is clamped at 20 as
-``core.clipped_surrogate`` clamps log ρ.
+``surrogates.clipped_surrogate`` clamps log ρ.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pacs.algos.core import check_same_shape, clipped_surrogate, masked_sum
+from pacs.algos.masks import check_same_shape, masked_sum
 from pacs.algos.pg import ClippedPolicyGradient
+from pacs.algos.surrogates import clipped_surrogate
 
 
 def sequence_clipped_surrogate(
@@ -44,7 +45,7 @@ def sequence_clipped_surrogate(
 
     Formula (m = ``response_mask``, |o_i| = max(Σ_t m_it, 1)):
         log s_i = Σ_t m_it (logprobs_it − old_logprobs_it) / |o_i|
-        ℓ_it    = ``core.clipped_surrogate`` of the one-token rows (log s_i, A_i), at every t
+        ℓ_it    = ``surrogates.clipped_surrogate`` of the one-token rows (log s_i, A_i), at every t
 
     Metrics: "clip_fraction", the fraction of responses whose loss clipping changed; "approx_kl",
     the mean over responses of k3 = s_i − 1 − log s_i (per-token KL(π_old ‖ π_θ), to first order).
@@ -54,7 +55,7 @@ def sequence_clipped_surrogate(
         old_logprobs: (B, T) log-probs under the rollout policy π_old, constants.
         advantages: (B,) per-response advantages A, constants.
         response_mask: (B, T) 1 at response tokens, 0 at padding (float, int or bool).
-        clip_low, clip_high, dual_clip: see ``core.clipped_surrogate``.
+        clip_low, clip_high, dual_clip: see ``surrogates.clipped_surrogate``.
 
     Returns:
         (B, T) per-token losses ℓ (the row's ℓ_i at every position), and the metrics as floats.

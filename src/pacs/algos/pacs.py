@@ -28,7 +28,7 @@ policy itself carries and minimises a weighted binary cross-entropy:
                                    mask:                w_i = ρ_i · 1[F ≤ ρ_i ≤ C], F = rollout_is_floor or 1/C
                    (`sampler_corrected_coefficients`; `pacs train`, the TRL and verl integrations)
     overlong       with overlong_buffer = L_cache > 0 (off by default): the label is
-    shaping        R_i ← clip(R_i + p · R_length(o_i), 0, 1), DAPO's penalty (``core.overlong_penalty``)
+    shaping        R_i ← clip(R_i + p · R_length(o_i), 0, 1), DAPO's penalty (``shaping.overlong_penalty``)
                    kept in the label range: a correct response near the length limit becomes a soft
                    label 1 − p · R_length, an incorrect one stays 0
 
@@ -47,7 +47,7 @@ for samples of π_old, the responses come from μ. With ∂L/∂ψ_i = −e_i / 
 a sum of one term per sampled response o_k. Importance sampling reweights each sample's term by
 its own likelihood ratio, E_{o~π_old}[g(o)] = E_{o~μ}[π_old(o)/μ(o) · g(o)]; PACS classifies whole
 responses, so the ratio is one per response, the product of its tokens' ratios, truncated at C or
-masked outside [F, C] (`core.rollout_is_weights`; ``rollout_is_level`` is "sequence", the only
+masked outside [F, C] (`importance.rollout_is_weights`; ``rollout_is_level`` is "sequence", the only
 level PACS takes): A'_k = w_k · A_k, as verl's TIS and TRL's correction scale a sample's advantage
 by its own ratio. A response of weight 0 (masked) gets coefficient 0. (As there, the
 group baseline inside A_k is built from μ's samples and left uncorrected.) Weighting each BCE
@@ -55,7 +55,7 @@ term instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i), is not this: through the 
 centring its coefficient is ∂L/∂r_k = −1/B · (ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i), so a response
 of weight 0 is still pushed by the others' errors (rewards [1, 1, 1, 0] and ρ [1, 1, 1, 0] at
 r = 0 give ∂L/∂r = [−1/36, −1/36, −1/36, +1/12] where the sound form gives [−1/9, −1/9, −1/9, 0];
-`tests/test_algos_rollout_is.py`). The reported loss is L itself: the correction changes the
+`tests/algos/test_algos_rollout_is.py`). The reported loss is L itself: the correction changes the
 gradient, not what PACS predicts.
 
 The two references differ on the first update after a rollout: against π_old, θ = θ_old gives r = 0
@@ -80,7 +80,22 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from pacs.algos.aggregation import (
+    LOSS_AGG_MODES,
+    aggregation_weights,
+    weighted_token_sum,
+)
 from pacs.algos.base import MiniBatchTotals
+from pacs.algos.groups import (
+    GRPO_STD_EPS,
+    group_normalised,
+    group_view,
+    leave_one_out_centred,
+)
+from pacs.algos.importance import check_rollout_is, rollout_is_weights
+from pacs.algos.kl import check_kl_penalty, kl_penalty
+from pacs.algos.masks import check_choice, check_same_shape, masked_mean, masked_sum
+from pacs.algos.shaping import check_overlong_shaping, shaped_rewards
 
 LOSS_NOTE = (
     "note: PACS's loss is a cross-entropy whose logits ψ start at 0 after every rollout (π_θ = π_old), so it stays "
@@ -88,25 +103,6 @@ LOSS_NOTE = (
     "reward/mean and the validation pass@k, not in the loss"
 )
 """What the trainer tells a user who watches PACS's loss sit at 0.693 in the progress bar."""
-from pacs.algos.core import (
-    GRPO_STD_EPS,
-    LOSS_AGG_MODES,
-    aggregation_weights,
-    check_choice,
-    check_kl_penalty,
-    check_overlong_shaping,
-    check_rollout_is,
-    check_same_shape,
-    group_normalised,
-    group_view,
-    leave_one_out_centred,
-    kl_penalty,
-    masked_mean,
-    masked_sum,
-    shaped_rewards,
-    rollout_is_weights,
-    weighted_token_sum,
-)
 
 Proxy = Literal["logratio", "mean_logprob"]
 PROXIES: tuple[str, ...] = typing.get_args(Proxy)
@@ -267,9 +263,7 @@ def pacs_loss_from_proxy(
     check_same_shape(proxy_rewards=proxy_rewards, rewards=rewards)
     rewards = rewards.to(proxy_rewards.dtype)
     if not bool(((rewards >= 0) & (rewards <= 1)).all()):
-        raise ValueError(
-            f"rewards must lie in [0, 1], got min {rewards.min().item()} and max {rewards.max().item()}"
-        )
+        raise ValueError(f"rewards must lie in [0, 1], got min {rewards.min().item()} and max {rewards.max().item()}")
     scores = group_scores(proxy_rewards, group_size, estimator=estimator)
     weights = class_weights(rewards, group_size, weighting=weighting)
     losses = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
@@ -423,12 +417,12 @@ class PACS:
 
     Optional, off by default as for every algorithm: a KL penalty to the frozen reference policy
     and an entropy bonus, added per token and aggregated by `loss_agg` (see
-    `core.aggregation_weights`; `horizon` is the maximum response length):
+    `aggregation.aggregation_weights`; `horizon` is the maximum response length):
 
         L_total = L + Σ_i v_i Σ_t m_it (kl_coef · k_it − entropy_coef · H_it)
 
     with v the aggregation weights of the mini-batch and k the per-token estimator
-    `kl_estimator` (`core.kl_penalty`): "k2" follows the gradient of KL(π_θ ‖ π_ref), "k3" (the
+    `kl_estimator` (`kl.kl_penalty`): "k2" follows the gradient of KL(π_θ ‖ π_ref), "k3" (the
     default) that of KL(π_ref ‖ π_θ); "k1", whose expected gradient is zero, is refused when
     kl_coef > 0. The reported "loss" is L alone.
     """
@@ -461,9 +455,7 @@ class PACS:
         check_choice("proxy", proxy, PROXIES)
         check_choice("pacs_reference", pacs_reference, REFERENCES)
         if pacs_reference == "fixed" and proxy != "logratio":
-            raise ValueError(
-                f"pacs_reference='fixed' with proxy={proxy!r}: only the logratio proxy has a reference policy"
-            )
+            raise ValueError(f"pacs_reference='fixed' with proxy={proxy!r}: only the logratio proxy has a reference policy")
         check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
         check_rollout_is(rollout_is_cap, rollout_is_mode, rollout_is_level, rollout_is_floor, levels=self.rollout_is_levels)
         check_choice("estimator", estimator, ESTIMATORS)

@@ -15,10 +15,10 @@ and an entropy bonus, aggregated over tokens by one loss aggregation mode:
 w_i depends only on row i and constants of the mini-batch, so ``prepare_update`` computes it once
 per mini-batch and each micro-batch adds ``Σ_{i ∈ micro} w_i Σ_t m_it ℓ_it``: the shares sum to L in
 value and gradient at any micro-batch size (see ``pacs.algos.base``). k is the per-token KL
-estimator ``kl_estimator`` (``core.kl_penalty``): "k2" follows the gradient of KL(π_θ ‖ π_ref), "k3"
+estimator ``kl_estimator`` (``kl.kl_penalty``): "k2" follows the gradient of KL(π_θ ‖ π_ref), "k3"
 (the default, GRPO's) that of KL(π_ref ‖ π_θ); "k1", whose expected gradient is zero, is refused
-when kl_coef > 0. See ``core.clipped_surrogate``, ``core.aggregation_weights`` and
-``core.kl_penalty`` for the pieces.
+when kl_coef > 0. See ``surrogates.clipped_surrogate``, ``aggregation.aggregation_weights`` and
+``kl.kl_penalty`` for the pieces.
 
 Two options reproduce the paper's verl baselines (docs/paper-fidelity.md):
 
@@ -33,7 +33,7 @@ Two options reproduce the paper's verl baselines (docs/paper-fidelity.md):
 
 The sampler correction (``rollout_is_cap`` C, off by default): the responses come from the rollout
 engine's sampler μ, the loss is written for π_old, so each token's clipped surrogate (after the
-dual clip) is multiplied by an importance weight, outside the clip (``core.rollout_is_weights``):
+dual clip) is multiplied by an importance weight, outside the clip (``importance.rollout_is_weights``):
 
     ℓ'_it = w_it · ℓ_it           level "token" (default):  w_it from ρ_it = π_old(o_it) / μ(o_it)
                                   level "sequence":         w_it = w_i from ρ_i = Π_t ρ_it, every
@@ -46,7 +46,7 @@ rollout_is_weights``) and the decoupled PPO objective of AReaL with π_old as th
 and μ the behaviour policy: the clip bounds the step from π_old, the weight corrects for sampling
 from μ. The KL penalty, the entropy bonus and PPO's critic are not weighted (nor are they in verl).
 
-DAPO's overlong reward shaping (``overlong_buffer`` L_cache > 0, ``core.overlong_penalty``) adds
+DAPO's overlong reward shaping (``overlong_buffer`` L_cache > 0, ``shaping.overlong_penalty``) adds
 p · R_length(o_i) ∈ [−p, 0] to each outcome reward before the advantages, for every algorithm here.
 """
 
@@ -56,28 +56,31 @@ import math
 
 import torch
 
-from pacs.algos.base import MiniBatchTotals
-from pacs.algos.core import (
-    GRPO_STD_EPS,
+from pacs.algos.aggregation import (
     LOSS_AGG_MODES,
-    ROLLOUT_IS_LEVELS,
     aggregation_weights,
-    check_choice,
-    check_clip_range,
-    check_group_size,
-    check_kl_penalty,
-    check_overlong_shaping,
-    check_rollout_is,
-    clipped_surrogate,
-    group_normalised,
-    kl_penalty,
-    masked_mean,
-    mixed_group_fraction,
-    outcome_token_rewards,
-    shaped_rewards,
-    rollout_is_weights,
     weighted_token_sum,
 )
+from pacs.algos.base import MiniBatchTotals
+from pacs.algos.groups import (
+    GRPO_STD_EPS,
+    check_group_size,
+    group_normalised,
+    mixed_group_fraction,
+)
+from pacs.algos.importance import (
+    ROLLOUT_IS_LEVELS,
+    check_rollout_is,
+    rollout_is_weights,
+)
+from pacs.algos.kl import check_kl_penalty, kl_penalty
+from pacs.algos.masks import check_choice, masked_mean
+from pacs.algos.shaping import (
+    check_overlong_shaping,
+    outcome_token_rewards,
+    shaped_rewards,
+)
+from pacs.algos.surrogates import check_clip_range, clipped_surrogate
 
 
 class ClippedPolicyGradient:
@@ -93,7 +96,7 @@ class ClippedPolicyGradient:
         loss_agg: one of ``LOSS_AGG_MODES``; the default is the paper's GRPO baseline (Dr. GRPO).
         kl_coef: weight ≥ 0 of the per-token KL to the reference policy; > 0 needs "ref_logprobs".
         kl_estimator: ``"k2"`` (gradient of KL(π_θ ‖ π_ref)) or ``"k3"`` (gradient of KL(π_ref ‖ π_θ));
-            ``"k1"`` only with kl_coef = 0 or in the reward (see ``core.kl_penalty``).
+            ``"k1"`` only with kl_coef = 0 or in the reward (see ``kl.kl_penalty``).
         entropy_coef: weight ≥ 0 of the entropy bonus; > 0 needs "entropy".
         loss_scale: s > 0 multiplying the whole loss (1: the mean-normalised loss; see above).
         kl_in_reward: subtract the KL estimate of the rollout policy from the reward instead of adding
@@ -101,7 +104,7 @@ class ClippedPolicyGradient:
             ``prepare_step``. Any estimator, k1 included, is valid there.
         rollout_is_cap: C >= 1 of the importance-sampling correction of the sampler mismatch, or
             None (off): each token's surrogate ℓ_it is multiplied by its weight w_it (the module
-            docstring; ``core.rollout_is_weights``, μ the rollout engine's "sampler_logprobs");
+            docstring; ``importance.rollout_is_weights``, μ the rollout engine's "sampler_logprobs");
             the KL and entropy terms are not. Needs "sampler_logprobs" and every row's
             ``old_logprobs`` in ``prepare_step``.
         rollout_is_mode: "truncate" (w = min(ρ, C)) or "mask" (w = ρ inside [floor, C], else 0).
@@ -194,14 +197,14 @@ class ClippedPolicyGradient:
         reward with ``kl_in_reward`` (0 at padding; no gradient).
 
         Formula: kl_coef · k(old_logprobs, ref_logprobs), k the estimator ``kl_estimator``
-        (``core.kl_penalty``); ``batch`` holds "old_logprobs", "ref_logprobs" and "response_mask".
+        (``kl.kl_penalty``); ``batch`` holds "old_logprobs", "ref_logprobs" and "response_mask".
         """
         kl = kl_penalty(batch["old_logprobs"].detach(), batch["ref_logprobs"], batch["response_mask"], self.kl_estimator)
         return self.kl_coef * kl
 
     def outcome_rewards(self, batch) -> torch.Tensor:
         """(B,) the verifier's rewards R_i, with DAPO's overlong penalty added when
-        ``overlong_buffer`` > 0 (``core.shaped_rewards``)."""
+        ``overlong_buffer`` > 0 (``shaping.shaped_rewards``)."""
         if not self.overlong_buffer:
             return batch["rewards"]
         return shaped_rewards(

@@ -33,14 +33,13 @@ import math
 
 import torch
 
-from pacs.algos.base import MiniBatchTotals, SumOverRanks
-from pacs.algos.core import (
+from pacs.algos.aggregation import (
     LOSS_AGG_MODES,
     aggregation_weights,
-    check_choice,
-    check_same_shape,
     weighted_token_sum,
 )
+from pacs.algos.base import MiniBatchTotals, SumOverRanks
+from pacs.algos.masks import check_choice, check_same_shape
 from pacs.algos.pg import ClippedPolicyGradient
 
 WHITEN_EPS = 1e-8
@@ -290,7 +289,7 @@ class PPO(ClippedPolicyGradient):
         return weights
 
     def critic_metrics(self, values: torch.Tensor, minibatch) -> dict[str, float]:
-        """"critic/value_loss" (the mini-batch value loss) and "critic/explained_variance" of
+        """ "critic/value_loss" (the mini-batch value loss) and "critic/explained_variance" of
         ``values`` (B, R), e.g. the rollout-time ``minibatch["values"]`` or a no-grad pass."""
         with torch.no_grad():
             loss = self.critic_micro_batch_loss(values, minibatch, self.critic_row_terms(minibatch))

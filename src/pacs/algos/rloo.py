@@ -8,14 +8,14 @@ prompt, shared by all of its tokens:
 
 and the policy follows PPO's clipped surrogate on A (``pacs.algos.pg``). j runs over the group of
 i; rows ``[g*n, (g+1)*n)`` of every batch belong to prompt g. On the first update after a rollout
-the PACS gradient is β times this one (``tests/test_algos_property.py``).
+the PACS gradient is β times this one (``tests/algos/test_algos_property.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from pacs.algos.core import check_group_size, leave_one_out_centred
+from pacs.algos.groups import check_group_size, leave_one_out_centred
 from pacs.algos.pg import ClippedPolicyGradient
 
 

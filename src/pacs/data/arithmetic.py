@@ -93,7 +93,7 @@ def generate_problems(
     rng = random.Random(f"arithmetic:{split}:{operand_count}:{operations}:{seed}")
     rows: list[dict] = []
     for problem_index in _shuffled_indices(sum(block_sizes), rng):
-        for op, block_size in zip(operations, block_sizes):
+        for op, block_size in zip(operations, block_sizes):  # noqa: B007 (op is used after the break)
             if problem_index < block_size:
                 break
             problem_index -= block_size
@@ -102,13 +102,15 @@ def generate_problems(
         if _split_of(expression) != split:
             continue
         question = f"What is {expression}? Put the final answer in \\boxed{{}}."
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": question}],
-            "ability": "arithmetic",
-            "reward_model": {"style": "rule", "ground_truth": str(_compute(a, op, b))},
-            "extra_info": {"split": split, "index": len(rows), "expression": expression},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": question}],
+                "ability": "arithmetic",
+                "reward_model": {"style": "rule", "ground_truth": str(_compute(a, op, b))},
+                "extra_info": {"split": split, "index": len(rows), "expression": expression},
+            }
+        )
         if len(rows) == size:
             return rows
     if allow_fewer:

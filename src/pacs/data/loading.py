@@ -36,9 +36,7 @@ def _load_arithmetic(spec: str, parameters: dict[str, str], default_split: str) 
     """Generate ``builtin:arithmetic`` rows from the query ``parameters`` of ``spec``."""
     unknown = sorted(set(parameters) - set(ARITHMETIC_PARAMETERS))
     if unknown:
-        raise ValueError(
-            f"Unknown parameter(s) {unknown} in {spec!r}; valid: {list(ARITHMETIC_PARAMETERS)}"
-        )
+        raise ValueError(f"Unknown parameter(s) {unknown} in {spec!r}; valid: {list(ARITHMETIC_PARAMETERS)}")
     split = parameters.get("split", default_split)
     if split not in SPLITS:
         raise ValueError(f"Parameter split={split!r} in {spec!r} must be one of {list(SPLITS)}")
@@ -68,9 +66,7 @@ BUILTIN_DATASETS: dict[str, Callable[[str, dict[str, str], str], list[dict]]] = 
 def _parse_query(spec: str, query: str) -> dict[str, str]:
     """Parse ``key=value&...`` into a dict, keeping ``+`` literal; reject repeats and malformed pairs."""
     try:
-        pairs = urllib.parse.parse_qsl(
-            query.replace("+", "%2B"), keep_blank_values=True, strict_parsing=True
-        )
+        pairs = urllib.parse.parse_qsl(query.replace("+", "%2B"), keep_blank_values=True, strict_parsing=True)
     except ValueError:
         raise ValueError(f"Malformed parameters {query!r} in {spec!r}; expected key=value&key=value") from None
     parameters: dict[str, str] = {}

@@ -83,26 +83,95 @@ DEFAULT_DATA_SOURCE = "math"
 """The kind of data_source of rows converted from a file of no named source (`math/<file name>`):
 the math verifier scores them."""
 
-TAB_COMMANDS = frozenset({
-    "tan", "tanh", "tau", "tbinom", "text", "textbf", "textit", "textnormal", "textrm", "textsc",
-    "textsf", "textstyle", "texttt", "textup", "tfrac", "therefore", "theta", "tilde", "times", "tiny",
-    "to", "top", "triangle", "triangledown", "triangleleft", "trianglelefteq", "triangleq",
-    "triangleright", "trianglerighteq", "tt",
-})
+TAB_COMMANDS = frozenset(
+    {
+        "tan",
+        "tanh",
+        "tau",
+        "tbinom",
+        "text",
+        "textbf",
+        "textit",
+        "textnormal",
+        "textrm",
+        "textsc",
+        "textsf",
+        "textstyle",
+        "texttt",
+        "textup",
+        "tfrac",
+        "therefore",
+        "theta",
+        "tilde",
+        "times",
+        "tiny",
+        "to",
+        "top",
+        "triangle",
+        "triangledown",
+        "triangleleft",
+        "trianglelefteq",
+        "triangleq",
+        "triangleright",
+        "trianglerighteq",
+        "tt",
+    }
+)
 """LaTeX commands starting with ``t``: a tab followed by the rest of one of these is repaired."""
-NEWLINE_COMMANDS = frozenset({
-    "nabla", "natural", "ne", "nearrow", "neg", "neq", "nexists", "ngeq", "ngtr", "ni", "nleq",
-    "nless", "nmid", "not", "notin", "nparallel", "nprec", "nsim", "nsubseteq", "nsucc", "nsupseteq",
-    "ntriangleleft", "ntriangleright", "nu", "nvdash", "nwarrow",
-})
+NEWLINE_COMMANDS = frozenset(
+    {
+        "nabla",
+        "natural",
+        "ne",
+        "nearrow",
+        "neg",
+        "neq",
+        "nexists",
+        "ngeq",
+        "ngtr",
+        "ni",
+        "nleq",
+        "nless",
+        "nmid",
+        "not",
+        "notin",
+        "nparallel",
+        "nprec",
+        "nsim",
+        "nsubseteq",
+        "nsucc",
+        "nsupseteq",
+        "ntriangleleft",
+        "ntriangleright",
+        "nu",
+        "nvdash",
+        "nwarrow",
+    }
+)
 """LaTeX commands starting with ``n``: a newline followed by the rest of one of these is repaired."""
 PROSE_WORD_COMMANDS = frozenset({"tan", "tau", "to", "top", "tt", "ne", "ni", "nu"})
 """Commands whose letters after the control character are also words of prose ("an", "au", "o",
 "op", "t", "e", "i", "u"): repaired only inside math."""
-CARRIAGE_RETURN_COMMANDS = frozenset({
-    "rangle", "rbrace", "rbrack", "rceil", "rfloor", "rho", "right", "rightarrow", "rightharpoondown",
-    "rightharpoonup", "rightleftharpoons", "rightrightarrows", "rm", "rtimes", "rvert", "rVert",
-})
+CARRIAGE_RETURN_COMMANDS = frozenset(
+    {
+        "rangle",
+        "rbrace",
+        "rbrack",
+        "rceil",
+        "rfloor",
+        "rho",
+        "right",
+        "rightarrow",
+        "rightharpoondown",
+        "rightharpoonup",
+        "rightleftharpoons",
+        "rightrightarrows",
+        "rm",
+        "rtimes",
+        "rvert",
+        "rVert",
+    }
+)
 """LaTeX commands starting with ``r``: a carriage return followed by the rest of one of these is repaired."""
 ESCAPE_LETTERS = {"\b": "b", "\f": "f", "\t": "t", "\r": "r", "\n": "n"}
 """Control character -> the letter of the JSON escape that produced it."""
@@ -149,9 +218,7 @@ def _shortest_positional_text(number: float) -> str:
 def _gsm8k_answer_text(solution: object, location: str) -> tuple[str, bool]:
     """Return ``(ground truth, normalised)`` from a gsm8k solution ending in ``#### 1,234``."""
     if not isinstance(solution, str) or "####" not in solution:
-        raise ValueError(
-            f"{location}: expected a worked solution ending in '#### <answer>', got {describe_value(solution)}"
-        )
+        raise ValueError(f"{location}: expected a worked solution ending in '#### <answer>', got {describe_value(solution)}")
     final_answer = solution.rsplit("####", 1)[1].strip()
     ground_truth = final_answer.replace(",", "")
     if not ground_truth:
@@ -188,8 +255,7 @@ class SourceFormat:
         problem = record[problem_field]
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(
-                f"{location}: field {problem_field!r}: expected the problem as a non-empty string, "
-                f"got {describe_value(problem)}"
+                f"{location}: field {problem_field!r}: expected the problem as a non-empty string, got {describe_value(problem)}"
             )
         answer_field = _present_spelling(record, self.answer, location)
         ground_truth, normalised = self.answer_text(record[answer_field], f"{location}: field {answer_field!r}")
@@ -434,7 +500,7 @@ def _clean_problem_text(text: str, location: str) -> tuple[str, bool, bool]:
     if control:
         raise ValueError(
             f"{location}: control character {control.group()!r} at position {control.start()} "
-            f"(in {spaced[max(0, control.start() - 20):control.end() + 20]!r}) cannot be repaired; only a "
+            f"(in {spaced[max(0, control.start() - 20) : control.end() + 20]!r}) cannot be repaired; only a "
             "form feed, backspace, tab or carriage return starting a LaTeX command name (e.g. form feed + "
             "'rac' for '\\frac') is repaired, and only '\\n' may stay. Fix the source file"
         )
@@ -532,7 +598,9 @@ def _source_format(
 
 def _check_text_option(value: object, name: str, example: str, *, non_empty: bool = True) -> None:
     if not isinstance(value, str) or (non_empty and not value.strip()):
-        raise ValueError(f"{name} must be a {'non-empty ' if non_empty else ''}string such as {example}, got {describe_value(value)}")
+        raise ValueError(
+            f"{name} must be a {'non-empty ' if non_empty else ''}string such as {example}, got {describe_value(value)}"
+        )
 
 
 def prepare_dataset(
@@ -606,9 +674,7 @@ def write_parquet(rows: list[dict], out_path: str | Path) -> None:
     try:
         table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in column_names})
     except pa.ArrowException as error:
-        raise ValueError(
-            f"{out_path}: rows disagree on the type of a field ({error}); write one source per file"
-        ) from None
+        raise ValueError(f"{out_path}: rows disagree on the type of a field ({error}); write one source per file") from None
     out_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out_path)
 

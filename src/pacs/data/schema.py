@@ -50,8 +50,7 @@ def _check_message(message: object, location: str, field: str) -> None:
     """Raise unless ``message`` is ``{"role": one of CHAT_ROLES, "content": text without control characters}``."""
     if not isinstance(message, dict):
         raise ValueError(
-            f"{location}: field {field!r}: expected a chat message {{'role': ..., 'content': ...}}, "
-            f"got {describe_value(message)}"
+            f"{location}: field {field!r}: expected a chat message {{'role': ..., 'content': ...}}, got {describe_value(message)}"
         )
     role = message.get("role")
     if role not in CHAT_ROLES:
@@ -62,7 +61,7 @@ def _check_message(message: object, location: str, field: str) -> None:
     if control:
         raise ValueError(
             f"{location}: field '{field}.content': control character {control.group()!r} at position "
-            f"{control.start()} (in {content[max(0, control.start() - 20):control.end() + 20]!r}); only '\\n' is "
+            f"{control.start()} (in {content[max(0, control.start() - 20) : control.end() + 20]!r}); only '\\n' is "
             "allowed. It usually means a broken JSON escape upstream, e.g. '\\frac' read as form feed + 'rac'"
         )
 

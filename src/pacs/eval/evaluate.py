@@ -45,16 +45,16 @@ import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from pacs import EVAL_SAMPLING
 from pacs.config import VllmConfig
-
 from pacs.data.loading import load_rows
 from pacs.data.prompts import encode_prompts
+from pacs.distributed.collectives import gather_objects_on_rank0, run_on_every_rank, run_on_rank0
+from pacs.distributed.world import World
 from pacs.eval.passk import mean_pass_at_k
 from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer
 from pacs.outputs import claim_output_dir, unusable_inputs
@@ -66,7 +66,6 @@ from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
 
-T = TypeVar("T")
 SAME_INPUTS_EVERYWHERE = (
     "Every process runs the same pacs eval command and reads --model and --data from its own disk, at the same paths "
     "(a relative path from its own working directory): put what a node lacks there. Only rank 0 writes --out."
@@ -76,47 +75,6 @@ MERGE_RULE = (
     "prompt and ground truth, numbered extra_info.repeat = 0..R-1 once each. Prepare each benchmark with "
     "its own --source, the shards of one benchmark as one file, and give each file once"
 )
-
-
-class Processes(Protocol):
-    """The processes that one evaluation runs on, as `pacs.train.distributed.world.World` describes
-    them (one process: `World.single()`; under torchrun: `World.from_environment()`)."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-    @property
-    def is_writer(self) -> bool: ...
-
-
-class Collectives(Protocol):
-    """The collectives an evaluation on several processes takes part in: those of
-    `pacs.train.distributed.collectives`, a layer above evaluation, whose callers hand the module in."""
-
-    def run_on_every_rank(
-        self, world: Processes, action: Callable[[], T], *, how_to_fix: str = "", node_leader_first: bool = False
-    ) -> T: ...
-
-    def run_on_rank0(self, world: Processes, action: Callable[[], T]) -> T: ...
-
-    def gather_objects_on_rank0(self, world: Processes, value: Any) -> list[Any] | None: ...
-
-
-class _OneProcess:
-    """The collectives of one process: each the identity."""
-
-    @staticmethod
-    def run_on_every_rank(world: Processes, action: Callable[[], T], **_: object) -> T:
-        return action()
-
-    @staticmethod
-    def run_on_rank0(world: Processes, action: Callable[[], T]) -> T:
-        return action()
-
-    @staticmethod
-    def gather_objects_on_rank0(world: Processes, value: Any) -> list[Any]:
-        return [value]
 
 
 @dataclass(frozen=True)
@@ -249,7 +207,9 @@ class EvalResult:
             lines.append([source, *map(str, counts), *cells, str(report.timeouts), str(report.crashes)])
         widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
         return "\n".join(
-            "  ".join(cell.ljust(width) if column == 0 else cell.rjust(width) for column, (cell, width) in enumerate(zip(line, widths)))
+            "  ".join(
+                cell.ljust(width) if column == 0 else cell.rjust(width) for column, (cell, width) in enumerate(zip(line, widths))
+            )
             for line in lines
         )
 
@@ -359,9 +319,7 @@ def evaluate(
     on stderr, and enough of them in a row stop the evaluation (`ScoringWatch`).
     """
     if params.n < 1 or params.max_new_tokens < 1:
-        raise ValueError(
-            f"SamplingParams n={params.n} and max_new_tokens={params.max_new_tokens} must both be integers >= 1"
-        )
+        raise ValueError(f"SamplingParams n={params.n} and max_new_tokens={params.max_new_tokens} must both be integers >= 1")
     problems = merge_repeats(rows, row_locations)
     token_ids = encode_prompts(tokenizer, [row for row, _ in problems], None).token_ids
     sources: dict[str, SourceReport] = {}
@@ -388,12 +346,8 @@ def evaluate(
         prompts_per_call = max(1, sequences_per_call // samples)
         for start in range(0, len(members), prompts_per_call):
             chunk = members[start : start + prompts_per_call]
-            rollouts = engine.generate(
-                [token_ids[problem] for problem in chunk], replace(params, n=samples, max_new_tokens=cap)
-            )
-            batch = scorer.score(
-                [problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.response_texts
-            )
+            rollouts = engine.generate([token_ids[problem] for problem in chunk], replace(params, n=samples, max_new_tokens=cap))
+            batch = scorer.score([problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.response_texts)
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
             if scoring_watch is not None:
@@ -432,7 +386,7 @@ def evaluate_model(
     model_path: str,
     specs: list[str],
     *,
-    processes: Processes,
+    processes: World,
     n: int,
     out_dir: Path,
     temperature: float = EVAL_SAMPLING["temperature"],
@@ -446,14 +400,13 @@ def evaluate_model(
     overwrite: bool = False,
     show_progress: bool = True,
     engine: str = "hf",
-    collectives: Collectives | None = None,
     stop_after_failing_batches: int = 3,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
     `eval_rollout.jsonl` and `eval_metrics.json` (with these settings, see `EvalSettings`).
-    Every one of `processes` takes its share of the problems (module docstring), taking part in
-    `collectives` (`pacs.train.distributed.collectives`; None: one process); the whole
+    Every one of `processes` (`World.single()`, or `World.from_environment()` under torchrun) takes
+    its share of the problems (module docstring); the whole
     result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
     (transformers' generate) or `vllm` (`start_vllm_engine`: under torchrun each process's engine
     on its own device, attached to the job); temperature 0 decodes greedily with either.
@@ -472,16 +425,12 @@ def evaluate_model(
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
     if engine not in ("hf", "vllm") or (engine == "vllm" and dtype not in ("float32", "bfloat16")):
         raise ValueError(f"engine {engine!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
-    if collectives is None:
-        if processes.world_size > 1:
-            raise ValueError(f"an evaluation on {processes.world_size} processes needs their collectives")
-        collectives = _OneProcess()
-    rows_by_spec = collectives.run_on_every_rank(
+    rows_by_spec = run_on_every_rank(
         processes,
         lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, engine, probe=processes.is_writer),
         how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
-    collectives.run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
+    run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
         model_path=model_path,
         specs=list(specs),
@@ -515,7 +464,7 @@ def evaluate_model(
             locations += [f"{spec}: row {position}" for position in range(len(rows_by_spec[spec]))]
         return tokenizer, hf_engine_or_model_dir, getattr(config, "max_position_embeddings", None), rows, locations
 
-    tokenizer, rollout_engine, context_length, rows, locations = collectives.run_on_every_rank(
+    tokenizer, rollout_engine, context_length, rows, locations = run_on_every_rank(
         processes, load, how_to_fix=SAME_INPUTS_EVERYWHERE, node_leader_first=True
     )
     if engine == "vllm":
@@ -524,7 +473,10 @@ def evaluate_model(
         )
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     # closed after the last collective: under torchrun vLLM's teardown ends the job's process group
-    with contextlib.closing(rollout_engine), ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer:
+    with (
+        contextlib.closing(rollout_engine),
+        ScoringPool(reward_function, num_workers=reward_workers, timeout_s=reward_timeout_s) as scorer,
+    ):
         watch = ScoringWatch(
             scorer.function_name,
             remedy=f"--reward-timeout {reward_timeout_s:g}",
@@ -545,7 +497,7 @@ def evaluate_model(
             show_progress=show_progress and processes.is_writer,
             scoring_watch=watch,
         )
-        shares = collectives.gather_objects_on_rank0(processes, share)
+        shares = gather_objects_on_rank0(processes, share)
     if shares is None:
         return None
     result = EvalResult.merge(shares)
@@ -586,7 +538,7 @@ def _checked_inputs(
 
 
 def start_vllm_engine(
-    model_dir: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, max_model_len: int | None, processes: Processes
+    model_dir: str, tokenizer: PreTrainedTokenizerBase, *, dtype: str, seed: int, max_model_len: int | None, processes: World
 ) -> VllmEngine:
     """`pacs eval --engine vllm`'s engine on the model in `model_dir`, started by every process at
     once, each on its own device (`EnginePlace`). Alone on its GPU, it may take 90% of its memory

@@ -10,7 +10,7 @@ thousands (C(256, 128) alone has 76 digits).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

@@ -140,9 +140,7 @@ class PACSTrainer(trl.GRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, PACSConfig):
-            raise TypeError(
-                f"PACSTrainer's args must be a pacs.integrations.trl.PACSConfig, got {type(self.args).__name__}"
-            )
+            raise TypeError(f"PACSTrainer's args must be a pacs.integrations.trl.PACSConfig, got {type(self.args).__name__}")
         if self.aux_loss_enabled:
             raise ValueError("PACSTrainer: the model's MoE router aux loss is not supported (output_router_logits)")
         self._rewards_per_func = None

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from pacs.algos import ESTIMATORS, WEIGHTINGS, pacs_advantages, reward_proxy, sampler_corrected_coefficients
-from pacs.algos.core import check_choice
+from pacs.algos.masks import check_choice
 
 INSTALL = "pip install 'pacs[verl]'"
 NAME = "pacs"
@@ -80,9 +80,7 @@ def unsupported_rollout_correction(config: Any) -> list[str]:
     if correction.get("bypass_mode", False):
         found.append("algorithm.rollout_correction.bypass_mode=True: set False (it replaces the policy loss by its own)")
     if correction.get("rollout_is", None) == "token":
-        found.append(
-            "algorithm.rollout_correction.rollout_is='token': set 'sequence' (PACS weights a response as a whole)"
-        )
+        found.append("algorithm.rollout_correction.rollout_is='token': set 'sequence' (PACS weights a response as a whole)")
     token_level = [mode for mode in str(correction.get("rollout_rs", None) or "").split(",") if mode.startswith("token")]
     if token_level:
         found.append(
@@ -163,13 +161,17 @@ def pacs_policy_loss_fn(*, beta: float = 1.0, estimator: str = "rloo"):
         unsupported = [] if one_per_response else ["advantages not one value per response: set algorithm.adv_estimator=pacs"]
         group_size = config.get("rollout_n", None) if config is not None else None
         if estimator != "naive" and group_size is not None and group_size < 2:
-            unsupported.append(f"actor_rollout_ref.rollout.n={group_size}: set 2 or more (the {estimator} score compares responses)")
+            unsupported.append(
+                f"actor_rollout_ref.rollout.n={group_size}: set 2 or more (the {estimator} score compares responses)"
+            )
         if rollout_is_weights is not None:
             weights, one_per_response = per_response(rollout_is_weights.to(log_prob.dtype), mask)
             if one_per_response:
                 coefficients = sampler_corrected_coefficients(coefficients, weights)
             else:
-                unsupported.append("token-level rollout-correction weights: set algorithm.rollout_correction.rollout_is='sequence'")
+                unsupported.append(
+                    "token-level rollout-correction weights: set algorithm.rollout_correction.rollout_is='sequence'"
+                )
         if unsupported:
             raise ValueError("loss_mode=pacs cannot compute PACS with:\n  " + "\n  ".join(unsupported))
         proxy_rewards = reward_proxy(log_prob, old_log_prob.to(log_prob.dtype), mask, beta=beta)  # (B,)

@@ -14,8 +14,8 @@ once with an error that says what to do, instead of after a minute of retries.
 from __future__ import annotations
 
 import re
-import threading
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -147,7 +147,7 @@ def _hub_unreachable_reason(repo_id: str) -> str | None:
     def head() -> None:
         try:
             get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_CHECK_TIMEOUT_S)
-        except Exception as error:  # noqa: BLE001 - reported to the caller below
+        except Exception as error:
             outcome["error"] = error
 
     check = threading.Thread(target=head, name=f"hub-check {repo_id}", daemon=True)
@@ -161,8 +161,7 @@ def _hub_unreachable_reason(repo_id: str) -> str | None:
     login = "log in with `hf auth login` or set HF_TOKEN"
     if isinstance(error, GatedRepoError):
         raise FileNotFoundError(
-            f"{repo_id!r} is a gated repo on {hub_constants.ENDPOINT}: accept its conditions on its hub page, "
-            f"then {login}"
+            f"{repo_id!r} is a gated repo on {hub_constants.ENDPOINT}: accept its conditions on its hub page, then {login}"
         ) from error
     if isinstance(error, (RepositoryNotFoundError, RevisionNotFoundError, DisabledRepoError)):
         raise FileNotFoundError(
@@ -377,7 +376,7 @@ def _critic_class_over(backbone_class: type[PreTrainedModel]) -> type[PreTrained
 
 def __getattr__(name: str) -> type[PreTrainedModel]:
     """A critic class `token_classification_class` builds, by its name, in any process: what lets
-    a critic pickled in one process (an FSDP skeleton, `pacs.train.distributed.wrapping.load_on_rank0`)
+    a critic pickled in one process (an FSDP skeleton, `pacs.distributed.wrapping.load_on_rank0`)
     be unpickled in another."""
     backbone_name = name.removesuffix("ForTokenClassification") + "Model"
     if name.endswith("ForTokenClassification"):

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Iterator
 
 import torch
 from transformers import PreTrainedModel
@@ -93,9 +93,7 @@ def add_lora(
         ValueError: a target module name matches nothing in the model, or `adapter` does not fit.
     """
     peft = require_peft()
-    config = peft.LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
-    )
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
     try:
         with warnings.catch_warnings():  # peft asks transformers for a property it has renamed
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

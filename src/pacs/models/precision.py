@@ -1,21 +1,21 @@
 """What `model.dtype` means for each kind of tensor in a run: the one home of the precision rule.
 
-    model.dtype   trained weights    batch tensors    forward passes          frozen models   an engine's own
-                  and optimizer      (log-probs,                                              copy (vLLM, the
-                                     losses)                                                  async generator)
-    float32       float32            float32          float32                 float32         float32
-    bfloat16      float32 (master)   float32          bfloat16 (autocast, or  bfloat16        bfloat16
-                                                      FSDP's mixed precision)
-    float64       float64            float64          float64                 float64         float64 (vLLM:
-                                                                                              refused)
+model.dtype   trained weights    batch tensors    forward passes          frozen models   an engine's own
+              and optimizer      (log-probs,                                              copy (vLLM, the
+                                 losses)                                                  async generator)
+float32       float32            float32          float32                 float32         float32
+bfloat16      float32 (master)   float32          bfloat16 (autocast, or  bfloat16        bfloat16
+                                                  FSDP's mixed precision)
+float64       float64            float64          float64                 float64         float64 (vLLM:
+                                                                                          refused)
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ContextManager
 
 import torch
 
@@ -55,7 +55,7 @@ class Precision:
         generator's) holds them in: the run's dtype (float64 only for transformers' engine)."""
         return self.dtype
 
-    def autocast(self, device: torch.device) -> Callable[[], ContextManager]:
+    def autocast(self, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
         """The context forward passes on `device` run in: bfloat16 autocast for bfloat16 runs (the
         weights stay float32), nothing otherwise."""
         if self.bf16_compute is not None:

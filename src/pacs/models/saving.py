@@ -20,8 +20,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 from safetensors.torch import save_file

@@ -106,8 +106,7 @@ def save_builtin_tiny(directory: Path, *, seed: int = 0, **shape: int) -> Path:
     """
     directory = Path(directory)
     if directory.exists():
-        raise ValueError(f"Cannot save builtin:tiny to {directory}: it already exists; "
-                         "remove it or choose a new directory")
+        raise ValueError(f"Cannot save builtin:tiny to {directory}: it already exists; remove it or choose a new directory")
     tokenizer = build_char_tokenizer()
     config = tiny_model_config(
         len(tokenizer),

@@ -123,9 +123,7 @@ def math_score(solution_str: str, ground_truth: str, *, timeout_s: float | None 
     pool's limit. Concurrent callers share one worker and take turns.
     """
     if not isinstance(ground_truth, str):
-        raise ValueError(
-            f"Math ground truth must be a string, got {type(ground_truth).__name__} {ground_truth!r}"
-        )
+        raise ValueError(f"Math ground truth must be a string, got {type(ground_truth).__name__} {ground_truth!r}")
     if timeout_s is not None:
         check_timeout_s(timeout_s)
     boxed_answer = _sole_boxed_answer(solution_str)
@@ -145,8 +143,6 @@ def math_score_timeouts() -> int:
     return _timeouts
 
 
-def math_compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
-) -> float:
+def math_compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """Adapt ``math_score`` (default 1 s limit) to the reward-function signature."""
     return math_score(solution_str, ground_truth)

@@ -126,18 +126,14 @@ class ScoringPool:
         memory_limit_mib: int | None = DEFAULT_MEMORY_LIMIT_MIB,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(
-                f"num_workers must be an integer >= 0 (0 scores in this process), got {num_workers!r}"
-            )
+            raise ValueError(f"num_workers must be an integer >= 0 (0 scores in this process), got {num_workers!r}")
         check_timeout_s(timeout_s)
         self.function_spec = function_spec
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self._compute_score = load_reward_function(function_spec)
         self._workers = (
-            TimeLimitedWorkers(
-                function_spec or DEFAULT_FUNCTION_SPEC, num_workers=num_workers, memory_limit_mib=memory_limit_mib
-            )
+            TimeLimitedWorkers(function_spec or DEFAULT_FUNCTION_SPEC, num_workers=num_workers, memory_limit_mib=memory_limit_mib)
             if num_workers
             else None
         )

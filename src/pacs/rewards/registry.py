@@ -21,17 +21,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pacs.plugins import import_function
 from pacs.rewards.arithmetic import arithmetic_score
 from pacs.rewards.math import MATH_DATA_SOURCES, math_compute_score
-from pacs.plugins import import_function
 
 ComputeScore = Callable[[str, str, str, dict | None], float | dict]
 RewardCall = tuple[str, str, str, dict | None]
 
 
-def _arithmetic_compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
-) -> float:
+def _arithmetic_compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """Adapt ``arithmetic_score`` to the reward-function signature."""
     return arithmetic_score(solution_str, ground_truth)
 
@@ -48,9 +46,7 @@ def reward_function_for(data_source: str) -> ComputeScore | None:
     return REWARD_FUNCTIONS.get(data_source) or REWARD_FUNCTIONS.get(data_source.split("/", 1)[0])
 
 
-def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
-) -> float | dict:
+def default_compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float | dict:
     """Score ``solution_str`` with the reward function registered for ``data_source`` (or its kind)."""
     compute_score = reward_function_for(data_source)
     if compute_score is None:
@@ -79,9 +75,7 @@ def _checked_score(result: object, data_source: str, extra_info: dict | None) ->
             raise ValueError(f"Reward dict for {where} has no 'score' key (keys: {sorted(result)})")
         result = result["score"]
     if not isinstance(result, (numbers.Real, np.bool_)):
-        raise ValueError(
-            f"Reward for {where} must be a number in [0, 1], got {type(result).__name__} {result!r}"
-        )
+        raise ValueError(f"Reward for {where} must be a number in [0, 1], got {type(result).__name__} {result!r}")
     try:
         score = float(result)
     except OverflowError:
@@ -94,9 +88,7 @@ def _checked_score(result: object, data_source: str, extra_info: dict | None) ->
 def reward_calls(rows: list[dict], responses: list[str]) -> list[RewardCall]:
     """Pair ``responses[i]`` with ``rows[i]`` as ``(data_source, solution_str, ground_truth, extra_info)``."""
     if len(rows) != len(responses):
-        raise ValueError(
-            f"Got {len(rows)} rows but {len(responses)} responses; expected one response per row"
-        )
+        raise ValueError(f"Got {len(rows)} rows but {len(responses)} responses; expected one response per row")
     return [
         (row["data_source"], response, row["reward_model"]["ground_truth"], row.get("extra_info"))
         for row, response in zip(rows, responses)
@@ -105,6 +97,4 @@ def reward_calls(rows: list[dict], responses: list[str]) -> list[RewardCall]:
 
 def score_responses(compute_score: ComputeScore, rows: list[dict], responses: list[str]) -> list[float]:
     """Score ``responses[i]`` against ``rows[i]``; return one float in [0, 1] per response."""
-    return [
-        _checked_score(compute_score(*call), call[0], call[3]) for call in reward_calls(rows, responses)
-    ]
+    return [_checked_score(compute_score(*call), call[0], call[3]) for call in reward_calls(rows, responses)]

@@ -171,9 +171,7 @@ class TimeLimitedWorkers:
     much each worker may grow (None: no limit). Thread-safe: ``run`` calls take turns.
     """
 
-    def __init__(
-        self, function_spec: str, *, num_workers: int, memory_limit_mib: int | None = DEFAULT_MEMORY_LIMIT_MIB
-    ):
+    def __init__(self, function_spec: str, *, num_workers: int, memory_limit_mib: int | None = DEFAULT_MEMORY_LIMIT_MIB):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         if memory_limit_mib is not None and (
@@ -463,8 +461,10 @@ def _decode_answer(payload: bytes) -> list:
         message = json.loads(payload)
     except (ValueError, RecursionError):
         raise _WorkerLost from None
-    valid = isinstance(message, list) and len(message) == 2 and (
-        message[0] == "result" or (message[0] == "error" and isinstance(message[1], str))
+    valid = (
+        isinstance(message, list)
+        and len(message) == 2
+        and (message[0] == "result" or (message[0] == "error" and isinstance(message[1], str)))
     )
     if not valid:
         raise _WorkerLost

@@ -9,8 +9,9 @@ trainer recomputes log-probabilities with the policy it updates; an engine's own
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 

@@ -14,8 +14,8 @@ response ends at the first of any of them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -26,9 +26,7 @@ from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts, SamplingParams, pad_rows, rollouts_from_rows
 
 
-def end_of_sequence_ids(
-    generation_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase
-) -> tuple[int, ...]:
+def end_of_sequence_ids(generation_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     """Every token id that ends a response: the tokenizer's EOS and each id the model's
     generation config declares (`eos_token_id` may be an int or a list), in that order."""
     declared = getattr(generation_config, "eos_token_id", None)

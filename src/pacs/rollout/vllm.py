@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -97,7 +98,7 @@ def check_vllm_usable() -> None:
 
 
 def trainer_device_type() -> str:
-    """"cuda" where torch sees a GPU (where pacs trains, `pacs.train.distributed.World`), else "cpu"."""
+    """ "cuda" where torch sees a GPU (where pacs trains, `pacs.distributed.World`), else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -211,8 +212,15 @@ class VllmEngine:
         self.has_weights = not weights_pushed
         """False until the first push when the engine starts without them, and after a sleep that dropped them."""
         options, environment = launcher_settings(place)
-        options.update(engine_options(settings, on_gpu=self.on_gpu, sampler_logprobs=sampler_logprobs,
-                                      weights_pushed=weights_pushed, sleep_mode=self.sleep_mode))
+        options.update(
+            engine_options(
+                settings,
+                on_gpu=self.on_gpu,
+                sampler_logprobs=sampler_logprobs,
+                weights_pushed=weights_pushed,
+                sleep_mode=self.sleep_mode,
+            )
+        )
         current_device = torch.cuda.current_device() if self.on_gpu else None
         with _environment(environment):
             self.llm = vllm.LLM(
@@ -240,8 +248,10 @@ class VllmEngine:
         if params.return_logprobs and not self.sampler_logprobs:
             raise ValueError("this vLLM engine was built with sampler_logprobs=False: it cannot return log-probs")
         if not self.has_weights:
-            raise RuntimeError("this vLLM engine holds no weights (started without them, or dropped them asleep): "
-                               "push them with load_weights before generating")
+            raise RuntimeError(
+                "this vLLM engine holds no weights (started without them, or dropped them asleep): "
+                "push them with load_weights before generating"
+            )
         self._wake_up(None)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
@@ -300,7 +310,9 @@ class VllmEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
 
-def engine_options(settings: VllmConfig, *, on_gpu: bool, sampler_logprobs: bool, weights_pushed: bool, sleep_mode: bool) -> dict[str, Any]:
+def engine_options(
+    settings: VllmConfig, *, on_gpu: bool, sampler_logprobs: bool, weights_pushed: bool, sleep_mode: bool
+) -> dict[str, Any]:
     """vLLM's `LLM` options that `settings` and the machine decide: compiled with CUDA graphs on a
     GPU and eager on a CPU unless `enforce_eager` says; the KV cache in bytes on a CPU (the
     fraction counts the whole process there); no checkpoint read when the weights are pushed

@@ -2,7 +2,7 @@
 
 On a CPU a run is the same bits every time with the same config and seed: sampling draws from
 seeded generators, and the one kernel that added in a run-dependent order (an index with repeats
-back-propagated through parallel atomic adds) is not used (`pacs.train.batch._RowsByIndexSelect`).
+back-propagated through parallel atomic adds) is not used (`pacs.train.logprobs._RowsByIndexSelect`).
 The `pacs` command also puts Intel MKL's matrix products in its strict reproducible mode
 (`reproducible_math_environment`), whose sums do not depend on the thread count.
 

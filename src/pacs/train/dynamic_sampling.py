@@ -24,17 +24,17 @@ as verl's generation batches do.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from pacs.algos.core import mixed_groups
+from pacs.algos.groups import mixed_groups
+from pacs.distributed.collectives import sum_over_ranks
+from pacs.distributed.world import World
 from pacs.rewards.pool import BatchScores
 from pacs.rollout.base import Rollouts
-from pacs.train.distributed.collectives import sum_over_ranks
-from pacs.train.distributed.world import World
 
 
 @dataclass
@@ -76,9 +76,7 @@ def _groups_of(draws: Sequence[Draw], chosen: Sequence[tuple[int, int]], group_s
     rows = [draws[d].rows[g * group_size + k] for d, g in chosen for k in range(group_size)]
     parts = [_group_rollouts(draws[d].rollouts, g, group_size) for d, g in chosen]
     scores = [draws[d].scored.scores[g * group_size + k] for d, g in chosen for k in range(group_size)]
-    scored = BatchScores(
-        scores, timed_out=sum(d.scored.timed_out for d in draws), crashed=sum(d.scored.crashed for d in draws)
-    )
+    scored = BatchScores(scores, timed_out=sum(d.scored.timed_out for d in draws), crashed=sum(d.scored.crashed for d in draws))
     return Draw(rows, _concatenated(parts), scored)
 
 
@@ -113,5 +111,7 @@ def _concatenated(parts: Sequence[Rollouts]) -> Rollouts:
         response_mask=stacked("response_mask", response_width, left=False),
         response_texts=[text for part in parts for text in part.response_texts],
         group_size=parts[0].group_size,
-        response_logprobs=None if parts[0].response_logprobs is None else stacked("response_logprobs", response_width, left=False),
+        response_logprobs=None
+        if parts[0].response_logprobs is None
+        else stacked("response_logprobs", response_width, left=False),
     )

@@ -15,9 +15,9 @@ import math
 from pathlib import Path
 
 from pacs.config import Config
+from pacs.distributed.collectives import gather_objects
+from pacs.distributed.world import World
 from pacs.outputs import replace_file
-from pacs.train.distributed.collectives import gather_objects
-from pacs.train.distributed.world import World
 from pacs.train.trackers import Tracker, open_trackers
 
 

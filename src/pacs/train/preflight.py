@@ -18,7 +18,7 @@ function's import and vLLM's install), which must be at the same paths on every 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from pacs.config import Config, ConfigError
 from pacs.data.loading import load_rows
@@ -38,9 +38,7 @@ def check_run_inputs(config: Config) -> None:
     """Raise `ConfigError` listing every input of `config` that cannot be used."""
     rows_by_spec: dict[str, list[dict]] = {}
     critic_check = (
-        [("critic.path", lambda: check_model_reachable(config.critic.path, needs_tokenizer=False))]
-        if config.critic.path
-        else []
+        [("critic.path", lambda: check_model_reachable(config.critic.path, needs_tokenizer=False))] if config.critic.path else []
     )
     scoring_check = ("reward.function" if config.reward.function else "data", lambda: _check_scoring(config, rows_by_spec))
     tracker_check = ("train.report_to", lambda: check_tracker_packages(config.train.report_to))

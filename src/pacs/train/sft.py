@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from pacs.algos.core import masked_sum
+from pacs.algos.masks import masked_sum
 from pacs.data.prompts import encode_prompts
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.progress import progress_bar
 from pacs.rollout.base import pad_rows
-from pacs.train.batch import PolicyBatch, response_logprobs
-from pacs.train.checkpoint import save_checkpoint
+from pacs.train.batch import PolicyBatch
+from pacs.train.checkpointing.state import save_checkpoint
+from pacs.train.logprobs import response_logprobs
 
 
 def supervised_warm_start(
@@ -45,10 +46,7 @@ def supervised_warm_start(
     tokenizer = load_tokenizer(model_path)
     model = load_causal_lm(model_path, dtype="float32")
     prompts = encode_prompts(tokenizer, rows, max_prompt_length=None)
-    answers = [
-        tokenizer(reference_answer(row), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        for row in rows
-    ]
+    answers = [tokenizer(reference_answer(row), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for row in rows]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     order_rng = random.Random(seed)
     model.train()

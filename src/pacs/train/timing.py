@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 

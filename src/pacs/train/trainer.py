@@ -6,7 +6,7 @@ whose first update takes them from its own forward pass; `train.old_logprobs_fro
 -> the algorithm's step terms -> `train.epochs` passes of optimizer
 updates over mini-batches of `train.mini_batch_size` prompts -> log, validate, checkpoint.
 Launched by torchrun or `accelerate launch`, each process takes its share of every mini-batch
-(a prompt's whole group stays on one rank) and `pacs.train.distributed` says who does
+(a prompt's whole group stays on one rank) and `pacs.distributed` says who does
 what; one process is the trivial case.
 """
 
@@ -15,37 +15,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Iterator, NamedTuple
+from typing import IO
 
-import numpy as np
 import torch
 from rich.console import Console
-from transformers import PreTrainedTokenizerBase
 
-from pacs.algos.core import mixed_group_fraction
 from pacs.algos.base import Algorithm
+from pacs.algos.groups import mixed_group_fraction
 from pacs.algos.pacs import LOSS_NOTE as PACS_LOSS_NOTE
 from pacs.config import Config, ConfigError
-from pacs.data.loading import load_rows
-from pacs.data.prompts import EncodedPrompts, encode_prompts
-from pacs.eval.evaluate import EvalResult, evaluate
-from pacs.models.loading import DTYPES, enable_activation_checkpointing, load_causal_lm, load_tokenizer, load_value_model
-from pacs.models.lora import ADAPTER_DIR, SavedAdapter, add_lora, language_model, read_adapter, require_peft
-from pacs.models.precision import Precision
-from pacs.progress import progress_bar
-from pacs.rewards import ScoringPool
-from pacs.rewards.pool import BatchScores, ScoringWatch
-from pacs.rollout.base import GenerationGroup, RolloutEngine, Rollouts, SamplingParams, rank_seed
-from pacs.train.async_rollouts import RolloutPipeline, in_flight_to_resume, start_pipeline
-from pacs.train.batch import PolicyBatch, fill_rollout_logprobs, response_logprobs_no_grad, response_values_no_grad
-from pacs.train.checkpoint import CRITIC_DIR, REFERENCE_DIR, restore_training_state, write_checkpoint
-from pacs.train.checkpoint_dirs import FINAL, link_checkpoint, remove_older_checkpoints
-from pacs.train.determinism import use_deterministic_kernels
-from pacs.train.distributed.collectives import (
+from pacs.data.prompts import EncodedPrompts
+from pacs.distributed.collectives import (
     barrier,
     gather_objects,
     gather_objects_on_rank0,
@@ -55,15 +39,55 @@ from pacs.train.distributed.collectives import (
     slowest_timings,
     sum_over_ranks,
 )
-from pacs.train.distributed.generation import unsharded_for_generation
-from pacs.train.distributed.state_dict import parameters_by_name
-from pacs.train.distributed.world import World
-from pacs.train.distributed.wrapping import load_on_rank0, unwrap, wrap_frozen_model, wrap_model
-from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
-from pacs.train.metrics import MetricsLogger
-from pacs.train.preflight import check_node_inputs
-from pacs.train.resume import RunStart, claim_for_node_record, launch, open_run, record_checkpoint, records_checkpoints
-from pacs.train.rollout_engine import (
+from pacs.distributed.generation import unsharded_for_generation
+from pacs.distributed.state_dict import parameters_by_name
+from pacs.distributed.world import World
+from pacs.distributed.wrapping import (
+    unwrap,
+)
+from pacs.eval.evaluate import EvalResult, evaluate
+from pacs.models.loading import (
+    DTYPES,
+)
+from pacs.models.lora import (
+    language_model,
+    require_peft,
+)
+from pacs.models.precision import Precision
+from pacs.progress import progress_bar
+from pacs.rewards import ScoringPool
+from pacs.rewards.pool import BatchScores, ScoringWatch
+from pacs.rollout.base import (
+    GenerationGroup,
+    RolloutEngine,
+    Rollouts,
+    SamplingParams,
+    rank_seed,
+)
+from pacs.train.async_generator import (
+    RolloutPipeline,
+    in_flight_to_resume,
+    start_pipeline,
+)
+from pacs.train.batch import PolicyBatch
+from pacs.train.checkpointing.folders import (
+    FINAL,
+    link_checkpoint,
+    remove_older_checkpoints,
+)
+from pacs.train.checkpointing.resume import (
+    RunStart,
+    claim_for_node_record,
+    launch,
+    open_run,
+    record_checkpoint,
+    records_checkpoints,
+)
+from pacs.train.checkpointing.state import (
+    restore_training_state,
+    write_checkpoint,
+)
+from pacs.train.colocated_engine import (
     build_engine,
     generation_group,
     policy_weights,
@@ -71,14 +95,38 @@ from pacs.train.rollout_engine import (
     sampler_correction,
     sampler_mismatch,
 )
+from pacs.train.determinism import use_deterministic_kernels
+from pacs.train.dynamic_sampling import Draw, sample_mixed_groups
+from pacs.train.loading import (
+    NODE_INPUTS_HOW_TO_FIX,
+    Critic,
+    Policy,
+    load_critic,
+    load_policy,
+    load_reference,
+    load_train_and_val_prompts,
+    seed_everything,
+)
+from pacs.train.logprobs import (
+    fill_rollout_logprobs,
+    response_logprobs_no_grad,
+    response_values_no_grad,
+)
+from pacs.train.metrics import MetricsLogger
+from pacs.train.preflight import check_node_inputs
 from pacs.train.sampler import PromptSampler
-from pacs.train.timing import PhaseTimes, flop_parameters, flops_utilisation, model_flops, timed
-from pacs.train.update import UpdateSettings, scheduled_learning_rate, set_learning_rate, update_critic, update_policy
-
-NODE_INPUTS_HOW_TO_FIX = (
-    "Every node runs the same command and reads model.path, the data files and the reward function from its own "
-    "disk, at the same paths (a relative path from its own working directory): put what a node lacks there. "
-    "Only rank 0 needs the output_dir and its checkpoints."
+from pacs.train.timing import (
+    PhaseTimes,
+    flops_utilisation,
+    model_flops,
+    timed,
+)
+from pacs.train.update import (
+    UpdateSettings,
+    scheduled_learning_rate,
+    set_learning_rate,
+    update_critic,
+    update_policy,
 )
 
 
@@ -92,23 +140,6 @@ class TrainResult:
     """False on every rank but 0 of a multi-process run (which reports the same global metrics)."""
     finished_before: bool = False
     """The run had already done its `train.steps`: nothing was trained or written."""
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_prompts(specs: str | list[str], tokenizer, max_prompt_length: int, default_split: str) -> EncodedPrompts:
-    """Rows of every spec, tokenized through the chat template; over-long prompts counted."""
-    rows = [row for spec in ([specs] if isinstance(specs, str) else specs) for row in load_rows(spec, default_split=default_split)]
-    prompts = encode_prompts(tokenizer, rows, max_prompt_length)
-    if not prompts.rows:
-        raise ConfigError(
-            f"every one of the {len(rows)} prompts in {specs} is longer than data.max_prompt_length={max_prompt_length}"
-        )
-    return prompts
 
 
 def rollout_metrics(
@@ -125,16 +156,6 @@ def rollout_metrics(
         "response_length/mean": float(response_lengths.mean()),
         "response_length/max": float(response_lengths.max()),
         "actor/entropy": float(entropy_sums.sum() / response_lengths.sum().clamp(min=1)),
-    }
-
-
-def parameter_counts(model: torch.nn.Module) -> dict[str, float]:
-    """`model/trainable_parameters` (those the optimizer updates) and `model/total_parameters`
-    (tied weights counted once)."""
-    parameters = list(model.parameters())
-    return {
-        "model/trainable_parameters": float(sum(p.numel() for p in parameters if p.requires_grad)),
-        "model/total_parameters": float(sum(p.numel() for p in parameters)),
     }
 
 
@@ -172,7 +193,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
 
 def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
     """What every rank checks before anything loads (the batch split, the generation groups, peft
-    for LoRA, each node's own inputs), then where the run starts: rank 0's decision (`pacs.train.resume.open_run`),
+    for LoRA, each node's own inputs), then where the run starts: rank 0's decision (`pacs.train.checkpointing.resume.open_run`),
     told on its console and sent to every rank, with rank 0's run lock (None elsewhere). Each
     other node's first process claims its own output_dir for its record of the checkpoints."""
     world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
@@ -207,32 +228,6 @@ def finished_result(config: Config, world: World, start: RunStart) -> TrainResul
     return TrainResult(Path(config.output_dir), start.checkpoint, last, 0, is_writer=world.is_writer, finished_before=True)
 
 
-@dataclass
-class Policy:
-    """The trained model (wrapped for the strategy) and what goes with it."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    tokenizer: PreTrainedTokenizerBase
-    sizes: dict[str, float]
-    """`parameter_counts` of the unwrapped model, logged at a run's first step."""
-    flop_parameters: float
-    """N of `perf/mfu`'s 6ND rule (`pacs.train.timing.flop_parameters`)."""
-
-
-class Critic(NamedTuple):
-    """PPO's value model (wrapped for the strategy) and its optimizer."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    flop_parameters: float
-    """N of `perf/mfu`'s 6ND rule (`pacs.train.timing.flop_parameters`)."""
-
-    def trained(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """The model and its optimizer, as checkpoints save and restore them."""
-        return self.model, self.optimizer
-
-
 @dataclass(kw_only=True)
 class Trainer:
     """What a run builds once (`setup`), and the step that uses it (`step`, `run`)."""
@@ -251,7 +246,7 @@ class Trainer:
     """What this process generates with: the rollouts (synchronous runs) and validation."""
     pipeline: RolloutPipeline | None
     """With rollout.max_staleness >= 1, this process's generator process and its schedule
-    (`pacs.train.async_rollouts`), which samples the training batches; None otherwise."""
+    (`pacs.train.async_generator`), which samples the training batches; None otherwise."""
     generation_group: GenerationGroup
     """The ranks that generate together with this one (vLLM's tensor parallelism; alone otherwise)."""
     scorer: ScoringPool
@@ -497,7 +492,11 @@ class Trainer:
         with times.phase("score"):
             scored = self.scorer.score(rows, generated.rollouts.response_texts)
         staleness = float(step - 1 - generated.version)
-        metrics = {"rollout/staleness_mean": staleness, "rollout/staleness_max": staleness, "rollout/generator_s": generated.generate_s}
+        metrics = {
+            "rollout/staleness_mean": staleness,
+            "rollout/staleness_max": staleness,
+            "rollout/generator_s": generated.generate_s,
+        }
         return Draw(rows, generated.rollouts, scored), metrics
 
     def begin_generation(self) -> None:
@@ -534,7 +533,9 @@ class Trainer:
         takes its share (`World.shard_prompts`), in the group's order."""
         config = self.config
         prompts = self.sampler.next_batch(config.train.batch_size)
-        return [self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in self.generation_group.ranks]
+        return [
+            self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in self.generation_group.ranks
+        ]
 
     def rollout(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
@@ -559,7 +560,7 @@ class Trainer:
     def sync_engine_weights(self) -> None:
         """Push the policy's weights into an engine that holds its own copy (vLLM) if they
         changed since it last got them or it dropped them asleep
-        (`pacs.train.rollout_engine.policy_weights`)."""
+        (`pacs.train.colocated_engine.policy_weights`)."""
         if not self.engine_has_policy_weights or not self.engine.has_weights:
             self.engine.load_weights(self.engine_weights())
             self.engine_has_policy_weights = True
@@ -609,7 +610,9 @@ class Trainer:
         step_inputs = batch.tensors()
         if not old_logprobs_known:
             del step_inputs["old_logprobs"]
-        batch.row_terms.update(self.algorithm.prepare_step(step_inputs, sum_over_ranks=functools.partial(sum_over_ranks, self.world)))
+        batch.row_terms.update(
+            self.algorithm.prepare_step(step_inputs, sum_over_ranks=functools.partial(sum_over_ranks, self.world))
+        )
 
     def update(self, batch: PolicyBatch, updates_policy: bool, first_update_rows: int, times: PhaseTimes) -> dict[str, float]:
         """The critic's updates (PPO; the phase "update_critic"), then the policy's ("update_actor";
@@ -698,9 +701,7 @@ class Trainer:
             )
         shares = gather_objects(world, share.without_records() if group.is_leader else None)
         result = EvalResult.merge([share for share in shares if share is not None])
-        metrics = {
-            f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()
-        }
+        metrics = {f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()}
         return {**metrics, "val/reward_timeouts": float(result.timed_out)}
 
     def save_step(self, step: int, tracker_runs: dict[str, str]) -> None:
@@ -747,112 +748,9 @@ class Trainer:
 
     def record(self, name: str, step: int) -> None:
         """On each other node's first process, its record that rank 0 put `name` in place
-        (`pacs.train.resume.record_checkpoint`)."""
+        (`pacs.train.checkpointing.resume.record_checkpoint`)."""
         if records_checkpoints(self.world):
             record_checkpoint(Path(self.config.output_dir), name, step, self.writer_host)
-
-
-# ----- what `Trainer.setup` builds ---------------------------------------------------------------
-
-
-
-
-def load_policy(config: Config, world: World, resume_from: Path | None, console: Console) -> Policy:
-    """The policy, wrapped for the strategy, with its optimizer over the trainable parameters.
-    Its tokenizer comes from `model.path` on every node (a checkpoint may be on rank 0's disk
-    alone). The full model (from the checkpoint, or `model.path`) is read by rank 0 alone and
-    sent to every rank (`load_on_rank0`); with LoRA every rank loads the base from `model.path`
-    in the run's dtype (peft wraps a whole model) and rank 0 alone reads the checkpoint's adapter,
-    which every rank receives."""
-    lora, precision = config.model.lora_rank > 0, Precision(config.model.dtype)
-    tokenizer = run_on_every_rank(
-        world, lambda: load_tokenizer(config.model.path), how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True
-    )
-    adapter = None
-    if lora:
-        load_base = functools.partial(load_causal_lm, config.model.path, dtype=precision.frozen)
-        model = run_on_every_rank(world, load_base, how_to_fix=NODE_INPUTS_HOW_TO_FIX, node_leader_first=True)
-        rank0_weights = None
-        if resume_from:
-            adapter = run_on_rank0(world, lambda: read_adapter(resume_from / ADAPTER_DIR))
-    else:
-        load_full = functools.partial(load_causal_lm, str(resume_from or config.model.path), dtype=precision.weights)
-        model, rank0_weights = load_on_rank0(world, load_full)
-    model = with_training_options(model, config, lora=lora, adapter=adapter)
-    sizes, multiplying = parameter_counts(model), flop_parameters(model)
-    console.print(
-        f"model: {sizes['model/trainable_parameters']:,.0f} of {sizes['model/total_parameters']:,.0f} parameters trained"
-        + (f" (LoRA rank {config.model.lora_rank})" if lora else "")
-    )
-    model = wrap_model(world, model, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.train.lr, weight_decay=config.train.weight_decay
-    )
-    return Policy(model, optimizer, tokenizer, sizes, multiplying)
-
-
-def with_training_options(
-    model: torch.nn.Module, config: Config, *, lora: bool, adapter: SavedAdapter | None = None
-) -> torch.nn.Module:
-    """`model` as the run trains it: activation checkpointing with `train.gradient_checkpointing`,
-    and with `lora` the `model.lora_*` adapters (new, or the saved `adapter`). New adapters are
-    drawn from `seed` alone, leaving torch's random state as it was: the same on every rank
-    whatever loading drew on each (FSDP keeps each rank's shard of its own draw, no broadcast)."""
-    if config.train.gradient_checkpointing:
-        enable_activation_checkpointing(model)
-    if not lora:
-        return model
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        return add_lora(
-            model,
-            rank=config.model.lora_rank,
-            alpha=config.model.lora_alpha,
-            dropout=config.model.lora_dropout,
-            target_modules=config.model.lora_target_modules,
-            adapter=adapter,
-        )
-
-
-def load_critic(config: Config, world: World, resume_from: Path | None) -> Critic:
-    """PPO's critic (from the checkpoint's `critic/`, `critic.path` or `model.path`), wrapped like
-    the policy, and its optimizer."""
-    source = str(resume_from / CRITIC_DIR) if resume_from else config.critic.path or config.model.path
-    precision = Precision(config.model.dtype)
-    critic, rank0_weights = load_on_rank0(world, functools.partial(load_value_model, source, dtype=precision.weights))
-    critic = with_training_options(critic, config, lora=False)
-    multiplying = flop_parameters(critic)
-    critic = wrap_model(world, critic, compute_dtype=precision.bf16_compute, rank0_weights=rank0_weights)
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=config.critic.lr, weight_decay=config.train.weight_decay)
-    return Critic(critic, optimizer, multiplying)
-
-
-def load_reference(config: Config, world: World, resume_from: Path | None) -> torch.nn.Module:
-    """The frozen reference policy (the KL penalty's, PACS's with a fixed reference), from
-    `model.path` (in bfloat16 under mixed precision: it is never trained), sharded under FSDP like
-    the policy; a run whose reference is reset (`train.reference_reset_every`) resumes it from the
-    checkpoint's `reference/`."""
-    moves = config.train.reference_reset_every > 0
-    source = str(resume_from / REFERENCE_DIR) if resume_from and moves else config.model.path
-    load = functools.partial(load_causal_lm, source, dtype=Precision(config.model.dtype).frozen)
-    reference, rank0_weights = load_on_rank0(world, load)
-    return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
-
-
-def load_train_and_val_prompts(config: Config, tokenizer, console: Console) -> tuple[EncodedPrompts, EncodedPrompts | None]:
-    """`data.train` and `data.val` (if set) through the chat template; says how many prompts were
-    too long and left out."""
-    train_prompts = load_prompts(config.data.train, tokenizer, config.data.max_prompt_length, "train")
-    val_prompts = (
-        load_prompts(config.data.val, tokenizer, config.data.max_prompt_length, "val") if config.data.val else None
-    )
-    for name, prompts in (("train", train_prompts), ("val", val_prompts)):
-        if prompts is not None and prompts.num_filtered:
-            console.print(
-                f"[yellow]data.{name}: {prompts.num_filtered} of {prompts.num_filtered + len(prompts.rows)} prompts "
-                f"are longer than data.max_prompt_length={config.data.max_prompt_length} tokens and were left out"
-            )
-    return train_prompts, val_prompts
 
 
 def restore_progress(

@@ -8,7 +8,7 @@ that back-propagates: one forward per update instead of two. A mini-batch whose 
 gradient norm is not finite is skipped (no optimizer step) and counted. The same loop updates
 PPO's critic.
 
-With several processes each rank holds its share of every mini-batch (`pacs.train.distributed`):
+With several processes each rank holds its share of every mini-batch (`pacs.distributed`):
 the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
 by `World.loss_scale` so that the synchronised gradient is the sum over ranks, and only the last
 micro-batch of an update synchronises gradients.
@@ -16,20 +16,26 @@ micro-batch of an update synchronises gradients.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from pacs.algos.base import Algorithm, MiniBatchTotals
 from pacs.algos.ppo import PPO
-from pacs.train.batch import PolicyBatch, response_logprobs, response_logprobs_no_grad, response_values
-from pacs.train.distributed.collectives import mean_over_ranks, sum_over_ranks
-from pacs.train.distributed.world import World
-from pacs.train.distributed.wrapping import gradient_sync
+from pacs.distributed.collectives import mean_over_ranks, sum_over_ranks
+from pacs.distributed.world import World
+from pacs.distributed.wrapping import gradient_sync
+from pacs.train.batch import PolicyBatch
+from pacs.train.logprobs import (
+    response_logprobs,
+    response_logprobs_no_grad,
+    response_values,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class UpdateSettings:
     epochs: int
     grad_clip: float
     temperature: float = 1.0
-    autocast: Callable[[], ContextManager] = nullcontext
+    autocast: Callable[[], contextlib.AbstractContextManager] = nullcontext
     """The context every forward pass runs in (bf16 autocast under mixed precision)."""
 
 
@@ -292,7 +298,4 @@ def update_critic(
 
     rows_per_update = settings.mini_batch_size * algorithm.group_size
     metrics = run_updates(critic, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)
-    return {
-        key if key.startswith("critic/") else f"critic/{key}": value
-        for key, value in metrics.items()
-    }
+    return {key if key.startswith("critic/") else f"critic/{key}": value for key, value in metrics.items()}

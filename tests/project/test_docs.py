@@ -1,0 +1,71 @@
+"""The documentation: the site builds with warnings as errors, the configuration reference is what
+the `Config` classes say, and the README stays a few screens.
+
+(The pages' examples run in tests/project/test_readme.py.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+GENERATOR = REPOSITORY / "tools" / "config_reference.py"
+
+
+def config_reference():
+    """tools/config_reference.py as a module (registered, as its dataclasses need)."""
+    if "config_reference" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("config_reference", GENERATOR)
+        sys.modules["config_reference"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["config_reference"])
+    return sys.modules["config_reference"]
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, (
+        f"mkdocs build --strict failed (the docs extra installs mkdocs: pip install -e '.[docs]'):\n"
+        f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    )
+    assert (tmp_path / "site" / "reference" / "configuration" / "index.html").is_file()
+    assert (tmp_path / "site" / "contributing" / "index.html").is_file()
+
+
+def test_the_configuration_reference_is_the_generators_output():
+    page = REPOSITORY / "docs" / "reference" / "configuration.md"
+    assert page.read_text() == config_reference().reference(), (
+        f"{page} differs from what the Config classes say: run `python tools/config_reference.py --write`"
+    )
+
+
+def test_the_configuration_reference_lists_every_key_of_the_default_config():
+    from pacs.config import Config
+
+    def leaves(values: dict, prefix: str = "") -> list[str]:
+        keys = []
+        for name, value in values.items():
+            keys += leaves(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"]
+        return keys
+
+    page = config_reference().reference()
+    assert [key for key in leaves(Config().model_dump()) if f"| `{key}` |" not in page] == []
+
+
+def test_every_config_key_has_a_description():
+    from pacs.config import Config
+
+    generator = config_reference()
+    rows = [row for section in generator.sections(Config, prefix="") for row in section.rows]
+    assert [row.key for row in rows if not row.description] == [], "config keys need a docstring where they are declared"
+
+
+def test_the_readme_is_a_few_screens():
+    assert len((REPOSITORY / "README.md").read_text().splitlines()) <= 300

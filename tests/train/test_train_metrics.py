@@ -1,0 +1,43 @@
+"""Per-step metrics: strict JSON in metrics.jsonl, rollout statistics over tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pacs.train.metrics import MetricsLogger, read_metrics
+from pacs.train.trainer import rollout_metrics
+
+
+def test_undefined_metrics_are_written_as_null_in_strict_json(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    logger.log(1, {"critic/explained_variance": float("nan"), "grad_norm": float("inf"), "loss": 0.5})
+    logger.close()
+    line = (tmp_path / "metrics.jsonl").read_text().strip()
+    strict = json.loads(line, parse_constant=lambda token: (_ for _ in ()).throw(ValueError(token)))
+    assert strict == {"step": 1, "critic/explained_variance": None, "grad_norm": None, "loss": 0.5}
+    assert read_metrics(tmp_path) == [strict]
+
+
+def test_entropy_is_the_mean_over_response_tokens_not_over_responses():
+    lengths = torch.tensor([4.0, 1.0])
+    entropy_sums = torch.tensor([4.0, 6.0])  # per-token entropies 1, 1, 1, 1 and 6
+    metrics = rollout_metrics(torch.tensor([1.0, 0.0]), lengths, entropy_sums, group_size=2)
+    assert metrics["actor/entropy"] == 2.0  # (4 * 1 + 6) / 5 tokens; per-response means give 3.5
+
+
+def test_resume_drops_later_steps_and_a_last_line_cut_short_by_a_kill(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "loss": 0.3}\n{"step": 4, "lo'
+    )
+    logger = MetricsLogger(tmp_path, resume_step=2)
+    logger.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_resume_refuses_an_unreadable_line_before_the_last(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\nnot json\n{"step": 3, "loss": 0.3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON object"):
+        MetricsLogger(tmp_path, resume_step=2)
