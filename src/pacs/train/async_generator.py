@@ -41,7 +41,7 @@ import time
 import traceback
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -329,25 +329,57 @@ class RolloutPipeline:
     batches are asked for (`requested`, in order), which came back and wait to be trained
     (`ready`), and what a checkpoint keeps of them (`state`, `restore`)."""
 
-    def __init__(self, generator: AsyncGenerator, *, max_staleness: int, params: SamplingParams, seed: int, rank: int):
+    def __init__(
+        self,
+        generator: AsyncGenerator,
+        *,
+        max_staleness: int,
+        last_step: int,
+        params: SamplingParams,
+        seed: int,
+        rank: int,
+        next_prompts: Callable[[], list[int]],
+        token_ids: Callable[[list[int]], list[list[int]]],
+    ):
         self.generator = generator
         self.max_staleness = max_staleness
+        self.last_step = last_step
         self.params = params
         self.seed = seed
         self.rank = rank
+        self.next_prompts = next_prompts
+        """This rank's share of the next `train.batch_size` prompts (indices), as the sampler draws them."""
+        self.token_ids = token_ids
+        """The token ids of prompts given by index."""
         self.requested: OrderedDict[int, Request] = OrderedDict()
         self.ready: dict[int, GeneratedBatch] = {}
         self.resent: list[Request] = []
         """The requests a checkpoint kept (`restore`), to send again once the generator has the weights."""
 
-    def push(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The policy's weights after `version` updates, for every batch asked for from now on."""
-        self.generator.push(version, weights)
+    def begin(self, start_step: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Give the generator the weights the run starts from (after `start_step` updates) and ask
+        for the first batches: those whose prompts a checkpoint kept, then new ones up to
+        `max_staleness` + 1 steps ahead."""
+        self.generator.push(start_step, weights)
+        for request in self.resent:
+            self.request(request.step, request.prompt_indices)
+        ahead = min(start_step + 1 + self.max_staleness, self.last_step)
+        for step in range(start_step + 1, ahead + 1):
+            if step not in self.ready and step not in self.requested:
+                self.request(step, self.next_prompts())
 
-    def request(self, step: int, prompt_indices: list[int], prompts: list[list[int]]) -> None:
-        """Ask for the batch of `step`: `prompts` (the token ids of `prompt_indices`), `params.n` each."""
+    def advance(self, step: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """After the update of `step`: its weights to the generator, and the batch they sample,
+        `max_staleness` + 1 steps ahead, asked for."""
+        self.generator.push(step, weights)
+        ahead = step + 1 + self.max_staleness
+        if ahead <= self.last_step:
+            self.request(ahead, self.next_prompts())
+
+    def request(self, step: int, prompt_indices: list[int]) -> None:
+        """Ask for the batch of `step`: the prompts at `prompt_indices`, `params.n` responses each."""
         self.requested[step] = Request(step, version_of(step, self.max_staleness), prompt_indices)
-        self.generator.request(step, prompts, self.params, batch_seed(self.seed, step, self.rank))
+        self.generator.request(step, self.token_ids(prompt_indices), self.params, batch_seed(self.seed, step, self.rank))
 
     def take(self, step: int) -> GeneratedBatch:
         """The batch of `step`, waiting for the generator if it is not back yet."""
@@ -395,9 +427,16 @@ class RolloutPipeline:
         self.generator.close()
 
 
-def start_pipeline(config: Config, world: World, in_flight: dict[str, Any] | None) -> RolloutPipeline:
+def start_pipeline(
+    config: Config,
+    world: World,
+    in_flight: dict[str, Any] | None,
+    next_prompts: Callable[[], list[int]],
+    token_ids: Callable[[list[int]], list[list[int]]],
+) -> RolloutPipeline:
     """This process's generator, started with `config`'s engine on this process's device, with
-    the batches in flight that a resumed checkpoint kept (`RolloutPipeline.state`). On a CPU the
+    the batches in flight that a resumed checkpoint kept (`RolloutPipeline.state`); the pipeline
+    draws its prompts with `next_prompts` and reads their tokens with `token_ids`. On a CPU the
     process's threads are split between training and generation (at least one each), so the two
     halves of a step run on their own cores rather than taking turns on the same ones."""
     threads = 1
@@ -425,7 +464,16 @@ def start_pipeline(config: Config, world: World, in_flight: dict[str, Any] | Non
         return_logprobs=True,
     )
     generator = AsyncGenerator(spec, timeout_s=config.train.distributed_timeout_s)
-    pipeline = RolloutPipeline(generator, max_staleness=rollout.max_staleness, params=params, seed=config.seed, rank=world.rank)
+    pipeline = RolloutPipeline(
+        generator,
+        max_staleness=rollout.max_staleness,
+        last_step=config.train.steps,
+        params=params,
+        seed=config.seed,
+        rank=world.rank,
+        next_prompts=next_prompts,
+        token_ids=token_ids,
+    )
     if in_flight is not None:
         pipeline.restore(in_flight)
     return pipeline

@@ -292,7 +292,15 @@ class Trainer:
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
         engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
-        pipeline = start_pipeline(config, world, in_flight) if config.rollout.max_staleness else None
+        pipeline = None
+        if config.rollout.max_staleness:
+            pipeline = start_pipeline(
+                config,
+                world,
+                in_flight,
+                next_prompts=lambda: next_prompt_shares(config, world, sampler, [world.rank])[0],
+                token_ids=lambda indices: [train_prompts.token_ids[i] for i in indices],
+            )
         scorer = ScoringPool(
             config.reward.function,
             num_workers=config.reward.num_workers,
@@ -358,7 +366,7 @@ class Trainer:
                 disable=not (show_progress and world.is_writer),
             )
             if self.pipeline is not None:
-                self.begin_generation()
+                self.pipeline.begin(self.start_step, self.engine_weights())
             for step in steps:
                 metrics = {**self.step(step, logger), **checkpoint_time}
                 if self.validates_at(step):
@@ -399,7 +407,7 @@ class Trainer:
         resets_reference = self.reset_reference(step)
         with times.phase("weight_sync"):
             self.sync_engine_weights()
-        sample, sampling_metrics = self.sample(step, times)
+        sample, sampling_metrics = self.scored_rollouts(step, times)
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
@@ -414,7 +422,8 @@ class Trainer:
         lr = set_learning_rate(self.policy.optimizer, scheduled_learning_rate(train.lr, train.lr_schedule, step, train.steps))
         metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows, times)}
         if self.pipeline is not None:
-            self.continue_generation(step, times)
+            with times.phase("weight_sync"):
+                self.pipeline.advance(step, self.engine_weights())
         if self.config.train.reference_reset_every:
             metrics["reference/reset"] = float(resets_reference)
         metrics.update(self.sampler_metrics(batch))
@@ -459,30 +468,30 @@ class Trainer:
         total = float(sum_over_ranks(self.world, flops.sum()))
         return {"perf/mfu": flops_utilisation(total, step_s, peak, self.world.world_size)}
 
-    def sample(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
+    def scored_rollouts(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
         """The step's rollouts on this rank, scored: from the generator process with
-        `rollout.max_staleness` (`take_generated`), else one `draw`, or with `rollout.dynamic_sampling`
+        `rollout.max_staleness` (`take_async_batch`), else one `generate_and_score`, or with `rollout.dynamic_sampling`
         as many as it takes to fill the step with groups of mixed rewards
         (`pacs.train.dynamic_sampling`), and its metrics."""
         if self.pipeline is not None:
-            return self.take_generated(step, times)
+            return self.take_async_batch(step, times)
         rollout = self.config.rollout
-        draw = functools.partial(self.draw, times)
+        draw = functools.partial(self.generate_and_score, times)
         if not rollout.dynamic_sampling:
             return draw(), {}
         groups = self.config.train.batch_size // self.world.world_size
         return sample_mixed_groups(draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds)
 
-    def draw(self, times: PhaseTimes) -> Draw:
-        """This rank's share of `train.batch_size` fresh prompts, sampled (`rollout`) and scored,
+    def generate_and_score(self, times: PhaseTimes) -> Draw:
+        """This rank's share of `train.batch_size` fresh prompts, sampled (`generate`) and scored,
         timed as the phases "generate" and "score"."""
         with times.phase("generate"):
-            rows, rollouts = self.rollout()
+            rows, rollouts = self.generate()
         with times.phase("score"):
             scored = self.scorer.score(rows, rollouts.response_texts)
         return Draw(rows, rollouts, scored)
 
-    def take_generated(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
+    def take_async_batch(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
         """The batch the generator process sampled for `step` (the phase "wait_rollout": how long
         the trainer waited for it), scored ("score"); its staleness (the same on every rank: the
         schedule is global) and the seconds the generator spent on it, beside the step."""
@@ -499,50 +508,17 @@ class Trainer:
         }
         return Draw(rows, generated.rollouts, scored), metrics
 
-    def begin_generation(self) -> None:
-        """Give the generator the weights the run starts from and ask for the first batches: those
-        whose prompts a checkpoint kept, then new ones up to `rollout.max_staleness` + 1 steps ahead."""
-        pipeline = self.pipeline
-        pipeline.push(self.start_step, self.engine_weights())
-        for request in pipeline.resent:
-            pipeline.request(request.step, request.prompt_indices, self.prompt_token_ids(request.prompt_indices))
-        ahead = min(self.start_step + 1 + self.config.rollout.max_staleness, self.config.train.steps)
-        for step in range(self.start_step + 1, ahead + 1):
-            if step not in pipeline.ready and step not in pipeline.requested:
-                self.request_batch(step)
-
-    def continue_generation(self, step: int, times: PhaseTimes) -> None:
-        """After the update of `step`: its weights to the generator ("weight_sync"), and the batch
-        they sample, `rollout.max_staleness` + 1 steps ahead, asked for."""
-        with times.phase("weight_sync"):
-            self.pipeline.push(step, self.engine_weights())
-        ahead = step + 1 + self.config.rollout.max_staleness
-        if ahead <= self.config.train.steps:
-            self.request_batch(ahead)
-
-    def request_batch(self, step: int) -> None:
-        """Ask the generator for this rank's share of the next prompts, as the batch of `step`."""
-        (indices,) = self.draw_prompts()
-        self.pipeline.request(step, indices, self.prompt_token_ids(indices))
-
-    def prompt_token_ids(self, indices: list[int]) -> list[list[int]]:
-        return [self.train_prompts.token_ids[i] for i in indices]
-
-    def draw_prompts(self) -> list[list[int]]:
+    def next_prompt_shares(self) -> list[list[int]]:
         """The next `train.batch_size` prompts' indices, as each rank of this generation group
-        takes its share (`World.shard_prompts`), in the group's order."""
-        config = self.config
-        prompts = self.sampler.next_batch(config.train.batch_size)
-        return [
-            self.world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in self.generation_group.ranks
-        ]
+        takes its share (`next_prompt_shares`), in the group's order."""
+        return next_prompt_shares(self.config, self.world, self.sampler, self.generation_group.ranks)
 
-    def rollout(self) -> tuple[list[dict], Rollouts]:
+    def generate(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
         their sampled responses. The engine generates for its generation group's prompts (this
         rank's alone without tensor parallelism), then sleeps (`RolloutEngine.sleep`)."""
         config, group = self.config, self.generation_group
-        shares = self.draw_prompts()
+        shares = self.next_prompt_shares()
         indices = shares[group.member]
         params = SamplingParams(
             n=config.rollout.n,
@@ -751,6 +727,13 @@ class Trainer:
         (`pacs.train.checkpointing.resume.record_checkpoint`)."""
         if records_checkpoints(self.world):
             record_checkpoint(Path(self.config.output_dir), name, step, self.writer_host)
+
+
+def next_prompt_shares(config: Config, world: World, sampler: PromptSampler, ranks: list[int]) -> list[list[int]]:
+    """The next `train.batch_size` prompts' indices drawn by `sampler` (the same on every rank),
+    cut into each of `ranks`' shares (`World.shard_prompts`), in the order of `ranks`."""
+    prompts = sampler.next_batch(config.train.batch_size)
+    return [world.shard_prompts(prompts, config.train.mini_batch_size, rank=rank) for rank in ranks]
 
 
 def restore_progress(
