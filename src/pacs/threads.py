@@ -3,8 +3,8 @@ command, before torch is imported (its OpenMP runtime reads both from the enviro
 
 torch's default is one thread per core, each spinning for a while (libgomp: 300,000 rounds) when
 it waits for the others. On a machine where another process keeps a core busy, a spinning thread
-takes CPU time from the thread it waits for, and a step can take many times as long (the demo's
-training step: 20 s instead of 2.6 beside another heavy process). So, unless the user chose
+takes CPU time from the thread it waits for, and a step can take many times as long
+(`benchmarks/threads.py`; its figures are in docs/results.md). So, unless the user chose
 (`OMP_NUM_THREADS`, `OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`):
 
 - threads wait passively (`OMP_WAIT_POLICY=PASSIVE`): they sleep at once instead of spinning;
@@ -12,8 +12,8 @@ training step: 20 s instead of 2.6 beside another heavy process). So, unless the
   `SAMPLE_S`), at least one and at most the cores this process may run on.
 
 The trade, measured by `benchmarks/threads.py` (docs/results.md): the spinning wait is what
-collapses (steps 5 to 25 times as long beside other busy processes), and a passive wait alone
-removes most of that; on an otherwise idle machine it costs a little. The thread count is the smaller
+collapses beside other busy processes, and a passive wait alone removes most of that; on an
+otherwise idle machine it costs a little. The thread count is the smaller
 choice: beside one busy process one thread per idle core is fastest, while on a machine crowded
 by many processes more threads would take a larger share of the CPU from the others, which pacs
 leaves to the user (`OMP_NUM_THREADS`).

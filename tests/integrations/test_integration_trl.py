@@ -97,8 +97,8 @@ def test_a_reward_function_returning_none_is_handled_as_trl_does(checks) -> None
 
 def test_a_short_run_raises_the_probability_of_what_its_reward_pays_for(checks) -> None:
     """16 steps rewarded for answers that begin with an odd digit raise the probability of such an
-    answer, read exactly from the model, by more than 0.1: measured +0.21 to +0.35 (from 0.42-0.50)
-    on the six warm models `make warm-model-variants` builds (1 and 2 threads, seeds 0-2)."""
+    answer, read exactly from the model, by more than 0.1, whichever warm model this machine built
+    (`make warm-model-variants` checks it against six; their gains are in docs/results.md)."""
     train = checks["train"]
     assert len(train["reward"]) == 16 and checks["finite"]
     assert train["odd_first_digit_after"] > train["odd_first_digit_before"] + 0.1, train

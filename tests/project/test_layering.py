@@ -26,6 +26,19 @@ LAYERS = [
 and from units of lower layers."""
 
 
+TRAIN_LAYERS = [
+    {"batch", "sampler", "timing", "determinism", "trackers", "preflight"},
+    {"logprobs", "metrics", "checkpointing"},
+    {"update", "sft", "loading", "colocated_engine", "async_generator", "dynamic_sampling"},
+    {"builtin_models", "memory_plan"},
+    {"trainer"},
+]
+"""`pacs.train` inside, bottom to top, as a step flows: the batch and what a step is timed and
+logged with; log-probs on a batch, metrics, checkpoints; the update, what a run loads and how it
+generates; what is built from those (the warm-started model, the memory plan); the loop. A module
+imports only from its own layer and lower ones."""
+
+
 def module_names() -> dict[str, Path]:
     names = {}
     for path in SOURCE.rglob("*.py"):
@@ -67,6 +80,33 @@ def test_packages_import_downward_only() -> None:
         for module, path in known.items()
         for target in imported_modules(path, known)
         if unit_of(target) != unit_of(module) and layer_of(target) >= layer_of(module)
+    ]
+    assert upward == []
+
+
+def train_unit(module: str) -> str:
+    """The unit of a module inside `pacs.train`: its first name below it (a module or `checkpointing`)."""
+    return module.split(".")[2]
+
+
+def train_layer_of(module: str) -> int:
+    [layer] = [index for index, units in enumerate(TRAIN_LAYERS) if train_unit(module) in units]
+    return layer
+
+
+def test_every_train_module_has_a_train_layer() -> None:
+    units = {train_unit(module) for module in module_names() if module.startswith("pacs.train.")}
+    assert units == set().union(*TRAIN_LAYERS)
+
+
+def test_train_modules_import_downward_only() -> None:
+    known = module_names()
+    inside = {module: path for module, path in known.items() if module.startswith("pacs.train.")}
+    upward = [
+        f"{module} imports {target}"
+        for module, path in inside.items()
+        for target in imported_modules(path, known)
+        if target.startswith("pacs.train.") and train_layer_of(target) > train_layer_of(module)
     ]
     assert upward == []
 

@@ -14,13 +14,13 @@ from pacs.rewards.math import normalize_answer
 
 TIMEOUT_S = 1.0
 SLACK_S = 5.0
-"""How far past the limit a cut-off call may return: a busy machine (a fresh-clone suite at load
-average 15 took 1.6 s for a 1 s limit) delays the return, not the cut-off. Unbounded, each
-pathological answer below runs for more than 30 s, so the bound still fails a missing limit."""
+"""How far past the limit a cut-off call may return: a busy machine delays the return, not the
+cut-off. Unbounded, each pathological answer below runs far longer than this (tens of seconds),
+so the bound still fails a missing limit."""
 UNDER_LOAD_S = 60.0
-"""The limit in the tests of what scores 1 and what 0, not of the limit: in a fresh clone's suite
-beside a busy loop (4 workers, the warm-start and the vLLM tests on 2 cores), calls that take 0.1 s
-quiet passed the default 1 s and correct answers scored 0 (9 tests of this file failed)."""
+"""The limit in the tests of what scores 1 and what 0, not of the limit: under the whole suite's
+load a call that is fast on an idle machine can pass the default 1 s, and a correct answer would
+then score 0."""
 
 PATHOLOGICAL_ANSWERS = {
     "huge factorial": "\\boxed{(10^{10^{10}})!}",

@@ -225,7 +225,7 @@ def test_zero_workers_raise_reward_function_errors_naming_the_row(plugin: str) -
 
 def test_the_default_function_scores_by_data_source() -> None:
     batch_rows = rows(1, "arithmetic", "46") + rows(1, "amc23", "27.0")
-    # a limit no call reaches even on a busy machine (the default 1 s once did, in a fresh worker)
+    # a limit no call reaches even on a busy machine, where a fresh worker's first call can pass 1 s
     with ScoringPool(num_workers=2, timeout_s=60) as pool:
         assert pool.score(batch_rows, ["\\boxed{46}", "so \\boxed{\\frac{54}{2}}"]).scores == [1.0, 1.0]
 

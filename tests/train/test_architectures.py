@@ -39,7 +39,7 @@ float64, where transformers' Gemma 2 turns left-padded rows into NaN.)"""
 ROUTED_IN_FLOAT32 = 1e-5
 """Largest weight difference accepted between 2 processes and 1 for Qwen3-MoE: its router takes
 its softmax in float32 whatever the model's dtype, so routing weights, and the weights after the
-step, agree to float32 precision (measured: 2.4e-6); the others agree to `EXACT`."""
+step, agree to float32 precision; the others agree to `EXACT`."""
 LORA_ARCHITECTURES = ("gemma2", "gemma3", "granite", "qwen3_moe")
 """Architectures also trained with LoRA: those of FSDP_CASES, and Gemma 2, which softcaps its logits."""
 TRAIN_OPTIONS = [

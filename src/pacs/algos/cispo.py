@@ -82,11 +82,10 @@ class CISPO(ClippedPolicyGradient):
     """CISPO as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``), the
     clipped-weight REINFORCE loss (``cispo_surrogate``), ``token-mean``.
 
-    ``CISPO(group_size, *, horizon, clip_low=1.0, clip_high=4.0, loss_agg="token-mean",
-    kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_scale=1.0, kl_in_reward=False,
-    rollout_is_cap=None, rollout_is_mode="truncate", rollout_is_level="token", rollout_is_floor=None,
-    overlong_buffer=0, overlong_penalty=1.0)``: the options of ``ClippedPolicyGradient`` but
-    ``dual_clip``, with the defaults above; ``clip_low`` and ``clip_high`` bound the importance weight.
+    Options: those of ``ClippedPolicyGradient`` but ``dual_clip``, with CISPO's defaults
+    (``clip_low`` 1.0, ``clip_high`` 4.0, ``loss_agg`` token-mean), where ``clip_low`` and
+    ``clip_high`` bound the importance weight; every option is in the configuration reference
+    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
     """
 
     min_group_size = 2

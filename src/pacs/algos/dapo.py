@@ -34,11 +34,9 @@ class DAPO(ClippedPolicyGradient):
     """DAPO's objective as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``),
     clip-higher, token-level loss.
 
-    ``DAPO(group_size, *, horizon, clip_low=0.2, clip_high=0.28, dual_clip=None,
-    loss_agg="token-mean", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_scale=1.0,
-    kl_in_reward=False, rollout_is_cap=None, rollout_is_mode="truncate", rollout_is_level="token",
-    rollout_is_floor=None, overlong_buffer=0, overlong_penalty=1.0)``: the options of
-    ``ClippedPolicyGradient`` with DAPO's defaults.
+    Options: those of ``ClippedPolicyGradient``, with DAPO's defaults (``clip_high`` 0.28,
+    ``loss_agg`` token-mean); every option is in the configuration reference
+    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
     """
 
     min_group_size = 2

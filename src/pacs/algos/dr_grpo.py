@@ -28,11 +28,8 @@ class DrGRPO(ClippedPolicyGradient):
     """Dr. GRPO as a trainer plug-in: group-centred rewards as advantages, PPO's clipped surrogate,
     ``seq-mean-token-sum-norm``.
 
-    ``DrGRPO(group_size, *, horizon, clip_low=0.2, clip_high=0.2, dual_clip=None,
-    loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-    loss_scale=1.0, kl_in_reward=False, rollout_is_cap=None, rollout_is_mode="truncate",
-    rollout_is_level="token", rollout_is_floor=None, overlong_buffer=0, overlong_penalty=1.0)``:
-    the options of ``ClippedPolicyGradient``.
+    Options: those of ``ClippedPolicyGradient``; every option is in the configuration reference
+    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
     """
 
     min_group_size = 2

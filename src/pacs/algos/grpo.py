@@ -59,10 +59,10 @@ def grpo_advantages(
 class GRPO(ClippedPolicyGradient):
     """GRPO as a trainer plug-in: ``grpo_advantages`` per step, then the clipped policy gradient.
 
-    ``GRPO(group_size, *, horizon, norm_by_std=True, eps=1e-6, clip_low=0.2, clip_high=0.2,
-    dual_clip=None, loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3",
-    entropy_coef=0.0, loss_scale=1.0, kl_in_reward=False)``; the options after ``eps`` are those of ``ClippedPolicyGradient``. With
-    ``kl_coef = 0`` and ``entropy_coef = 0``, ``needs`` is empty: no reference model is loaded.
+    Options: ``norm_by_std`` and ``eps`` of its own, the others those of ``ClippedPolicyGradient``;
+    every option is in the configuration reference (docs/reference/configuration.md, generated from
+    `pacs.config.algorithms`). With ``kl_coef = 0`` and ``entropy_coef = 0``, ``needs`` is empty: no
+    reference model is loaded.
     """
 
     min_group_size = 2

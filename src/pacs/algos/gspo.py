@@ -86,11 +86,9 @@ class GSPO(ClippedPolicyGradient):
     """GSPO as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``), the
     sequence-level clipped surrogate (``sequence_clipped_surrogate``), ``seq-mean-token-mean``.
 
-    ``GSPO(group_size, *, horizon, clip_low=3e-4, clip_high=4e-4, dual_clip=None,
-    loss_agg="seq-mean-token-mean", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-    loss_scale=1.0, kl_in_reward=False, rollout_is_cap=None, rollout_is_mode="truncate",
-    rollout_is_level="token", rollout_is_floor=None, overlong_buffer=0, overlong_penalty=1.0)``:
-    the options of ``ClippedPolicyGradient`` with the paper's defaults.
+    Options: those of ``ClippedPolicyGradient``, with the paper's defaults (``clip_low`` 3e-4,
+    ``clip_high`` 4e-4, ``loss_agg`` seq-mean-token-mean); every option is in the configuration
+    reference (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
     """
 
     min_group_size = 2

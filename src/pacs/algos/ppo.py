@@ -215,11 +215,10 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mas
 class PPO(ClippedPolicyGradient):
     """PPO's actor as a trainer plug-in, plus the loss of its critic.
 
-    ``PPO(group_size, *, horizon, gamma=1.0, lam=1.0, value_clip=0.5, critic_loss_agg="token-mean",
-    critic_loss_scale=1.0, clip_low=0.2, clip_high=0.2, dual_clip=None,
-    loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-    loss_scale=1.0, kl_in_reward=False)``; the options after ``critic_loss_scale`` are those of
-    ``ClippedPolicyGradient``. ``needs`` holds "values": the critic's values of the rollout.
+    Options: ``gamma``, ``lam``, ``value_clip``, ``critic_loss_agg`` and ``critic_loss_scale`` of
+    its own, the others those of ``ClippedPolicyGradient``; every option is in the configuration
+    reference (docs/reference/configuration.md, generated from `pacs.config.algorithms`). ``needs``
+    holds "values": the critic's values of the rollout.
 
     The critic's update follows the same contract as the actor's: per mini-batch
     ``critic_row_terms(minibatch)``, then per micro-batch ``critic_micro_batch_loss(values, micro,

@@ -42,10 +42,8 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 class RLOO(ClippedPolicyGradient):
     """RLOO as a trainer plug-in: ``rloo_advantages`` per step, then the clipped policy gradient.
 
-    ``RLOO(group_size, *, horizon, clip_low=0.2, clip_high=0.2, dual_clip=None,
-    loss_agg="seq-mean-token-sum-norm", kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-    loss_scale=1.0, kl_in_reward=False)``:
-    the options of ``ClippedPolicyGradient``.
+    Options: those of ``ClippedPolicyGradient``; every option is in the configuration reference
+    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
     """
 
     min_group_size = 2

@@ -26,7 +26,7 @@ class Section(BaseModel):
     @classmethod
     def _refuse_booleans_for_numbers(cls, value: object, info: ValidationInfo) -> object:
         """pydantic would read true as 1; YAML reads yes/no/on/off as booleans."""
-        if isinstance(value, bool) and _is_numeric(cls.model_fields[info.field_name].annotation):
+        if isinstance(value, bool) and info.field_name and _is_numeric(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"expected a number, got {value!r} (YAML reads yes/no/on/off/true/false as booleans)")
         return value
 

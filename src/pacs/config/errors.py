@@ -93,7 +93,7 @@ def combination_problems(data: dict[str, Any], error: ValidationError) -> list[s
     rejected = [_key_path(item["loc"]) for item in error.errors() if item["loc"]]
     valid_part = copy.deepcopy(data)
     for location in rejected:
-        node = valid_part
+        node: Any = valid_part
         for part in location[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):

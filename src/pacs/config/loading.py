@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.resources
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
         raise ConfigError(problems) from None
 
 
-def load_config(source: str | None, overrides: list[str] = (), *, algorithm: str | None = None) -> Config:
+def load_config(source: str | None, overrides: Sequence[str] = (), *, algorithm: str | None = None) -> Config:
     """Read a YAML file (or `builtin:NAME`; None for all defaults), apply overrides, validate, and
     import `reward.function` (so that a misspelled one fails before any model is loaded).
 
@@ -116,7 +117,7 @@ def load_config(source: str | None, overrides: list[str] = (), *, algorithm: str
     return config
 
 
-def _algorithm_override(overrides: list[str]) -> object:
+def _algorithm_override(overrides: Sequence[str]) -> object:
     """The value of the last `algorithm.name=...` among `overrides` (None without one)."""
     values = [value for key, _, value in (override.partition("=") for override in overrides) if key == "algorithm.name"]
     return yaml.safe_load(values[-1]) if values else None

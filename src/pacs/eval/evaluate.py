@@ -169,7 +169,7 @@ class EvalResult:
     @property
     def metrics(self) -> dict[str, dict[str, float]]:
         """{data_source: {"pass@k": value}} for every data source with at least one problem generated."""
-        return {source: report.pass_at_k for source, report in self.sources.items() if report.correct_counts}
+        return {source: by_k for source, report in self.sources.items() if (by_k := report.pass_at_k) is not None}
 
     @property
     def timed_out(self) -> int:
@@ -452,25 +452,30 @@ def evaluate_model(
         """What each node reads: the tokenizer, the hf engine's model (vLLM's model directory, whose
         engines every rank then starts at once), the model's context length and the rows."""
         tokenizer = load_tokenizer(model_path)
+        hf_engine_or_model_dir: TransformersEngine | str
         if engine == "hf":
-            model = load_causal_lm(model_path, dtype=dtype).to(processes.device)
+            model = load_causal_lm(model_path, dtype=dtype).to(processes.device)  # type: ignore[arg-type]  # transformers types .to() for dtypes only
             hf_engine_or_model_dir, config = TransformersEngine(model, tokenizer), model.config
         else:
             hf_engine_or_model_dir = local_model_dir(model_path, with_weights=True)
             config = AutoConfig.from_pretrained(hf_engine_or_model_dir)
-        rows, locations = [], []
+        rows: list[dict] = []
+        locations: list[str] = []
         for spec in specs:
             rows += rows_by_spec[spec]
             locations += [f"{spec}: row {position}" for position in range(len(rows_by_spec[spec]))]
         return tokenizer, hf_engine_or_model_dir, getattr(config, "max_position_embeddings", None), rows, locations
 
-    tokenizer, rollout_engine, context_length, rows, locations = run_on_every_rank(
+    tokenizer, hf_engine_or_model_dir, context_length, rows, locations = run_on_every_rank(
         processes, load, how_to_fix=SAME_INPUTS_EVERYWHERE, node_leader_first=True
     )
-    if engine == "vllm":
+    rollout_engine: RolloutEngine
+    if isinstance(hf_engine_or_model_dir, str):
         rollout_engine = start_vllm_engine(
-            rollout_engine, tokenizer, dtype=dtype, seed=process_seed, max_model_len=context_length, processes=processes
+            hf_engine_or_model_dir, tokenizer, dtype=dtype, seed=process_seed, max_model_len=context_length, processes=processes
         )
+    else:
+        rollout_engine = hf_engine_or_model_dir
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     # closed after the last collective: under torchrun vLLM's teardown ends the job's process group
     with (

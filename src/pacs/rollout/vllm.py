@@ -98,7 +98,7 @@ def check_vllm_usable() -> None:
 
 
 def trainer_device_type() -> str:
-    """ "cuda" where torch sees a GPU (where pacs trains, `pacs.distributed.World`), else "cpu"."""
+    """The device type "cuda" where torch sees a GPU (where pacs trains, `pacs.distributed.world.World`), else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -21,7 +21,7 @@ batch while the trainer updates on step j's.
 The objective under staleness is AReaL's decoupled one: the behaviour policy μ is the generator's
 (its log-probs come with the rollouts as the sampler's), the proximal policy π_old is the trainer's
 recomputation at the version it updates, and the algorithm's sampler correction
-(`algorithm.rollout_is_cap`, `pacs.algos.truncated_is_weights`) reweights by π_old / μ.
+(`algorithm.rollout_is_cap`, `pacs.algos.importance.rollout_is_weights`) reweights by π_old / μ.
 
 Sampling is seeded per step and rank (`batch_seed`) with the transformers engine, so a batch is the
 same whenever it is generated: a checkpoint after step s saves the batches already sampled by
