@@ -57,9 +57,10 @@ vllm-venv:
 test: install peer-venvs vllm-venv
 	BIN=$(BIN) VLLM_VENV=$(VLLM_VENV) PYTEST_WORKERS=$(PYTEST_WORKERS) tools/run_tests.sh
 
-# The tests that train no model (not marked slow), on 2 workers: what to run while working.
+# The tests that take no seconds each (not marked slow) and need no warm-started model, on 2
+# workers: what to run while working.
 test-fast: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -m "not slow" --ignore tests/rollout/test_rollout_vllm.py --ignore tests/integrations
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -m "not slow and not warm_model" --ignore tests/rollout/test_rollout_vllm.py --ignore tests/integrations
 
 # Lint and formatting (ruff, configured in pyproject.toml), and types (mypy, on the layers
 # [tool.mypy] lists). .ci/run runs both before the suite; .pre-commit-config.yaml runs them on commit.

@@ -81,6 +81,10 @@ def file_blocks(page: str) -> dict[str, str]:
     }
 
 
+WARM_MODEL = "builtin:tiny-arithmetic"
+"""A block that names the warm-started model uses it, as the `warm_model` tests do."""
+
+
 def runnable(slow: bool) -> list:
     cases = []
     for block in all_blocks():
@@ -89,6 +93,8 @@ def runnable(slow: bool) -> list:
             continue
         appended = " ".join(part.removeprefix("append ") for part in settings[1:] if part.startswith("append "))
         marks = [pytest.mark.slow] if slow else []
+        if WARM_MODEL in block.body:  # built for the test session if no earlier test built it
+            marks.append(pytest.mark.warm_model)
         cases.append(pytest.param(block.page, commands(block.body, appended), id=f"{block.page} line {block.line}", marks=marks))
     return cases
 
