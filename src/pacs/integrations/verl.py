@@ -17,7 +17,9 @@ prompt's responses found by their prompt id (`uid`), and the actor's loss needs 
 
     adv_estimator  advantages[i, t] = A_i · m_it,  A_i = −∂S/∂r_i at r = 0 (θ = θ_old), S = Σ_i w_i ·
                    BCEWithLogits(ψ_i, R_i) over the responses of each uid (`pacs.algos.pacs_advantages`),
-                   R_i = Σ_t token_level_rewards[i, t] in [0, 1]
+                   R_i = Σ_t token_level_rewards[i, t] in [0, 1]; the grpo score's denominator
+                   floored at β · GRPO_SPREAD_FLOOR, as in pacs's trainer (`pacs.algos.pacs`: at
+                   r = 0 the authors' formula gives advantages of order 1e5)
     loss_mode      loss_micro = −dp_size / global_batch_size · Σ_{i ∈ micro} ρ_i · A_i · r_i(θ),
                    r_i = β Σ_t m_it (log π_θ(o_it) − log π_old(o_it)),
                    ρ_i verl's sequence-level rollout-correction weight (1 without one)
@@ -57,6 +59,7 @@ import torch
 
 from pacs.algos import ESTIMATORS, WEIGHTINGS, pacs_advantages, reward_proxy, sampler_corrected_coefficients
 from pacs.algos.masks import check_choice
+from pacs.algos.pacs import GRPO_SPREAD_FLOOR
 
 INSTALL = "pip install 'pacs[verl]'"
 NAME = "pacs"
@@ -98,10 +101,13 @@ def group_ids(index: np.ndarray | None) -> torch.Tensor:
     return torch.as_tensor(ids.reshape(-1), dtype=torch.long)
 
 
-def pacs_advantage_estimator(*, estimator: str = "rloo", weighting: str = "question"):
-    """A verl advantage estimator computing PACS's advantages with these settings (see the module docstring)."""
+def pacs_advantage_estimator(*, estimator: str = "rloo", weighting: str = "question", beta: float = 1.0):
+    """A verl advantage estimator computing PACS's advantages with these settings (see the module
+    docstring); β sets the grpo score's spread floor β · GRPO_SPREAD_FLOOR, so pass the loss's β."""
     check_choice("estimator", estimator, ESTIMATORS)
     check_choice("weighting", weighting, WEIGHTINGS)
+    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+        raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
 
     def compute_pacs_advantages(
         token_level_rewards: torch.Tensor,
@@ -122,12 +128,13 @@ def pacs_advantage_estimator(*, estimator: str = "rloo", weighting: str = "quest
         if unsupported:
             raise ValueError("adv_estimator=pacs cannot use:\n  " + "\n  ".join(unsupported))
         _, advantages = pacs_advantages(
-            torch.zeros_like(rewards), rewards, group_ids(index), estimator=estimator, weighting=weighting
-        )
+            torch.zeros_like(rewards), rewards, group_ids(index), estimator=estimator, weighting=weighting,
+            spread_floor=beta * GRPO_SPREAD_FLOOR,
+        )  # fmt: skip
         advantages = advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)
         return advantages, advantages
 
-    compute_pacs_advantages.pacs_settings = {"estimator": estimator, "weighting": weighting}
+    compute_pacs_advantages.pacs_settings = {"estimator": estimator, "weighting": weighting, "beta": beta}
     return compute_pacs_advantages
 
 
@@ -193,7 +200,7 @@ def register(name: str = NAME, *, beta: float = 1.0, estimator: str = "rloo", we
         ValueError: an invalid setting, or `name` already taken by another advantage estimator.
     """
     core_algos = _core_algos()
-    advantage_fn = pacs_advantage_estimator(estimator=estimator, weighting=weighting)
+    advantage_fn = pacs_advantage_estimator(estimator=estimator, weighting=weighting, beta=beta)
     loss_fn = pacs_policy_loss_fn(beta=beta, estimator=estimator)
     registered = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
     if getattr(registered, "pacs_settings", None) != advantage_fn.pacs_settings:
