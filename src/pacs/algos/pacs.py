@@ -69,7 +69,7 @@ E_{o_k∼π_old, o_{−k}∼μ}[A_k ∇r_k], the group's statistics taken from t
         against E[∇log π] = 0), a rescaling with ``question`` (a different step size, the same
         direction; `tests/algos/test_algos_rollout_is.py` enumerates n = 4 in float64);
     later updates: σ(ψ_k) depends on the others' r, drawn from μ, so the estimate is biased in
-        direction too (by 0.07–0.16 of the gradient's norm in a 4-response enumeration).
+        direction too (the same enumeration at θ ≠ θ_old).
 
 Truncation (min(ρ, C)) down-weights exactly the responses the newer policy prefers, which a long
 response's sequence ratio reaches easily; `rollout_is/ess`, the effective sample size over N,
