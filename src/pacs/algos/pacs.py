@@ -78,7 +78,7 @@ Weighting each BCE
 term instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i), is not this: through the leave-one-out
 centring its coefficient is ∂L/∂r_k = −1/B · (ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i), so a response
 of weight 0 is still pushed by the others' errors (rewards [1, 1, 1, 0] and ρ [1, 1, 1, 0] at
-r = 0 give ∂L/∂r = [−1/36, −1/36, −1/36, +1/12] where the sound form gives [−1/9, −1/9, −1/9, 0];
+r = 0 give ∂L/∂r = [−1/36, −1/36, −1/36, +1/12] where the per-response form gives [−1/9, −1/9, −1/9, 0];
 `tests/algos/test_algos_rollout_is.py`). The reported loss is L itself: the correction changes the
 gradient, not what PACS predicts.
 
@@ -432,6 +432,7 @@ def pacs_loss(
     proxy: str = "logratio",
     estimator: str = "rloo",
     weighting: str = "question",
+    spread_floor: float = 0.0,
 ) -> torch.Tensor:
     """PACS loss for a batch of whole prompt groups.
 
@@ -448,6 +449,8 @@ def pacs_loss(
         proxy: ``"logratio"`` or ``"mean_logprob"``.
         estimator: ``"rloo"``, ``"grpo"`` or ``"naive"``.
         weighting: ``"question"``, ``"none"``, ``"only_positive"`` or ``"only_negative"``.
+        spread_floor: the ``grpo`` score's smallest denominator (``group_scores``; 0: the authors'
+            formula, the trainer's is β · GRPO_SPREAD_FLOOR).
 
     Returns:
         0-dim loss, differentiable w.r.t. ``logprobs``.
@@ -462,7 +465,9 @@ def pacs_loss(
             f"rewards must have shape (B,) = ({logprobs.shape[0]},), one per row of logprobs "
             f"{tuple(logprobs.shape)}; got {tuple(rewards.shape)}"
         )
-    return pacs_loss_from_proxy(proxy_rewards, rewards, group_size, estimator=estimator, weighting=weighting)
+    return pacs_loss_from_proxy(
+        proxy_rewards, rewards, group_size, estimator=estimator, weighting=weighting, spread_floor=spread_floor
+    )
 
 
 class PACS:

@@ -26,8 +26,10 @@ prompt's responses found by their prompt id (`uid`), and the actor's loss needs 
 
 Summed over micro-batches and averaged over ranks, the first update after a rollout (θ = θ_old,
 ppo_mini_batch_size = data.train_batch_size, ppo_epochs = 1) has the gradient of PACS's loss
-L = S / B over the batch, with the sampler correction in its sound form (each response's whole
-coefficient times its own weight, `pacs.algos.sampler_corrected_coefficients`): exact, whatever
+L = S / B over the batch, with the sampler correction as pacs's trainer applies it (each response's
+whole coefficient times its own weight, `pacs.algos.sampler_corrected_coefficients`: per-response
+importance weights, the group's statistics from the sampler, so the true gradient up to a positive
+factor on the first update, `pacs.algos.pacs`): exact, whatever
 the row order, ranks, micro-batch sizes or dynamic batching. With several mini-batches or epochs
 per rollout, each later update keeps the coefficients of θ_old, A_i from e_i = w_i (R_i − σ(ψ_i))
 at σ(ψ_i) = 1/2, while pacs's own trainer recomputes σ(ψ_i) at the current θ from whole groups;
@@ -38,7 +40,7 @@ own size, as verl's losses are, so each update has the scale of a whole-batch up
 Used from verl: algorithm.rollout_correction with rollout_is="sequence" (TIS or IcePop thresholds,
 batch normalisation) and sequence-level rejection sampling (rollout_rs="seq_*": a rejected
 response's mask is zero, so its coefficient is 0 while its reward still counts in its group's
-baseline: the sound correction with ρ = 0); the entropy and KL-loss terms verl adds to the policy
+baseline: the same correction with ρ = 0); the entropy and KL-loss terms verl adds to the policy
 loss (actor.loss_agg_mode applies to those only). Refused with a ValueError naming the setting:
 advantages that are not one value per response (another adv_estimator such as gae), rewards
 outside [0, 1] (algorithm.use_kl_in_reward=True), no prompt ids, rollout.n < 2 with the rloo or
