@@ -41,7 +41,7 @@ default) problem by problem: under "vs_baseline", per pass@k, the difference of 
 over problems for each seed ("per_seed"), their mean ("difference"), the 95% t interval over seeds
 ("ci95", `pacs.eval.significance`: seeds are the units, since each run lands somewhere of its own)
 with "significant" true when it excludes 0, the standard deviation of the per-seed differences
-("seed_sd"), the smallest difference these seeds detect with 80% power ("detectable") and the
+("seed_sd"; the within-seed error where the seeds tie, null when nothing varies), the smallest difference these seeds detect with 80% power ("detectable") and the
 seeds this difference would need ("seeds_needed"; null when over 1,000). `comparison.md` shows
 them in a third table, an interval that excludes 0 marked with *, and warns below 3 seeds.
 """
@@ -63,7 +63,14 @@ from pacs.config import ALGORITHM_CONFIGS, Config, ConfigError, load_config
 from pacs.distributed.world import World
 from pacs.eval.evaluate import EvalSettings, evaluate_model
 from pacs.eval.passk import pass_at_k, report_ks
-from pacs.eval.significance import FEW_SEEDS, difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
+from pacs.eval.significance import (
+    FEW_SEEDS,
+    difference_interval,
+    excludes_zero,
+    minimum_detectable_difference,
+    seed_spread,
+    seeds_needed,
+)
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
@@ -226,17 +233,19 @@ def _against_baseline(method: list[dict], baseline: list[dict], where: str) -> d
             "per_seed": [float(value) for value in per_seed],
             "ci95": list(interval),
             "significant": excludes_zero(interval),
-            **_detection(per_seed),
+            **_detection(differences),
         }
     return result
 
 
-def _detection(per_seed: np.ndarray) -> dict:
-    """The per-seed differences' standard deviation, the smallest difference that many seeds detect
-    with 80% power, and how many seeds their mean difference would need (None with one seed)."""
-    if len(per_seed) < 2:
+def _detection(differences: np.ndarray) -> dict:
+    """The per-seed differences' standard deviation (`seed_spread`: the within-seed error where
+    the seeds tie), the smallest difference that many seeds detect with 80% power, and how many
+    seeds their mean difference would need (None with one seed, or when nothing varies)."""
+    per_seed = differences.mean(axis=1)
+    seed_sd = seed_spread(differences) if len(per_seed) > 1 else 0.0
+    if seed_sd == 0:
         return {"seed_sd": None, "detectable": None, "seeds_needed": None}
-    seed_sd = float(per_seed.std(ddof=1))
     return {
         "seed_sd": seed_sd,
         "detectable": minimum_detectable_difference(seed_sd, len(per_seed)),

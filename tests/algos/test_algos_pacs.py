@@ -21,8 +21,9 @@ from pacs.algos import (
     reward_proxy,
     sampler_corrected_coefficients,
 )
-from pacs.algos.groups import group_view
+from pacs.algos.groups import group_normalised, group_view, leave_one_out_centred
 from pacs.algos.masks import masked_mean, masked_sum
+from pacs.algos.pacs import GRPO_SPREAD_FLOOR, LOSS_NOTE
 
 NUM_GROUPS = 4
 NUM_TOKENS = 7
@@ -218,7 +219,7 @@ def test_scores_of_a_group_of_equal_proxy_rewards_are_exactly_zero(estimator, gr
 def test_on_policy_coefficients_are_the_gradient_through_the_zero_scores(estimator):
     """At θ = θ_old every proxy is 0, so every group's scores are exactly 0, yet c = ∂L/∂r is the
     formula's: with e_i = w_i (σ(0) − R_i) / B, rloo gives c_i = n/(n−1) · (e_i − mean_group e) and
-    grpo c_i = (e_i − mean_group e) / 1e-6 (so 0 in groups of equal rewards, up to rounding)."""
+    grpo, whose spread 0 is floored at β · GRPO_SPREAD_FLOOR, c_i = (e_i − mean_group e) / β."""
     group_size = 4
     _, old_logprobs, response_mask, rewards = make_batch(group_size)
     minibatch = {"old_logprobs": old_logprobs, "response_mask": response_mask, "rewards": rewards}
@@ -226,7 +227,7 @@ def test_on_policy_coefficients_are_the_gradient_through_the_zero_scores(estimat
     errors = class_weights(rewards, group_size) * (0.5 - rewards) / len(rewards)
     grouped = group_view(errors, group_size)
     centred = (grouped - grouped.mean(dim=-1, keepdim=True)).reshape(-1)
-    expected = centred * group_size / (group_size - 1) if estimator == "rloo" else centred / 1e-6
+    expected = centred * group_size / (group_size - 1) if estimator == "rloo" else centred / GRPO_SPREAD_FLOOR
     assert centred[: 2 * group_size].abs().max() == 0 and expected.abs().max() > 0
     torch.testing.assert_close(row_terms["proxy_grad"], expected, atol=1e-9, rtol=1e-12)
 
@@ -468,3 +469,92 @@ def test_unknown_option_is_rejected_listing_valid_names(option, valid):
     logprobs, old_logprobs, response_mask, rewards = make_batch(4)
     with pytest.raises(ValueError, match=f"unknown {option} 'foo'; valid: {valid}"):
         pacs_loss(logprobs, old_logprobs, response_mask, rewards, 4, **{option: "foo"})
+
+
+def overlong_group_advantages(weighting: str, overlong_buffer: int) -> torch.Tensor:
+    """(8,) first-update advantages A = −B · ∂L/∂r (float64) of the issue's group: six short correct
+    answers (2 tokens), one long correct answer (7 of at most 10 tokens: with a buffer of 4 its
+    label is 1 − (7 − 6)/4 = 0.75) and one short wrong answer."""
+    lengths = torch.tensor([2, 2, 2, 2, 2, 2, 7, 2])
+    response_mask = (torch.arange(10)[None, :] < lengths[:, None]).double()
+    rewards = torch.tensor([1, 1, 1, 1, 1, 1, 1, 0], dtype=torch.float64)
+    minibatch = {"old_logprobs": torch.zeros(8, 10, dtype=torch.float64), "response_mask": response_mask, "rewards": rewards}
+    algorithm = PACS(8, weighting=weighting, horizon=10, overlong_buffer=overlong_buffer)
+    row_terms, _ = algorithm.prepare_update(minibatch, None, True)
+    return -8 * row_terms["proxy_grad"]
+
+
+def test_overlong_shaping_under_question_weights_pushes_the_long_answer_less_than_the_short_ones():
+    """Class weights from the unshaped outcomes (7 correct: 4/7 each, 1 wrong: 4): e = w (Y' − 1/2)
+    is 2/7 short, 1/7 long, −2 wrong, and A_k = e_k − mean_{i≠k} e_i."""
+    advantages = overlong_group_advantages("question", overlong_buffer=4)
+    expected = torch.tensor([17 / 49] * 6 + [9 / 49, -111 / 49], dtype=torch.float64)
+    torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("weighting", WEIGHTINGS)
+def test_overlong_shaping_only_ever_lowers_the_long_answers_push(weighting):
+    unshaped = overlong_group_advantages(weighting, overlong_buffer=0)
+    shaped = overlong_group_advantages(weighting, overlong_buffer=4)
+    assert shaped[6] <= shaped[0] + 1e-12
+    assert shaped[6] <= unshaped[6] + 1e-12
+
+
+def test_class_weights_count_the_outcomes_given_not_the_soft_labels():
+    proxy_rewards = 0.3 * torch.arange(4, dtype=torch.float64)
+    labels = torch.tensor([1.0, 1.0, 0.75, 0.0], dtype=torch.float64)
+    outcomes = torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    loss = pacs_loss_from_proxy(proxy_rewards, labels, 4, outcomes=outcomes)
+    weights = class_weights(outcomes, 4)
+    scores = group_scores(proxy_rewards, 4)
+    expected = (weights * F.binary_cross_entropy_with_logits(scores, labels, reduction="none")).mean()
+    torch.testing.assert_close(loss, expected, atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0])
+def test_the_grpo_score_at_zero_proxy_is_rloos_first_update_rescaled_not_a_million_times_it(beta):
+    """Floored at β · s₀, (r − mean r)/(β s₀) = (n − 1)/n · ψ_rloo/(β s₀) while the spread is below
+    the floor, so at r = 0 the coefficients are rloo's times (n − 1)/(n β s₀) (the authors'
+    formula: times (n − 1)/n / 1e-6)."""
+    group_size = 4
+    _, old_logprobs, response_mask, rewards = make_batch(group_size)
+    minibatch = {"old_logprobs": old_logprobs, "response_mask": response_mask, "rewards": rewards}
+    grpo, _ = PACS(group_size, estimator="grpo", beta=beta).prepare_update(minibatch, None, True)
+    rloo, _ = PACS(group_size, estimator="rloo", beta=beta).prepare_update(minibatch, None, True)
+    scale = (group_size - 1) / (group_size * beta * GRPO_SPREAD_FLOOR)
+    torch.testing.assert_close(grpo["proxy_grad"], scale * rloo["proxy_grad"], atol=1e-15, rtol=1e-12)
+    assert grpo["proxy_grad"].abs().max() <= rloo["proxy_grad"].abs().max() / beta
+
+
+def test_the_grpo_score_is_the_authors_formula_once_the_spread_exceeds_the_floor():
+    proxy_rewards = torch.tensor([0.0, 1.0, 3.0, 6.0, 0.1, 0.2, 0.1, 0.3], dtype=torch.float64)
+    floored = group_scores(proxy_rewards, 4, estimator="grpo", spread_floor=1.0)
+    authors = group_scores(proxy_rewards, 4, estimator="grpo")
+    assert torch.equal(floored[:4], authors[:4])
+    centred = group_view(proxy_rewards, 4)[1] - group_view(proxy_rewards, 4)[1].mean()
+    torch.testing.assert_close(floored[4:], centred / 1.0, atol=1e-15, rtol=0)
+
+
+def test_the_authors_grpo_score_without_the_std_is_the_rloo_score_scaled_by_n_minus_1_over_n():
+    """norm_adv_by_std_in_grpo=False: r_i − mean_j r_j = (n − 1)/n · ψ_rloo (docs/paper-fidelity.md)."""
+    proxy_rewards = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    unnormalised = group_normalised(proxy_rewards, 6, divide_by_std=False, eps=0.0)
+    torch.testing.assert_close(unnormalised, 5 / 6 * leave_one_out_centred(proxy_rewards, 6), atol=1e-14, rtol=0)
+
+
+def test_the_loss_note_promises_ln_2_on_the_first_update_only_against_the_rollout_reference():
+    """Against a fixed reference the first update's ψ is the policy's log-ratio to it, not 0, so
+    its loss is not ln 2; the note says which reference the ln 2 holds for."""
+    group_size = 4
+    logprobs, old_logprobs, response_mask, rewards = make_batch(group_size)
+    minibatch = {
+        "old_logprobs": old_logprobs,
+        "ref_logprobs": logprobs.detach(),
+        "response_mask": response_mask,
+        "rewards": rewards,
+    }
+    _, fixed = PACS(group_size, pacs_reference="fixed").prepare_update(minibatch, None, True)
+    _, rollout = PACS(group_size).prepare_update(minibatch, None, True)
+    assert rollout["loss"] == pytest.approx(math.log(2), abs=1e-12)
+    assert abs(fixed["loss"] - math.log(2)) > 1e-3
+    assert "pacs_reference=rollout" in LOSS_NOTE and "pacs_reference=fixed" in LOSS_NOTE

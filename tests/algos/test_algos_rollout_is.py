@@ -8,14 +8,15 @@ float64 against loops written from the formulas."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pacs.algos.grpo import GRPO
-from pacs.algos.importance import rollout_is_weights, sampler_correction_metrics, sampler_correction_sums
-from pacs.algos.pacs import PACS
+from pacs.algos.importance import ESS_WARNING_BELOW, rollout_is_weights, sampler_correction_metrics, sampler_correction_sums
+from pacs.algos.pacs import PACS, pacs_advantages
 
 GROUP_SIZE, GROUPS, TOKENS, CAP, BETA = 4, 3, 6, 2.0, 1.5
 
@@ -262,3 +263,125 @@ def test_pacs_refuses_the_token_level_naming_the_valid_one():
 def test_options_that_do_not_fit_together_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
         GRPO(GROUP_SIZE, horizon=TOKENS, **options)
+
+
+def test_the_geometric_mean_level_is_the_per_token_mean_of_the_log_ratio_of_each_response():
+    batch = mismatched_batch()
+    weights = weights_of(batch, "truncate", "geometric_mean", cap=1.1)
+    for i in range(len(batch["rewards"])):
+        logs = [
+            float(batch["old_logprobs"][i, t] - batch["sampler_logprobs"][i, t])
+            for t in range(TOKENS)
+            if batch["response_mask"][i, t] == 1
+        ]
+        assert weights[i].item() == pytest.approx(min(math.exp(sum(logs) / len(logs)), 1.1), rel=1e-13)
+    assert (weights == 1.1).any() and (weights < 1).any()
+
+
+def test_pacs_weighs_each_response_by_the_geometric_mean_of_its_ratio_when_asked():
+    batch = mismatched_batch()
+    algorithm = PACS(GROUP_SIZE, rollout_is_cap=CAP, rollout_is_level="geometric_mean")
+    torch.testing.assert_close(
+        algorithm.prepare_step(batch)["rollout_is_weight"], weights_of(batch, "truncate", "geometric_mean"), atol=0, rtol=0
+    )
+
+
+def test_a_long_responses_geometric_mean_weight_keeps_an_effective_sample_size_its_product_loses():
+    """Independent token log-ratios N(−s²/2, s²) (E[ρ_t] = 1), s = 0.2, over 200 tokens: the
+    product's sd(log ρ) is 2.8, its ESS/N near exp(−8); the geometric mean's is 0.014."""
+    generator = torch.Generator().manual_seed(0)
+    rows, tokens, spread = 256, 200, 0.2
+    old = torch.zeros(rows, tokens, dtype=torch.float64)
+    sampler = -(spread * torch.randn(rows, tokens, generator=generator, dtype=torch.float64) - spread**2 / 2)
+    mask = torch.ones(rows, tokens, dtype=torch.float64)
+    ess = {}
+    for level in ("sequence", "geometric_mean"):
+        weights = rollout_is_weights(old, sampler, mask, 1e6, level=level)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ess[level] = sampler_correction_metrics(*sampler_correction_sums(weights, old, sampler, mask, 1e6))["rollout_is/ess"]
+        assert bool(caught) == (ess[level] < ESS_WARNING_BELOW)
+    assert ess["sequence"] < 0.1 and ess["geometric_mean"] > 0.99
+
+
+@pytest.mark.parametrize(("weights", "warned"), [([1.0, 1.0, 1.0, 0.0], False), ([2.0, 0.1, 0.1, 0.1], True)])
+def test_an_effective_sample_size_below_half_the_batch_is_warned_about(weights, warned):
+    """ESS/N = 3/4 for three equal weights and a zero; (2.3)²/(4 · 4.03) = 0.33 for one dominant weight."""
+    old = torch.zeros(4, 1, dtype=torch.float64)
+    mask = torch.ones(4, 1, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sampler_correction_metrics(*sampler_correction_sums(torch.tensor(weights, dtype=torch.float64), old, old, mask, CAP))
+    messages = [str(warning.message) for warning in caught]
+    assert bool(messages) == warned
+    assert all("rollout_is/ess=" in message and "rollout_is_level=geometric_mean" in message for message in messages)
+
+
+def toy_policy_gradients(weighting: str, later_update: bool) -> dict[str, torch.Tensor]:
+    """Exact enumeration, float64: responses are 2 tokens from a vocabulary of 3 (9 responses, each
+    position its own softmax: logits θ of shape (2, 3)), Y = 1 when the tokens sum to a multiple of
+    3, groups of n = 4 (6561 groups). β = 1, logratio proxy against π_old, no truncation. The policy
+    gradient −∇L = 1/n Σ_k A_k ∇r_k(θ) of one group, in expectation:
+
+        true:        groups ∼ π_old
+        corrected:   groups ∼ μ, each term times ρ_k = π_old(o_k)/μ(o_k)
+        uncorrected: groups ∼ μ
+
+    at θ = θ_old (the first update: r = 0) or at θ a step away from it (a later update: r ≠ 0)."""
+    group_size, vocabulary = 4, 3
+    generator = torch.Generator().manual_seed(1)
+    theta_old = torch.randn(2, vocabulary, generator=generator, dtype=torch.float64)
+    theta_mu = theta_old + 0.7 * torch.randn(2, vocabulary, generator=generator, dtype=torch.float64)
+    theta = theta_old + (0.5 * torch.randn(2, vocabulary, generator=generator, dtype=torch.float64) if later_update else 0)
+    tokens = torch.cartesian_prod(torch.arange(vocabulary), torch.arange(vocabulary))  # (9, 2)
+    outcomes = ((tokens.sum(dim=-1) % 3) == 0).double()
+
+    def log_probs(logits):  # (9,) log π(o) of every response
+        return logits.log_softmax(dim=-1).gather(-1, tokens.T).sum(dim=0)
+
+    one_hot = F.one_hot(tokens, vocabulary).double()  # (9, 2, 3)
+    score_function = (one_hot - theta.softmax(dim=-1)).reshape(len(tokens), -1)  # (9, 6): ∇_θ log π_θ(o)
+    groups = torch.cartesian_prod(*[torch.arange(len(tokens))] * group_size)  # (6561, 4) response ids
+    rows = groups.reshape(-1)
+    proxy = (log_probs(theta) - log_probs(theta_old))[rows]
+    group_ids = torch.arange(len(groups)).repeat_interleave(group_size)
+    _, advantages = pacs_advantages(proxy, outcomes[rows], group_ids, weighting=weighting)
+    per_row = advantages[:, None] * score_function[rows] / group_size  # (B, 6)
+    ratio = (log_probs(theta_old) - log_probs(theta_mu)).exp()[rows]
+
+    def expectation(logits, terms):
+        group_probability = log_probs(logits)[groups].sum(dim=-1).exp()  # (G,)
+        return (group_probability[:, None] * terms.reshape(len(groups), group_size, -1).sum(dim=1)).sum(dim=0)
+
+    return {
+        "true": expectation(theta_old, per_row),
+        "corrected": expectation(theta_mu, ratio[:, None] * per_row),
+        "uncorrected": expectation(theta_mu, per_row),
+    }
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+@pytest.mark.parametrize("weighting", ["none", "question"])
+def test_on_the_first_update_the_correction_gives_the_true_gradient_up_to_a_positive_factor(weighting):
+    """With r = 0, A_k depends on o_k through Y_k alone, so both expectations are multiples of
+    ∇P(Y = 1): `none` exactly, `question` rescaled (its class weights count the others, drawn from μ);
+    without the correction the direction is wrong."""
+    gradients = toy_policy_gradients(weighting, later_update=False)
+    true, corrected = gradients["true"], gradients["corrected"]
+    factor = float(corrected @ true / (true @ true))
+    torch.testing.assert_close(corrected, factor * true, atol=1e-13 * float(true.norm()), rtol=0)
+    if weighting == "none":
+        assert factor == pytest.approx(1.0, abs=1e-12)
+    else:
+        assert factor > 0 and abs(factor - 1) > 1e-3
+    assert cosine(gradients["uncorrected"], true) < 1 - 1e-3
+
+
+@pytest.mark.parametrize("weighting", ["none", "question"])
+def test_on_a_later_update_the_correction_is_biased_in_direction(weighting):
+    """Once r ≠ 0, σ(ψ_k) depends on the others' r, drawn from μ: not a rescaling any more."""
+    gradients = toy_policy_gradients(weighting, later_update=True)
+    assert cosine(gradients["corrected"], gradients["true"]) < 1 - 1e-4

@@ -333,7 +333,7 @@ def test_pacs_refuses_the_token_level_naming_the_key_and_the_valid_level():
         (["algorithm.rollout_is_mode=clip"], r"algorithm.rollout_is_mode: Input should be 'truncate' or 'mask' \(got 'clip'\)"),
         (
             ["algorithm.name=grpo", "algorithm.rollout_is_level=geometric"],
-            r"algorithm.rollout_is_level: Input should be 'token' or 'sequence' \(got 'geometric'\)",
+            r"algorithm.rollout_is_level: Input should be 'token', 'sequence' or 'geometric_mean' \(got 'geometric'\)",
         ),
     ],
 )

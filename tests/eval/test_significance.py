@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from interval_coverage import RUN_SDS, simulate_aa_differences
+from interval_coverage import RUN_SDS, simulate_aa_differences, simulate_passk_differences
 
-from pacs.eval.significance import difference_interval, excludes_zero, minimum_detectable_difference, seeds_needed
+from pacs.eval.significance import (
+    UNDETERMINED,
+    difference_interval,
+    excludes_zero,
+    minimum_detectable_difference,
+    seed_spread,
+    seeds_needed,
+)
 
 T_2_DF_975 = 4.302652729911275
 """The 97.5% quantile of Student's t with 2 degrees of freedom (printed tables: 4.303)."""
@@ -35,8 +42,36 @@ def test_one_seed_takes_its_problems_as_the_units():
     assert (low, high) == (pytest.approx(1 / 3 - half), pytest.approx(1 / 3 + half))
 
 
-def test_equal_differences_everywhere_give_a_zero_width_interval():
-    assert difference_interval(np.full((3, 4), 0.25)) == (0.25, 0.25)
+def test_equal_differences_everywhere_give_no_interval_and_nothing_significant():
+    """The issue's case: three seeds, 91 problems, every difference 1/91. Nothing varies, so the
+    interval is the whole range, not (1/91, 1/91)."""
+    for differences in (np.full((3, 91), 1 / 91), np.full((1, 4), 0.25), np.array([[0.5]])):
+        assert difference_interval(differences) == UNDETERMINED
+        assert not excludes_zero(difference_interval(differences))
+
+
+def test_tied_seeds_fall_back_to_the_within_seed_standard_error():
+    """Both seeds gain one problem of 30 (D_s = 1/30 each, sd 0): the spread used is
+    sqrt(mean_s var_i(d[s, i]) / P) = sqrt((1/30) / 30), var over 30 problems of one 1 = 1/30."""
+    differences = np.zeros((2, 30))
+    differences[0, 3] = differences[1, 17] = 1.0
+    spread = np.sqrt(np.var([1.0] + [0.0] * 29, ddof=1) / 30)
+    assert seed_spread(differences) == pytest.approx(spread, rel=1e-12)
+    low, high = difference_interval(differences)
+    assert (low, high) == (
+        pytest.approx(1 / 30 - T_1_DF_975 * spread / np.sqrt(2)),
+        pytest.approx(1 / 30 + T_1_DF_975 * spread / np.sqrt(2)),
+    )
+    assert not excludes_zero((low, high))
+
+
+def test_an_interval_of_width_zero_is_never_significant():
+    assert not excludes_zero((0.011, 0.011)) and excludes_zero((0.011, 0.012))
+
+
+def test_seeds_needed_is_undetermined_without_a_spread():
+    assert seeds_needed(0.02, 0.0) is None
+    assert seed_spread(np.full((3, 91), 1 / 91)) == 0.0
 
 
 def test_a_consistent_gain_gives_an_interval_that_excludes_zero():
@@ -90,3 +125,14 @@ def test_seeds_needed_is_the_fewest_whose_detectable_difference_is_small_enough(
 def test_differences_that_are_not_seeds_by_problems_are_refused(shape):
     with pytest.raises(ValueError, match=r"\(seeds, problems\) array"):
         difference_interval(np.zeros(shape))
+
+
+@pytest.mark.parametrize(("problems", "seeds"), [(30, 2), (91, 2), (30, 3)])
+def test_tied_seeds_at_pass_at_16_neither_lose_coverage_nor_call_ties_significant(problems, seeds):
+    """pass@16 of 16 samples is 0 or 1 per problem, so seeds tie often (benchmarks/interval_coverage.py,
+    heavy-tailed family): coverage at least 0.94 and no interval of width 0 called significant."""
+    simulated = simulate_passk_differences(np.random.default_rng(problems + seeds), 3000, seeds, problems, 16, "heavy")
+    intervals = [difference_interval(d) for d in simulated]
+    assert np.mean([d.mean(axis=1).std(ddof=1) == 0 for d in simulated]) > 0.01  # ties do happen
+    assert np.mean([low <= 0 <= high for low, high in intervals]) >= 0.94
+    assert not any(low == high and excludes_zero((low, high)) for low, high in intervals)

@@ -57,6 +57,7 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 import pacs.integrations.verl as integration  # noqa: E402
 from pacs.algos import pacs_loss  # noqa: E402
+from pacs.algos.pacs import GRPO_SPREAD_FLOOR  # noqa: E402
 
 N, PROMPT_WIDTH, RESPONSE_WIDTH, PROMPTS = 4, 5, 6, 6
 REWARDS = [1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 0, 1, 0, 1, 1, 0, 1, 1, 1]
@@ -196,9 +197,11 @@ def exact(name: str, settings: dict, *, dp_size: int = 2, mini_batch_prompts: in
     update = actor_gradients(batch, actor_config(name, mini_batch_prompts), log_probs, dp_size)
     reference_log_probs = original.batch["old_log_probs"].clone().requires_grad_(True)
     rewards = original.batch["token_level_scores"].sum(dim=-1)
+    spread_floor = settings.get("beta", 1.0) * GRPO_SPREAD_FLOOR  # the grpo score's floor, as the integration's
     reference = pacs_loss(
-        reference_log_probs, original.batch["old_log_probs"], original.batch["response_mask"], rewards, N, **settings
-    )
+        reference_log_probs, original.batch["old_log_probs"], original.batch["response_mask"], rewards, N, **settings,
+        spread_floor=spread_floor,
+    )  # fmt: skip
     (reference_gradient,) = torch.autograd.grad(reference, reference_log_probs)
     weights = correction_weights(original, correction)
     mini_batches = len(update["gradients"])

@@ -125,3 +125,27 @@ def test_pacs_baselines_loss_and_gradient_equal_trls(checks, method) -> None:
     assert compared["max_abs_grad"] > 1e-3 and compared["clip_fraction"] > 0
     assert compared["max_abs_grad_diff"] <= 1e-6
     assert compared["pacs_loss"] == pytest.approx(compared["loss"], abs=1e-6)
+
+
+def test_the_grpo_scores_coefficients_at_zero_proxy_are_rloos_rescaled_as_in_pacs_trainer(monkeypatch) -> None:
+    """`pacs_coefficients` (c = ∂L/∂r at r = 0, every update of TRL) floors the grpo score's spread
+    at pacs_beta: c_grpo = (n − 1)/(n β) · c_rloo, not (n − 1)/n / 1e-6 times it. It uses no TRL
+    object, so TRL is stubbed here (float64)."""
+    import importlib
+    import types
+
+    import torch
+
+    stub = types.ModuleType("trl")
+    stub.GRPOConfig, stub.GRPOTrainer = type("GRPOConfig", (), {}), type("GRPOTrainer", (), {})
+    monkeypatch.setitem(sys.modules, "trl", stub)
+    monkeypatch.delitem(sys.modules, "pacs.integrations.trl_trainer", raising=False)
+    trl_trainer = importlib.import_module("pacs.integrations.trl_trainer")
+    monkeypatch.delitem(sys.modules, "pacs.integrations.trl_trainer")
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    scored = torch.ones(8, dtype=torch.bool)
+    beta = 2.0
+    _, grpo = trl_trainer.pacs_coefficients(rewards, scored, 4, estimator="grpo", weighting="question", beta=beta)
+    _, rloo = trl_trainer.pacs_coefficients(rewards, scored, 4, estimator="rloo", weighting="question", beta=beta)
+    torch.testing.assert_close(grpo, 3 / (4 * beta) * rloo, atol=1e-15, rtol=1e-12)
+    assert grpo.abs().max() > 0

@@ -100,3 +100,24 @@ def test_pacs_baselines_loss_and_gradient_equal_verls(checks, method) -> None:
     assert compared["max_abs_advantage_diff"] <= 1e-6
     assert compared["max_abs_grad_diff"] <= 1e-6
     assert compared["pacs_loss"] == pytest.approx(compared["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0])
+def test_the_grpo_scores_advantages_at_zero_proxy_are_rloos_rescaled_as_in_pacs_trainer(beta) -> None:
+    """verl evaluates PACS's advantages at r = 0 on every update: with the spread floor β the grpo
+    score's are the rloo score's times (n − 1)/(n β), not times (n − 1)/n / 1e-6 (float64, no verl)."""
+    import torch
+
+    from pacs.integrations.verl import pacs_advantage_estimator
+
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randint(2, (12,), generator=generator).double()
+    rewards[:4] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    mask = torch.ones(12, 3, dtype=torch.float64)
+    token_rewards = torch.zeros(12, 3, dtype=torch.float64)
+    token_rewards[:, -1] = rewards
+    index = [f"prompt-{row // 4}" for row in range(12)]
+    grpo, _ = pacs_advantage_estimator(estimator="grpo", beta=beta)(token_rewards, mask, index=index)
+    rloo, _ = pacs_advantage_estimator(estimator="rloo", beta=beta)(token_rewards, mask, index=index)
+    torch.testing.assert_close(grpo, 3 / (4 * beta) * rloo, atol=1e-15, rtol=1e-12)
+    assert 0 < grpo.abs().max() <= rloo.abs().max() / beta

@@ -69,11 +69,13 @@ def leave_one_out_centred(values: torch.Tensor, group_size: int) -> torch.Tensor
     return (shifted - others_mean).reshape(-1).to(values.dtype)
 
 
-def group_normalised(values: torch.Tensor, group_size: int, *, divide_by_std: bool = True, eps: float) -> torch.Tensor:
+def group_normalised(
+    values: torch.Tensor, group_size: int, *, divide_by_std: bool = True, eps: float, floor: float = 0.0
+) -> torch.Tensor:
     """Each value centred on its group's mean, and divided by the group's std (differentiable).
 
-    Formula: ``out_i = (x_i − mean_j x_j) / (std_j x_j + eps)``, std unbiased (divides by n − 1,
-    as ``torch.std`` and verl); without the division when ``divide_by_std`` is False. Computed in
+    Formula: ``out_i = (x_i − mean_j x_j) / max(std_j x_j + eps, floor)``, std unbiased (divides by
+    n − 1, as ``torch.std`` and verl); without the division when ``divide_by_std`` is False. Computed in
     float64 on ``d_j = x_j − x_first`` (mean and std are shifted alike, so ``out`` is unchanged),
     so that a group whose values are all equal gets exactly 0 (every d_j is then exactly 0; in
     float32, eight rewards 0.7 lie 6e-8 from their computed mean, which the division by
@@ -89,7 +91,7 @@ def group_normalised(values: torch.Tensor, group_size: int, *, divide_by_std: bo
     shifted = _shifted_to_first_of_group(values, group_size)
     centred = shifted - shifted.mean(dim=-1, keepdim=True)
     if divide_by_std:
-        centred = centred / (shifted.std(dim=-1, keepdim=True) + eps)
+        centred = centred / (shifted.std(dim=-1, keepdim=True) + eps).clamp(min=floor)
     return centred.reshape(-1).to(values.dtype)
 
 

@@ -11,10 +11,12 @@ policy itself carries and minimises a weighted binary cross-entropy:
                                   policy, hard-reset to the current one every
                                   ``train.reference_reset_every`` steps, with the optimizer's state)
     score          rloo:          ψ_i = r_i − 1/(n−1) · Σ_{j≠i} r_j
-                   grpo:          ψ_i = (r_i − mean_j r_j) / (std_j r_j + 1e-6)   (unbiased std)
+                   grpo:          ψ_i = (r_i − mean_j r_j) / max(std_j r_j + 1e-6, β · s₀)   (unbiased
+                                  std; s₀ = GRPO_SPREAD_FLOOR = 1 nat, see below)
                    naive:         ψ_i = r_i
-    class weight   question:      w_i = n / (K · #{j : R_j = R_i}) in a group with K > 1 distinct
-                                  rewards, w_i = 1 in a group with a single reward value
+    class weight   question:      w_i = n / (K · #{j : Y_j = Y_i}) in a group with K > 1 distinct
+                                  outcomes Y, w_i = 1 in a group with a single outcome; Y is the
+                                  verifier's reward before overlong shaping (R = Y without it)
                    none:          w_i = 1
                    only_positive: w_i = 1[R_i = 1]
                    only_negative: w_i = 1[R_i = 0]
@@ -23,14 +25,19 @@ policy itself carries and minimises a weighted binary cross-entropy:
     advantages     A_i = −∂/∂r_i Σ_j w_j · BCEWithLogits(ψ_j, R_j), so −∇_θ L = 1/B · Σ_i A_i ∇_θ r_i
     sampler        with rollout_is_cap = C (off by default), each response's whole coefficient times
     correction     its own weight:  −∇_θ L_ρ = 1/B · Σ_i w_i · A_i ∇_θ r_i, from the response's ratio
-                   ρ_i = π_old(o_i) / μ(o_i) = exp(Σ_t m_it (log π_old(o_it) − log μ(o_it))):
+                   sequence:        ρ_i = π_old(o_i) / μ(o_i) = exp(Σ_t m_it (log π_old(o_it) − log μ(o_it)))
+                   geometric_mean:  ρ_i = exp(Σ_t m_it (log π_old(o_it) − log μ(o_it)) / Σ_t m_it)
                    rollout_is_mode truncate (default):  w_i = min(ρ_i, C)
                                    mask:                w_i = ρ_i · 1[F ≤ ρ_i ≤ C], F = rollout_is_floor or 1/C
                    (`sampler_corrected_coefficients`; `pacs train`, the TRL and verl integrations)
     overlong       with overlong_buffer = L_cache > 0 (off by default): the label is
     shaping        R_i ← clip(R_i + p · R_length(o_i), 0, 1), DAPO's penalty (``shaping.overlong_penalty``)
                    kept in the label range: a correct response near the length limit becomes a soft
-                   label 1 − p · R_length, an incorrect one stays 0
+                   label 1 − p · R_length, an incorrect one stays 0. The class weights stay those of
+                   the unshaped outcomes Y, so shaping only lowers a long response's label, and with
+                   it its push: a soft label as a class of its own would get the weight n / K of a
+                   whole class (with six short correct answers, one long one at 0.75 and one wrong,
+                   `question` would push the long one 4× harder than each short one)
 
 ``m`` is the response mask, sums and means over ``j`` run inside the prompt group of ``i``, and
 the weights are constants. The gradient is an actor-critic update: ``−∇L = β/B Σ_k A_k ∇log π_θ(o_k)``
@@ -44,26 +51,55 @@ for samples of π_old, the responses come from μ. With ∂L/∂ψ_i = −e_i / 
     ∂L/∂r_k = Σ_i ∂L/∂ψ_i · ∂ψ_i/∂r_k = −1/B · (e_k − 1/(n−1) · Σ_{i≠k} e_i) = −A_k / B,
     −∇_θ L  = −Σ_k ∂L/∂r_k ∇_θ r_k   = 1/B · Σ_k A_k ∇_θ r_k,
 
-a sum of one term per sampled response o_k. Importance sampling reweights each sample's term by
-its own likelihood ratio, E_{o~π_old}[g(o)] = E_{o~μ}[π_old(o)/μ(o) · g(o)]; PACS classifies whole
-responses, so the ratio is one per response, the product of its tokens' ratios, truncated at C or
-masked outside [F, C] (`importance.rollout_is_weights`; ``rollout_is_level`` is "sequence", the only
-level PACS takes): A'_k = w_k · A_k, as verl's TIS and TRL's correction scale a sample's advantage
-by its own ratio. A response of weight 0 (masked) gets coefficient 0. (As there, the
-group baseline inside A_k is built from μ's samples and left uncorrected.) Weighting each BCE
+a sum of one term per sampled response o_k. Its correction is per-response importance weighting:
+A'_k = ρ_k · A_k, as verl's TIS and TRL's correction scale a sample's advantage by its own ratio,
+with ρ_k one weight per response (PACS classifies whole responses), truncated at C or masked
+outside [F, C] (`importance.rollout_is_weights`; ``rollout_is_level`` "sequence", the product of
+its tokens' ratios, or "geometric_mean", that product's T-th root, which stays near 1 for long
+responses where the product spreads over orders of magnitude). A response of weight 0 (masked)
+gets coefficient 0. What it estimates is approximate: A_k depends on the whole group (the
+leave-one-out baseline, the class weight w_k through how many others share Y_k, and σ(ψ_k)
+through the others' r on later updates), and ρ_k corrects o_k alone, so the estimate is
+E_{o_k∼π_old, o_{−k}∼μ}[A_k ∇r_k], the group's statistics taken from the behaviour policy μ:
+
+    first update (r = 0, σ(ψ) = 1/2, binary rewards): A_k depends on o_k through Y_k only, so both
+        expectations are (f(1) − f(0)) · ∇P_{π_old}(Y = 1) for a function f of the group; the
+        corrected gradient is the true one times a positive factor f_μ(1) − f_μ(0) over
+        f_{π_old}(1) − f_{π_old}(0): exact with ``weighting=none`` (the baseline's mean cancels
+        against E[∇log π] = 0), a rescaling with ``question`` (a different step size, the same
+        direction; `tests/algos/test_algos_rollout_is.py` enumerates n = 4 in float64);
+    later updates: σ(ψ_k) depends on the others' r, drawn from μ, so the estimate is biased in
+        direction too (the same enumeration at θ ≠ θ_old).
+
+Truncation (min(ρ, C)) down-weights exactly the responses the newer policy prefers, which a long
+response's sequence ratio reaches easily; `rollout_is/ess`, the effective sample size over N,
+warns when the weights leave less than half a batch (`importance.sampler_correction_metrics`).
+Weighting each BCE
 term instead, L = 1/B · Σ_i ρ_i w_i BCE(ψ_i, R_i), is not this: through the leave-one-out
 centring its coefficient is ∂L/∂r_k = −1/B · (ρ_k e_k − 1/(n−1) · Σ_{i≠k} ρ_i e_i), so a response
 of weight 0 is still pushed by the others' errors (rewards [1, 1, 1, 0] and ρ [1, 1, 1, 0] at
-r = 0 give ∂L/∂r = [−1/36, −1/36, −1/36, +1/12] where the sound form gives [−1/9, −1/9, −1/9, 0];
+r = 0 give ∂L/∂r = [−1/36, −1/36, −1/36, +1/12] where the per-response form gives [−1/9, −1/9, −1/9, 0];
 `tests/algos/test_algos_rollout_is.py`). The reported loss is L itself: the correction changes the
 gradient, not what PACS predicts.
 
 The two references differ on the first update after a rollout: against π_old, θ = θ_old gives r = 0
-and ψ = 0 (that update is RLOO's, scaled by β); against a fixed π_ref, r_i = β · log(π_old(o_i) /
+and ψ = 0 (that update is RLOO's, scaled by β; the ``grpo`` score's too, scaled by (n − 1)/(n s₀)
+where the spread floor holds it); against a fixed π_ref, r_i = β · log(π_old(o_i) /
 π_ref(o_i)) already, so σ(ψ) starts from how far the policy has moved from the reference. The paper's
 text (v2, section 3.4) resets π_ref "to a recent snapshot of the online policy" periodically, as
 ProRL does (Liu et al. 2025, arXiv 2505.24864), because r grows against a fixed reference; it gives
 no period.
+
+The ``grpo`` score's spread floor. Against the rollout reference every r is exactly 0 on a step's
+first update, where the authors' formula (r − mean) / (std + 1e-6) has value 0 and derivative
+∂ψ_i/∂r_j = (δ_ij − 1/n) / 1e-6: coefficients of order 1e5, which only gradient clipping tames.
+The floor β · s₀ on the denominator, s₀ = 1 nat of summed log-ratio, keeps the score's sensitivity
+at most that of ``rloo``'s per nat: while the group's spread is below β · s₀ the score is
+(r_i − mean r) / (β s₀) = (n − 1)/n · ψ_rloo / (β s₀), so the first update is RLOO's at the scale
+of β = 1 whatever β; once the spread exceeds it, the authors' formula holds exactly. Scaled by β,
+the floor keeps the score a function of the log-ratios alone, as the unfloored formula is. The
+authors' ``norm_adv_by_std_in_grpo=False`` variant, r_i − mean_j r_j, is (n − 1)/n · ψ_rloo: the
+``rloo`` score with β · (n − 1)/n.
 
 ``pacs_loss`` is the composition
 ``pacs_loss_from_proxy(reward_proxy(...), rewards, ...)``; ``pacs_loss_from_proxy`` is in turn
@@ -98,9 +134,11 @@ from pacs.algos.masks import check_choice, check_same_shape, masked_mean, masked
 from pacs.algos.shaping import check_overlong_shaping, shaped_rewards
 
 LOSS_NOTE = (
-    "note: PACS's loss is a cross-entropy whose logits ψ start at 0 after every rollout (π_θ = π_old), so it stays "
-    "near ln 2 = 0.693 (exactly ln 2 on each step's first update, with the default weighting): learning shows in "
-    "reward/mean and the validation pass@k, not in the loss"
+    "note: PACS's loss is a cross-entropy of logits ψ that start each step from the policy's log-ratio to its "
+    "reference: 0 with the default pacs_reference=rollout (π_θ = π_old after every rollout), so the loss stays near "
+    "ln 2 = 0.693 (exactly ln 2 on each step's first update, with the default weighting); with pacs_reference=fixed "
+    "it starts from how far the policy has moved from the reference. Learning shows in reward/mean and the "
+    "validation pass@k, not in the loss"
 )
 """What the trainer tells a user who watches PACS's loss sit at 0.693 in the progress bar."""
 
@@ -112,6 +150,9 @@ Weighting = Literal["question", "none", "only_positive", "only_negative"]
 WEIGHTINGS: tuple[str, ...] = typing.get_args(Weighting)
 Reference = Literal["rollout", "fixed"]
 REFERENCES: tuple[str, ...] = typing.get_args(Reference)
+GRPO_SPREAD_FLOOR = 1.0
+"""s₀: the ``grpo`` score divides by max(std r + 1e-6, β · s₀) in the trainer and the integrations
+(module docstring: at r = 0 the first update is then RLOO's at β = 1's scale, instead of 1e5 times it)."""
 
 
 def reward_proxy(
@@ -155,25 +196,30 @@ def reward_proxy(
     return beta * masked_mean(logprobs, response_mask)
 
 
-def group_scores(proxy_rewards: torch.Tensor, group_size: int, *, estimator: str = "rloo") -> torch.Tensor:
+def group_scores(
+    proxy_rewards: torch.Tensor, group_size: int, *, estimator: str = "rloo", spread_floor: float = 0.0
+) -> torch.Tensor:
     """Score ψ of each response relative to the other responses to its prompt.
 
     Formula (sums, means and std over the n = ``group_size`` rows of the group of i):
         rloo:  ψ_i = r_i − 1/(n−1) · Σ_{j≠i} r_j
-        grpo:  ψ_i = (r_i − mean_j r_j) / (std_j r_j + 1e-6), std unbiased (divides by n − 1)
+        grpo:  ψ_i = (r_i − mean_j r_j) / max(std_j r_j + 1e-6, spread_floor), std unbiased
+               (divides by n − 1); spread_floor 0 is the authors' formula, whose derivative at an
+               all-equal group is (δ_ij − 1/n) / 1e-6; the trainer passes β · GRPO_SPREAD_FLOOR
         naive: ψ_i = r_i
 
     Args:
         proxy_rewards: (B,) proxy rewards r, B a multiple of ``group_size``.
         group_size: responses per prompt n; at least 2 for ``rloo`` and ``grpo``.
         estimator: ``"rloo"``, ``"grpo"`` or ``"naive"``.
+        spread_floor: the smallest denominator of ``grpo``, a finite number >= 0; unused by the others.
 
     Returns:
         (B,) scores ψ (logits of the predicted reward).
 
     Raises:
-        ValueError: unknown ``estimator``, B not a multiple of ``group_size``, or
-            ``group_size < 2`` with ``rloo``/``grpo``.
+        ValueError: unknown ``estimator``, B not a multiple of ``group_size``,
+            ``group_size < 2`` with ``rloo``/``grpo``, or a negative or non-finite ``spread_floor``.
     """
     check_choice("estimator", estimator, ESTIMATORS)
     group_view(proxy_rewards, group_size)  # B must hold whole groups, whatever the estimator
@@ -187,7 +233,9 @@ def group_scores(proxy_rewards: torch.Tensor, group_size: int, *, estimator: str
         )
     if estimator == "rloo":
         return leave_one_out_centred(proxy_rewards, group_size)
-    return group_normalised(proxy_rewards, group_size, eps=GRPO_STD_EPS)
+    if not (math.isfinite(spread_floor) and spread_floor >= 0):
+        raise ValueError(f"spread_floor must be a finite number >= 0 (0: the authors' grpo score), got {spread_floor!r}")
+    return group_normalised(proxy_rewards, group_size, eps=GRPO_STD_EPS, floor=spread_floor)
 
 
 def class_weights(rewards: torch.Tensor, group_size: int, *, weighting: str = "question") -> torch.Tensor:
@@ -200,7 +248,8 @@ def class_weights(rewards: torch.Tensor, group_size: int, *, weighting: str = "q
         only_negative: w_i = 1 if R_i = 0 else 0
 
     With ``question`` every class present in a group gets the same total weight n / K, so a
-    group's weights sum to n. Rewards are compared exactly (soft labels form their own classes).
+    group's weights sum to n. Rewards are compared exactly (a verifier's soft rewards form their
+    own classes); pass the outcomes before overlong shaping (``pacs_loss_from_proxy``'s ``outcomes``).
 
     Args:
         rewards: (B,) rewards R, B a multiple of ``group_size``.
@@ -240,18 +289,23 @@ def pacs_loss_from_proxy(
     *,
     estimator: str = "rloo",
     weighting: str = "question",
+    outcomes: torch.Tensor | None = None,
+    spread_floor: float = 0.0,
 ) -> torch.Tensor:
     """PACS loss given the proxy rewards.
 
     Formula: L = 1/B · Σ_i w_i · BCEWithLogits(ψ_i, R_i) with ψ = ``group_scores(proxy_rewards)``
-    and w = ``class_weights(rewards)``.
+    and w = ``class_weights(outcomes)``.
 
     Args:
         proxy_rewards: (B,) proxy rewards r (see ``reward_proxy``), B a multiple of ``group_size``.
-        rewards: (B,) verifier rewards R in [0, 1] (soft labels allowed).
+        rewards: (B,) labels R in [0, 1] (soft labels allowed), overlong shaping included.
         group_size: responses per prompt n.
         estimator: see ``group_scores``.
         weighting: see ``class_weights``.
+        outcomes: (B,) the outcomes Y the class weights count, the verifier's rewards before
+            overlong shaping (module docstring); None: R itself.
+        spread_floor: the ``grpo`` score's smallest denominator (``group_scores``).
 
     Returns:
         0-dim loss.
@@ -264,8 +318,10 @@ def pacs_loss_from_proxy(
     rewards = rewards.to(proxy_rewards.dtype)
     if not bool(((rewards >= 0) & (rewards <= 1)).all()):
         raise ValueError(f"rewards must lie in [0, 1], got min {rewards.min().item()} and max {rewards.max().item()}")
-    scores = group_scores(proxy_rewards, group_size, estimator=estimator)
-    weights = class_weights(rewards, group_size, weighting=weighting)
+    scores = group_scores(proxy_rewards, group_size, estimator=estimator, spread_floor=spread_floor)
+    if outcomes is not None:
+        check_same_shape(rewards=rewards, outcomes=outcomes)
+    weights = class_weights(rewards if outcomes is None else outcomes.to(rewards.dtype), group_size, weighting=weighting)
     losses = F.binary_cross_entropy_with_logits(scores, rewards, reduction="none")
     return (weights * losses).mean()
 
@@ -277,6 +333,7 @@ def pacs_advantages(
     *,
     estimator: str = "rloo",
     weighting: str = "question",
+    spread_floor: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PACS's per-response advantages for prompt groups named by id (rows of a group anywhere in the
     batch, groups of any sizes), and the summed loss whose gradient they are.
@@ -295,6 +352,8 @@ def pacs_advantages(
         group_ids: (B,) integer id of each row's prompt.
         estimator: see ``group_scores``.
         weighting: see ``class_weights``.
+        spread_floor: the ``grpo`` score's smallest denominator (``group_scores``); the integrations
+            pass β · GRPO_SPREAD_FLOOR.
 
     Returns:
         (0-dim S, (B,) A), in ``proxy_rewards``' dtype, without gradient.
@@ -318,7 +377,9 @@ def pacs_advantages(
             continue
         rows = torch.nonzero(row_group_size == size).squeeze(-1)
         rows = rows[torch.argsort(group_of_row[rows], stable=True)]  # each group's rows adjacent
-        mean_loss = pacs_loss_from_proxy(proxy[rows], rewards[rows], size, estimator=estimator, weighting=weighting)
+        mean_loss = pacs_loss_from_proxy(
+            proxy[rows], rewards[rows], size, estimator=estimator, weighting=weighting, spread_floor=spread_floor
+        )
         total = total + mean_loss * len(rows)
     if not total.requires_grad:
         return total.detach(), torch.zeros_like(proxy.detach())
@@ -327,15 +388,18 @@ def pacs_advantages(
 
 
 def sampler_corrected_coefficients(coefficients: torch.Tensor, response_weights: torch.Tensor) -> torch.Tensor:
-    """The sampler-mismatch correction that is sound for PACS: each response's whole gradient
-    coefficient scaled by its own importance weight.
+    """The sampler-mismatch correction for PACS: each response's whole gradient coefficient scaled by
+    its own importance weight (per-response importance weighting with the group's statistics from
+    the behaviour policy: the true gradient up to a positive factor on a step's first update,
+    biased in direction on later ones; module docstring).
 
     Formula (A = ``coefficients``, ρ = ``response_weights``, μ the sampler, e.g. vLLM):
         −∇_θ L_ρ = 1/B · Σ_k ρ_k · A_k · ∇_θ r_k,    i.e.   A'_k = ρ_k · A_k
     as verl's TIS and TRL's correction scale a sample's advantage by its own ratio. ρ is one weight
     per response: the truncated (min(ρ, C)) or masked (0 outside [F, C]) sequence ratio
-    π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))). A response of weight 0 has
-    coefficient 0 (the module docstring derives it, and why weighting each BCE term by ρ_i is not it).
+    π_old(o_k) / μ(o_k) = exp(Σ_t m_kt (log π_old(o_kt) − log μ(o_kt))), or its geometric mean per
+    token. A response of weight 0 has coefficient 0 (the module docstring derives it, and why
+    weighting each BCE term by ρ_i is not it).
 
     Args:
         coefficients: (B,) per-response gradient coefficients, constants: PACS's advantages A (see
@@ -368,6 +432,7 @@ def pacs_loss(
     proxy: str = "logratio",
     estimator: str = "rloo",
     weighting: str = "question",
+    spread_floor: float = 0.0,
 ) -> torch.Tensor:
     """PACS loss for a batch of whole prompt groups.
 
@@ -384,6 +449,8 @@ def pacs_loss(
         proxy: ``"logratio"`` or ``"mean_logprob"``.
         estimator: ``"rloo"``, ``"grpo"`` or ``"naive"``.
         weighting: ``"question"``, ``"none"``, ``"only_positive"`` or ``"only_negative"``.
+        spread_floor: the ``grpo`` score's smallest denominator (``group_scores``; 0: the authors'
+            formula, the trainer's is β · GRPO_SPREAD_FLOOR).
 
     Returns:
         0-dim loss, differentiable w.r.t. ``logprobs``.
@@ -398,7 +465,9 @@ def pacs_loss(
             f"rewards must have shape (B,) = ({logprobs.shape[0]},), one per row of logprobs "
             f"{tuple(logprobs.shape)}; got {tuple(rewards.shape)}"
         )
-    return pacs_loss_from_proxy(proxy_rewards, rewards, group_size, estimator=estimator, weighting=weighting)
+    return pacs_loss_from_proxy(
+        proxy_rewards, rewards, group_size, estimator=estimator, weighting=weighting, spread_floor=spread_floor
+    )
 
 
 class PACS:
@@ -427,9 +496,10 @@ class PACS:
     kl_coef > 0. The reported "loss" is L alone.
     """
 
-    rollout_is_levels = ("sequence",)
+    rollout_is_levels = ("sequence", "geometric_mean")
     """The levels of the sampler correction that PACS takes: its loss classifies whole responses,
-    so a response's weight scales its whole gradient coefficient (module docstring); no token level."""
+    so one weight per response scales its whole gradient coefficient (module docstring): the
+    product of its tokens' ratios, or their geometric mean; no token level."""
 
     def __init__(
         self,
@@ -470,6 +540,8 @@ class PACS:
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.loss_agg, self.horizon = loss_agg, horizon
         self.rollout_is_cap, self.rollout_is_mode, self.rollout_is_floor = rollout_is_cap, rollout_is_mode, rollout_is_floor
+        self.rollout_is_level = rollout_is_level
+        self.spread_floor = beta * GRPO_SPREAD_FLOOR
         self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
         self.reference_name = "ref_logprobs" if pacs_reference == "fixed" else "old_logprobs"
         self.regularised = kl_coef > 0 or entropy_coef > 0
@@ -483,13 +555,13 @@ class PACS:
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
         """With ``rollout_is_cap``, {"rollout_is_weight": (B,) w, one truncated or masked ratio per
-        response} (module docstring); else nothing: PACS's other terms depend on the current policy,
+        response, of ``rollout_is_level``} (module docstring); else nothing: PACS's other terms depend on the current policy,
         so they are made per update."""
         if self.rollout_is_cap is None:
             return {}
         weights = rollout_is_weights(
             batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap,
-            mode=self.rollout_is_mode, level="sequence", floor=self.rollout_is_floor,
+            mode=self.rollout_is_mode, level=self.rollout_is_level, floor=self.rollout_is_floor,
         )  # fmt: skip
         return {"rollout_is_weight": weights}
 
@@ -522,7 +594,7 @@ class PACS:
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
         over its `totals.num_rows` rows; groups are whole on each share, so ψ and the class weights
-        are local), times each row's own ρ_i with the sampler correction
+        are local; the class weights count the unshaped rewards, the labels are shaped), times each row's own ρ_i with the sampler correction
         (`sampler_corrected_coefficients`); metrics: this share's loss L (uncorrected) and the mean
         predicted probability of success σ(ψ) on correct (R = 1) and incorrect (R = 0) rows."""
         totals = totals or MiniBatchTotals.of(minibatch["response_mask"])
@@ -535,11 +607,14 @@ class PACS:
             self.group_size,
             estimator=self.estimator,
             weighting=self.weighting,
+            outcomes=rewards,
+            spread_floor=self.spread_floor,
         )
         (proxy_grad,) = torch.autograd.grad(loss * (len(rewards) / totals.num_rows), proxy_rewards)
         if "rollout_is_weight" in minibatch:
             proxy_grad = sampler_corrected_coefficients(proxy_grad, minibatch["rollout_is_weight"])
-        predicted = torch.sigmoid(group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator))
+        scores = group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator, spread_floor=self.spread_floor)
+        predicted = torch.sigmoid(scores)
         metrics = {"loss": float(loss.detach())}
         if self.overlong_buffer:
             metrics["reward/overlong_penalty"] = float((self.labels(minibatch) - rewards).mean())

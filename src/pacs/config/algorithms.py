@@ -73,7 +73,9 @@ class BaseAlgorithmConfig(Section):
     [rollout_is_floor, C] and 0 outside (verl's MIS, IcePop), which needs rollout_is_cap."""
     rollout_is_level: RolloutIsLevel = "token"
     """What one weight covers: `token`, ρ per token (verl's default); `sequence`, one ρ per
-    response, the product of its tokens' ratios, for every token of it. pacs takes `sequence` only."""
+    response, the product of its tokens' ratios, for every token of it; `geometric_mean`, one per
+    response, that product's per-token geometric mean (AReaL's and OpenRLHF's sequence-level
+    masks), which stays near 1 for long responses. pacs takes `sequence` or `geometric_mean`."""
     rollout_is_floor: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     """The bottom F of mask mode's kept range [F, C] (rollout_is_mode=mask only); None: 1/C."""
     overlong_buffer: int = Field(0, ge=0)
@@ -147,8 +149,9 @@ class PacsConfig(BaseAlgorithmConfig):
     `only_positive` / `only_negative`, one class only."""
     rollout_is_level: RolloutIsLevel = "sequence"
     """What one weight of the correction covers: PACS classifies whole responses, so one ρ per
-    response, the product of its tokens' ratios, scales its whole gradient coefficient; `sequence`
-    is the only valid value."""
+    response scales its whole gradient coefficient: `sequence`, the product of its tokens' ratios;
+    `geometric_mean`, that product's per-token geometric mean, near 1 for long responses (its
+    effective sample size, rollout_is/ess, stays high where the product's collapses)."""
     pacs_reference: Reference = "rollout"
     """The reference π_ref of the logratio proxy: `rollout`, the policy that sampled the step (the
     authors' code: ψ = 0 on a step's first update); `fixed`, the frozen reference model, the

@@ -28,6 +28,20 @@ With one seed the run-to-run spread cannot be seen at all: the interval is then 
 which covers only which problems were drawn and sampled, and is too narrow by the per-run shift;
 `pacs compare` warns below 3 seeds.
 
+Ties. At large k pass@k is 0 or 1 on most problems, so the per-seed differences are multiples of
+1/P and two or three seeds often agree exactly: sd(D_s) = 0, and the t interval would be (D, D),
+"significant" for any D ≠ 0. A spread of 0 there is chance, not certainty: each D_s is a mean of P
+noisy differences and varies at least by its sampling error. So when the seeds' spread is 0 the
+interval falls back to the within-seed standard error,
+
+    sd = sqrt(mean_s var_i(d[s, i]) / P)        (var with P − 1 degrees of freedom)
+
+and when that is 0 too (every difference equal: nothing varies) the interval is undetermined,
+(−1, 1), the whole range of a pass@k difference. Only the zero case falls back: flooring every
+spread at the within-seed error would make the interval far too wide (the within-seed variance
+includes how problems differ, which pairing removes). The same holds with one seed (problems as
+units). `benchmarks/interval_coverage.py` checks both at pass@1, 8 and 16.
+
 `minimum_detectable_difference` and `seeds_needed` turn the per-seed spread into a plan: the
 smallest true difference S seeds find with a given power, and how many seeds a difference needs.
 """
@@ -47,6 +61,8 @@ POWER = 0.8
 """The chance of finding a true difference that `minimum_detectable_difference` and `seeds_needed` plan for."""
 MAX_SEEDS_PLANNED = 1000
 """`seeds_needed` gives up above this many seeds (returns None)."""
+UNDETERMINED = (-1.0, 1.0)
+"""`difference_interval` when no difference varies at all: the whole range of a pass@k difference."""
 
 
 def _checked(differences: np.ndarray, confidence: float) -> np.ndarray:
@@ -60,25 +76,58 @@ def _checked(differences: np.ndarray, confidence: float) -> np.ndarray:
     return d
 
 
+def _units(d: np.ndarray) -> np.ndarray:
+    """The interval's units: each seed's mean difference, or with one seed its problems."""
+    return d.mean(axis=1) if d.shape[0] > 1 else d[0]
+
+
+def _spread(d: np.ndarray) -> float:
+    """sd of the units (ddof 1), or the within-seed standard error when that is 0 (module
+    docstring); 0.0 when nothing varies (or there is a single unit)."""
+    units = _units(d)
+    if len(units) < 2:
+        return 0.0
+    spread = float(units.std(ddof=1))
+    if spread > 0 or d.shape[0] == 1 or d.shape[1] == 1:
+        return spread
+    return math.sqrt(float(d.var(axis=1, ddof=1).mean()) / d.shape[1])
+
+
+def seed_spread(differences: np.ndarray) -> float:
+    """The standard deviation of the per-seed differences that `difference_interval` uses: sd_s(D_s),
+    or with a spread of 0 (tied seeds) the within-seed standard error sqrt(mean_s var_i(d[s, i]) / P);
+    0.0 when neither varies (undetermined). Pass it to `minimum_detectable_difference` and
+    `seeds_needed`; `differences` as in `difference_interval`, with at least 2 seeds."""
+    d = _checked(differences, 0.95)
+    if d.shape[0] < 2:
+        raise ValueError(f"a spread over seeds needs at least 2 seeds, got {d.shape[0]}")
+    return _spread(d)
+
+
 def difference_interval(differences: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
     """The t interval of the mean difference over seeds (module docstring for why).
+
+    Formula (D the mean of the units, S their number, sd as `seed_spread`):
+        D ± t_{S−1, (1+confidence)/2} · sd / √S
 
     differences: (seeds, problems) float array, d[s, i] = method minus reference on problem i of
         seed s; every seed has the same number of problems.
     confidence: in (0, 1).
-    Returns (low, high), around mean(differences). With one seed, t over its problems; with one
-    seed of one problem, (d, d).
+    Returns (low, high), around mean(differences), never of width 0: with the seeds tied, the
+    within-seed error stands in for their spread; when nothing varies (every difference equal, or
+    one seed of one problem), UNDETERMINED = (−1, 1). With one seed, t over its problems.
 
     Raises:
         ValueError: `differences` is not 2-D with at least one seed and one problem, holds a
             non-finite value, or `confidence` is out of (0, 1).
     """
     d = _checked(differences, confidence)
-    units = d.mean(axis=1) if d.shape[0] > 1 else d[0]
+    units = _units(d)
+    spread = _spread(d)
+    if spread == 0:
+        return UNDETERMINED
     center = float(units.mean())
-    if len(units) == 1:
-        return center, center
-    half_width = _t_quantile((1 + confidence) / 2, len(units) - 1) * units.std(ddof=1) / math.sqrt(len(units))
+    half_width = _t_quantile((1 + confidence) / 2, len(units) - 1) * spread / math.sqrt(len(units))
     return center - float(half_width), center + float(half_width)
 
 
@@ -89,10 +138,10 @@ def _t_quantile(probability: float, degrees: int) -> float:
 
 
 def excludes_zero(interval: tuple[float, float]) -> bool:
-    """True when the interval lies wholly above or wholly below 0 (the difference is significant at
-    the interval's level)."""
+    """True when the interval has a width and lies wholly above or wholly below 0 (the difference
+    is significant at the interval's level); an interval of width 0 says nothing."""
     low, high = interval
-    return low > 0 or high < 0
+    return low < high and (low > 0 or high < 0)
 
 
 def minimum_detectable_difference(seed_sd: float, seeds: int, *, confidence: float = 0.95, power: float = POWER) -> float:
@@ -111,7 +160,10 @@ def minimum_detectable_difference(seed_sd: float, seeds: int, *, confidence: flo
 
 def seeds_needed(difference: float, seed_sd: float, *, confidence: float = 0.95, power: float = POWER) -> int | None:
     """The fewest seeds (>= 2) whose `minimum_detectable_difference` is at most |difference|; None
-    when that takes more than MAX_SEEDS_PLANNED."""
+    when that takes more than MAX_SEEDS_PLANNED, or when `seed_sd` is 0 (tied seeds say nothing of
+    the spread: pass `seed_spread`, 0 only when nothing varies)."""
+    if not seed_sd > 0:
+        return None
     for seeds in range(2, MAX_SEEDS_PLANNED + 1):
         if minimum_detectable_difference(seed_sd, seeds, confidence=confidence, power=power) <= abs(difference):
             return seeds

@@ -30,7 +30,8 @@ over the B (scored) completions of the generation batch. The value returned for 
 is L / (accumulation steps), so TRL's logged ``loss`` is L; ``pacs/loss`` is logged too.
 
 With vLLM (``use_vllm=True``), TRL's mismatch correction (``vllm_importance_sampling_correction``,
-on by default) is kept, in the form that is sound for PACS: completion k's whole coefficient is
+on by default) is kept, in the form pacs's trainer uses (approximate on later updates, see
+`pacs.algos.pacs`): completion k's whole coefficient is
 scaled by its own sequence-level weight, c'_k = ρ_k · c_k (`pacs.algos.sampler_corrected_coefficients`),
 ρ_k = π_old(o_k) / μ(o_k) as TRL computes it in the ``sequence_mask`` (its default: 0 outside
 [clip_min, clip_max]) or ``sequence_truncate`` mode; the token-level modes are refused.

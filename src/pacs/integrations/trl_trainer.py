@@ -7,7 +7,8 @@ Per generation batch (B completions over every process, rows [g*n, (g+1)*n) prom
 
     R_i    = Σ_f reward_weight_f · reward_f(o_i), a None counted as 0 (TRL's nansum); a completion
              no function scored is left out of its group (TRL's "unscorable")
-    c_i    = ∂L/∂r_i at θ = θ_old (r = 0),  L = S / B_scored  (`pacs.algos.pacs_advantages`)
+    c_i    = ∂L/∂r_i at θ = θ_old (r = 0),  L = S / B_scored  (`pacs.algos.pacs_advantages`; the grpo
+             score's denominator floored at pacs_beta · GRPO_SPREAD_FLOOR, as in pacs's trainer)
     c'_i   = ρ_i · c_i  with vLLM's sequence-level importance ratio ρ (TRL's
              vllm_importance_sampling_correction) times TRL's off-policy mask
              (`pacs.algos.sampler_corrected_coefficients`), else c' = c
@@ -24,6 +25,7 @@ import torch
 import trl
 
 from pacs.algos import ESTIMATORS, WEIGHTINGS, pacs_advantages, reward_proxy, sampler_corrected_coefficients
+from pacs.algos.pacs import GRPO_SPREAD_FLOOR
 
 SEQUENCE_LEVEL_MODES = ("sequence_mask", "sequence_truncate")
 """TRL's vllm_importance_sampling_mode values whose ratio is one per completion, as PACS needs."""
@@ -90,7 +92,7 @@ def scored_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor)
 
 
 def pacs_coefficients(
-    rewards: torch.Tensor, scored: torch.Tensor, group_size: int, *, estimator: str, weighting: str
+    rewards: torch.Tensor, scored: torch.Tensor, group_size: int, *, estimator: str, weighting: str, beta: float = 1.0
 ) -> tuple[float, torch.Tensor]:
     """PACS's loss L and c = ∂L/∂r at θ = θ_old (r = 0) for a whole generation batch.
 
@@ -101,6 +103,7 @@ def pacs_coefficients(
         rewards: (B,) R in [0, 1], rows [g*n, (g+1)*n) one prompt's.
         scored: (B,) bool, False for completions no reward function scored (c = 0 there).
         group_size: completions per prompt n.
+        beta: PACS's β (``pacs_beta``): the grpo score's spread floor is β · GRPO_SPREAD_FLOOR.
 
     Returns:
         L, and (B,) c in float64 (they multiply r in the model's dtype).
@@ -108,8 +111,9 @@ def pacs_coefficients(
     rows = torch.arange(len(rewards), device=rewards.device)
     proxy_rewards = torch.zeros(int(scored.sum()), dtype=torch.float64, device=rewards.device)
     summed_loss, advantages = pacs_advantages(
-        proxy_rewards, rewards[scored].double(), rows[scored] // group_size, estimator=estimator, weighting=weighting
-    )
+        proxy_rewards, rewards[scored].double(), rows[scored] // group_size, estimator=estimator, weighting=weighting,
+        spread_floor=beta * GRPO_SPREAD_FLOOR,
+    )  # fmt: skip
     num_scored = max(int(scored.sum()), 1)
     proxy_grad = torch.zeros(len(rewards), dtype=torch.float64, device=rewards.device)
     proxy_grad[scored] = -advantages / num_scored
@@ -160,7 +164,7 @@ class PACSTrainer(trl.GRPOTrainer):
                 f"{rewards[scored].max().item()}"
             )
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        settings = {"estimator": self.args.pacs_estimator, "weighting": self.args.pacs_weighting}
+        settings = {"estimator": self.args.pacs_estimator, "weighting": self.args.pacs_weighting, "beta": self.args.pacs_beta}
         loss, proxy_grad = pacs_coefficients(rewards, scored, group_size, **settings)
         local_rows = output["completion_ids"].shape[0]
         start = self.accelerator.process_index * local_rows

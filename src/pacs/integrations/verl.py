@@ -17,15 +17,19 @@ prompt's responses found by their prompt id (`uid`), and the actor's loss needs 
 
     adv_estimator  advantages[i, t] = A_i · m_it,  A_i = −∂S/∂r_i at r = 0 (θ = θ_old), S = Σ_i w_i ·
                    BCEWithLogits(ψ_i, R_i) over the responses of each uid (`pacs.algos.pacs_advantages`),
-                   R_i = Σ_t token_level_rewards[i, t] in [0, 1]
+                   R_i = Σ_t token_level_rewards[i, t] in [0, 1]; the grpo score's denominator
+                   floored at β · GRPO_SPREAD_FLOOR, as in pacs's trainer (`pacs.algos.pacs`: at
+                   r = 0 the authors' formula gives advantages of order 1e5)
     loss_mode      loss_micro = −dp_size / global_batch_size · Σ_{i ∈ micro} ρ_i · A_i · r_i(θ),
                    r_i = β Σ_t m_it (log π_θ(o_it) − log π_old(o_it)),
                    ρ_i verl's sequence-level rollout-correction weight (1 without one)
 
 Summed over micro-batches and averaged over ranks, the first update after a rollout (θ = θ_old,
 ppo_mini_batch_size = data.train_batch_size, ppo_epochs = 1) has the gradient of PACS's loss
-L = S / B over the batch, with the sampler correction in its sound form (each response's whole
-coefficient times its own weight, `pacs.algos.sampler_corrected_coefficients`): exact, whatever
+L = S / B over the batch, with the sampler correction as pacs's trainer applies it (each response's
+whole coefficient times its own weight, `pacs.algos.sampler_corrected_coefficients`: per-response
+importance weights, the group's statistics from the sampler, so the true gradient up to a positive
+factor on the first update, `pacs.algos.pacs`): exact, whatever
 the row order, ranks, micro-batch sizes or dynamic batching. With several mini-batches or epochs
 per rollout, each later update keeps the coefficients of θ_old, A_i from e_i = w_i (R_i − σ(ψ_i))
 at σ(ψ_i) = 1/2, while pacs's own trainer recomputes σ(ψ_i) at the current θ from whole groups;
@@ -36,7 +40,7 @@ own size, as verl's losses are, so each update has the scale of a whole-batch up
 Used from verl: algorithm.rollout_correction with rollout_is="sequence" (TIS or IcePop thresholds,
 batch normalisation) and sequence-level rejection sampling (rollout_rs="seq_*": a rejected
 response's mask is zero, so its coefficient is 0 while its reward still counts in its group's
-baseline: the sound correction with ρ = 0); the entropy and KL-loss terms verl adds to the policy
+baseline: the same correction with ρ = 0); the entropy and KL-loss terms verl adds to the policy
 loss (actor.loss_agg_mode applies to those only). Refused with a ValueError naming the setting:
 advantages that are not one value per response (another adv_estimator such as gae), rewards
 outside [0, 1] (algorithm.use_kl_in_reward=True), no prompt ids, rollout.n < 2 with the rloo or
@@ -57,6 +61,7 @@ import torch
 
 from pacs.algos import ESTIMATORS, WEIGHTINGS, pacs_advantages, reward_proxy, sampler_corrected_coefficients
 from pacs.algos.masks import check_choice
+from pacs.algos.pacs import GRPO_SPREAD_FLOOR
 
 INSTALL = "pip install 'pacs[verl]'"
 NAME = "pacs"
@@ -98,10 +103,13 @@ def group_ids(index: np.ndarray | None) -> torch.Tensor:
     return torch.as_tensor(ids.reshape(-1), dtype=torch.long)
 
 
-def pacs_advantage_estimator(*, estimator: str = "rloo", weighting: str = "question"):
-    """A verl advantage estimator computing PACS's advantages with these settings (see the module docstring)."""
+def pacs_advantage_estimator(*, estimator: str = "rloo", weighting: str = "question", beta: float = 1.0):
+    """A verl advantage estimator computing PACS's advantages with these settings (see the module
+    docstring); β sets the grpo score's spread floor β · GRPO_SPREAD_FLOOR, so pass the loss's β."""
     check_choice("estimator", estimator, ESTIMATORS)
     check_choice("weighting", weighting, WEIGHTINGS)
+    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+        raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
 
     def compute_pacs_advantages(
         token_level_rewards: torch.Tensor,
@@ -122,12 +130,13 @@ def pacs_advantage_estimator(*, estimator: str = "rloo", weighting: str = "quest
         if unsupported:
             raise ValueError("adv_estimator=pacs cannot use:\n  " + "\n  ".join(unsupported))
         _, advantages = pacs_advantages(
-            torch.zeros_like(rewards), rewards, group_ids(index), estimator=estimator, weighting=weighting
-        )
+            torch.zeros_like(rewards), rewards, group_ids(index), estimator=estimator, weighting=weighting,
+            spread_floor=beta * GRPO_SPREAD_FLOOR,
+        )  # fmt: skip
         advantages = advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)
         return advantages, advantages
 
-    compute_pacs_advantages.pacs_settings = {"estimator": estimator, "weighting": weighting}
+    compute_pacs_advantages.pacs_settings = {"estimator": estimator, "weighting": weighting, "beta": beta}
     return compute_pacs_advantages
 
 
@@ -193,7 +202,7 @@ def register(name: str = NAME, *, beta: float = 1.0, estimator: str = "rloo", we
         ValueError: an invalid setting, or `name` already taken by another advantage estimator.
     """
     core_algos = _core_algos()
-    advantage_fn = pacs_advantage_estimator(estimator=estimator, weighting=weighting)
+    advantage_fn = pacs_advantage_estimator(estimator=estimator, weighting=weighting, beta=beta)
     loss_fn = pacs_policy_loss_fn(beta=beta, estimator=estimator)
     registered = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
     if getattr(registered, "pacs_settings", None) != advantage_fn.pacs_settings:
