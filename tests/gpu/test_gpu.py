@@ -1,6 +1,8 @@
 """The GPU suite (`make test-gpu`, or `pytest -m gpu`): what only a CUDA GPU can show, on the tiny
 models, in a few minutes on one GPU. Every test skips without CUDA, the vLLM ones without the
-vllm package (`pip install -e '.[vllm]'`), the 2-GPU section on fewer than 2 GPUs. docs/gpu.md
+vllm package (`pip install -e '.[vllm]'`), the 2-GPU section on fewer than 2 GPUs. Every test
+that starts a vLLM engine (the `vllm_installed` fixture) runs in a pytest process of its own
+(tests/gpu/conftest.py: vLLM's sleep-mode allocator is one per process). docs/gpu.md
 says how to run it and what each part covers of issue 39's findings.
 
 Bounds, stated once: bf16 kernels of two implementations (vLLM's and transformers') round
