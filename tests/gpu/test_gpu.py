@@ -233,6 +233,29 @@ def test_the_memory_plan_predicts_a_micro_batchs_peak_on_the_gpu():
         assert abs(simulated_part - measured_part) <= PLAN_TOLERANCE * max(measured_part, 2**20), part
 
 
+def test_a_run_that_cannot_fit_the_gpu_is_refused_before_anything_loads(vllm_installed, tiny_model_dir, tmp_path):
+    """A generator process whose vLLM engine never sleeps (`rollout.max_staleness=1`) asking for a
+    KV cache larger than the GPU: `pacs.train.trainer.begin` refuses it from the device's size,
+    naming the settings to change, before the model loads or the output folder is made."""
+    from pacs.config import ConfigError
+
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    config = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path / 'run'}",
+            *GPU_RUN,
+            "rollout.engine=vllm",
+            "rollout.max_staleness=1",
+            f"rollout.vllm.kv_cache_gib={2 * total_gib:.0f}",
+        ],
+    )
+    with pytest.raises(ConfigError, match="cannot fit cuda:0") as refused:
+        train(config, show_progress=False)
+    assert "rollout.vllm.kv_cache_gib" in str(refused.value) and not (tmp_path / "run").exists()
+
+
 # ----- two GPUs ----------------------------------------------------------------------------------
 
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

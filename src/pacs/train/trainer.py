@@ -112,6 +112,7 @@ from pacs.train.logprobs import (
     response_logprobs_no_grad,
     response_values_no_grad,
 )
+from pacs.train.memory_plan import check_fits_device
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
 from pacs.train.sampler import PromptSampler
@@ -199,6 +200,8 @@ def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
     world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
     try:
         generation_group(config, world)
+        if world.device.type == "cuda":
+            check_fits_device(config, world)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if config.model.lora_rank > 0:
