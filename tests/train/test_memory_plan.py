@@ -1,7 +1,9 @@
 """`pacs.train.memory_plan` shards through pacs's own FSDP wrapping on torch's fake process group
 (a whole plan is too slow for the suite; this keeps its building blocks from rotting)."""
 
+import json
 import math
+import sys
 import types
 
 import pytest
@@ -201,3 +203,21 @@ def test_the_trainers_check_counts_the_models_parameters_from_its_config_and_rea
                 memory_plan.check_fits_device(config, world)
         else:
             memory_plan.check_fits_device(config, world)
+
+
+def noting_simulation(path, world_size, gpu_gib, overrides):
+    """A plan of 1 GiB whose one note is the settings it was given."""
+    return memory_plan.Plan(path, world_size, gpu_gib, {"update": {"parameters": 2**30}}, [repr(overrides)], 0.0, 0.0)
+
+
+def test_key_value_settings_after_the_options_reach_the_simulation_of_every_config(monkeypatch, capsys):
+    """`memory_plan.py CONFIG --world-size 8 --json rollout.max_staleness=1` (the simulation a
+    stand-in that notes the settings it got)."""
+    monkeypatch.setattr(memory_plan, "simulate", noting_simulation)
+    config = "builtin:paper-pacs-beta1-qwen2.5-7b"
+    argv = ["memory_plan.py", config, "--world-size", "8", "--json", "rollout.max_staleness=1", "--jobs", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    memory_plan.main()
+    printed = json.loads(capsys.readouterr().out.strip())
+    assert printed["notes"] == [repr(("rollout.max_staleness=1",))]
+    assert (printed["config"], printed["world_size"], printed["overrides"]) == (config, 8, ["rollout.max_staleness=1"])

@@ -790,7 +790,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, help="simulations run at once (default: one per CPU core)")
     parser.add_argument("--check", action="store_true", help="compare with a real run of a small model (peak RSS)")
     parser.add_argument("--check-run", nargs=2, metavar=("fake|real", "none|fsdp"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # settings may follow the options
     if args.check_run:
         print(json.dumps(check_run(args.check_run[0] == "fake", args.check_run[1])))
         return
