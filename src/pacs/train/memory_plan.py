@@ -133,7 +133,7 @@ GPU_GIB = 80.0
 HEADROOM = 0.10
 """The share of the GPU a plan leaves free for what it does not count (CUDA context, NCCL buffers,
 fragmentation): a config fits when its peak is at most (1 - HEADROOM) of the GPU."""
-PHASES = ("generation", "old log-probs", "update")
+PHASES = ("generation", "validation", "old log-probs", "update")
 PARTS = (
     "parameters",
     "optimizer state",
@@ -146,6 +146,10 @@ PARTS = (
     "transformers KV cache of one generation call (hf)",
     "vLLM: weights",
     "vLLM: KV cache and activations",
+    "validation: gathered model for generate (hf)",
+    "validation: transformers KV cache of one call (hf)",
+    "generator process: vLLM, never asleep (weights, KV cache, activations)",
+    "generator process: its model and KV cache (hf)",
 )
 """What a phase holds (`Plan.phases`), in the order the tables print."""
 GATHERED = {"Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"}
@@ -164,18 +168,21 @@ class Plan:
     notes: list[str]
     seconds: float
     cpu_seconds: float
+    overrides: tuple[str, ...] = ()
+    """The settings given beside the config file (`key=value`)."""
 
     def total(self, phase: str) -> int:
         return sum(self.phases[phase].values())
 
     @property
     def peak(self) -> int:
-        return max(self.total(phase) for phase in PHASES)
+        return max(self.total(phase) for phase in self.phases)
 
     def as_json(self) -> dict:
         """`--json`'s object: the peak and each phase's total and parts, in GiB."""
         return {
             "config": self.config,
+            "overrides": list(self.overrides),
             "world_size": self.world_size,
             "gpu_gib": self.gpu_gib,
             "peak_gib": round(self.peak / GIB, 2),
@@ -185,7 +192,7 @@ class Plan:
                     "total_gib": round(self.total(phase) / GIB, 2),
                     "parts_gib": {part: round(size / GIB, 2) for part, size in self.phases[phase].items()},
                 }
-                for phase in PHASES
+                for phase in self.phases
             },
             "notes": self.notes,
         }
@@ -438,13 +445,15 @@ def world_of(config: Config, world_size: int) -> World:
     return World(rank=0, world_size=world_size, device=torch.device("meta"), strategy=strategy)
 
 
-CRITIC, GATHERED_PART, ACTIVATIONS, HF_MODEL, HF_CACHE, VLLM_WEIGHTS, VLLM_REST = PARTS[4:]
+CRITIC, GATHERED_PART, ACTIVATIONS, HF_MODEL, HF_CACHE, VLLM_WEIGHTS, VLLM_REST = PARTS[4:11]
+VALIDATION_MODEL, VALIDATION_CACHE, GENERATOR_VLLM, GENERATOR_HF = PARTS[11:]
 
 
-def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB) -> Plan:
-    """Simulate `config_path`'s training step on rank 0 of `world_size` (see the module docstring)."""
+def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB, overrides: tuple[str, ...] = ()) -> Plan:
+    """Simulate `config_path`'s training step (with `overrides`, `key=value` settings) on rank 0 of
+    `world_size` (see the module docstring)."""
     start, cpu_start = time.perf_counter(), time.process_time()
-    config = load_config(config_path)
+    config = load_config(config_path, list(overrides))
     hf_config = model_config(config)
     world = world_of(config, world_size)
     if world.strategy == "ddp":
@@ -479,7 +488,12 @@ def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB) -> Plan:
     }
     numel = sum(parameter.numel() for parameter in whole_model.parameters())
     compute_bytes = 2 if bf16 is not None else 4
-    if config.rollout.engine == "vllm":
+    if config.rollout.max_staleness:
+        generator = generator_process(config, hf_config, world_size, gpu_gib, numel * compute_bytes, compute_bytes, notes)
+        phases["generation"] = dict(kept)
+        for phase in phases.values():
+            phase.update(generator)
+    elif config.rollout.engine == "vllm":
         engine = vllm_engine(config, hf_config, world_size, gpu_gib, numel * compute_bytes, compute_bytes, notes)
         phases["generation"] = {**kept, **engine}
         if config.rollout.vllm.sleep_mode is False:  # None: on, on a GPU
@@ -495,8 +509,80 @@ def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB) -> Plan:
         )
         gathered = 0 if world.strategy == "none" else numel * compute_bytes
         phases["generation"] = {**kept, HF_MODEL: gathered, HF_CACHE: cache}
-    ordered = {phase: {part: phases[phase][part] for part in PARTS if phases[phase].get(part)} for phase in PHASES}
-    return Plan(config_path, world_size, gpu_gib, ordered, notes, time.perf_counter() - start, time.process_time() - cpu_start)
+    if config.data.val is not None:
+        phases["validation"] = validation(config, hf_config, world, numel * compute_bytes, compute_bytes, phases, kept, notes)
+    ordered = {
+        phase: {part: phases[phase][part] for part in PARTS if phases[phase].get(part)} for phase in PHASES if phase in phases
+    }
+    return Plan(
+        config_path,
+        world_size,
+        gpu_gib,
+        ordered,
+        notes,
+        time.perf_counter() - start,
+        time.process_time() - cpu_start,
+        tuple(overrides),
+    )
+
+
+def kv_bytes_per_token(hf_config: Qwen2Config, compute_bytes: int) -> int:
+    """Bytes of one token's keys and values over every layer: 2 x layers x key/value heads x head
+    dimension x the compute dtype's bytes (56 KiB for Qwen2.5-7B in bf16)."""
+    head_dim = hf_config.hidden_size // hf_config.num_attention_heads
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * compute_bytes
+
+
+def generator_process(
+    config: Config, hf_config: Qwen2Config, world_size: int, gpu_gib: float, weights: int, compute_bytes: int, notes: list[str]
+) -> dict[str, int]:
+    """With `rollout.max_staleness` >= 1, the generator process beside each training process
+    (`pacs.train.async_generator`), on the same GPU in every phase: it never sleeps. vLLM holds its
+    whole `gpu_memory_utilization` x the GPU (or its weights and `kv_cache_gib`); transformers
+    holds its own copy of the model in the compute dtype and the KV cache of one generation call.
+    Its CUDA context and the host buffers of the weight push are not counted (notes)."""
+    if config.rollout.engine == "vllm":
+        engine = vllm_engine(config, hf_config, world_size, gpu_gib, weights, compute_bytes, notes)
+        held = {GENERATOR_VLLM: engine[VLLM_WEIGHTS] + engine[VLLM_REST]}
+    else:
+        sequences = generation_sequences(config, world_size)
+        tokens = config.data.max_prompt_length + config.data.max_response_length
+        held = {GENERATOR_HF: weights + sequences * tokens * kv_bytes_per_token(hf_config, compute_bytes)}
+    notes.append(
+        f"rollout.max_staleness={config.rollout.max_staleness}: the generator process holds "
+        f"{sum(held.values()) / GIB:.2f} GiB of the GPU in every phase (never asleep), plus a CUDA context of its own; "
+        f"the weight push holds the model in the compute dtype twice in host memory per rank "
+        f"(the trainer's send buffer and the generator's receive buffer): {2 * weights / GIB:.2f} GiB"
+    )
+    return held
+
+
+def validation(
+    config: Config,
+    hf_config: Qwen2Config,
+    world: World,
+    weights: int,
+    compute_bytes: int,
+    phases: dict[str, dict[str, int]],
+    kept: dict[str, int],
+    notes: list[str],
+) -> dict[str, int]:
+    """The validation phase (`Trainer.validate`, every `train.eval_every` steps and after the last):
+    a synchronous run with vLLM validates with its engine, awake (the generation phase's parts);
+    otherwise (`hf`, and every asynchronous run: the trainer's own engine is transformers') with
+    transformers' generate on the policy gathered in the compute dtype, and the KV cache of one call
+    of `rollout.generation_batch_size` sequences (whole groups of `eval.n`) at full length;
+    beside the generator process with `rollout.max_staleness` >= 1."""
+    if config.rollout.engine == "vllm" and not config.rollout.max_staleness:
+        return dict(phases["generation"])
+    samples = config.eval.n
+    sequences = max(1, config.rollout.generation_batch_size // samples) * samples
+    tokens = config.data.max_prompt_length + config.data.max_response_length
+    cache = sequences * tokens * kv_bytes_per_token(hf_config, compute_bytes)
+    notes.append(f"validation: transformers' KV cache for {sequences} sequences of {tokens} tokens")
+    generator = {part: size for part, size in phases["generation"].items() if part.startswith("generator process")}
+    gathered = 0 if world.strategy == "none" else weights
+    return {**kept, VALIDATION_MODEL: gathered, VALIDATION_CACHE: cache, **generator}
 
 
 def ppo_update(
@@ -548,8 +634,7 @@ def vllm_engine(
         if rest <= 0:
             notes.append(f"rollout.vllm.gpu_memory_utilization={settings.gpu_memory_utilization} does not hold vLLM's weights")
             rest = 0
-    head_dim = hf_config.hidden_size // hf_config.num_attention_heads
-    per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * compute_bytes // tp
+    per_token = kv_bytes_per_token(hf_config, compute_bytes) // tp
     length = settings.max_model_len or config.data.max_prompt_length + config.data.max_response_length
     group_sequences = config.train.batch_size // world_size * tp * config.rollout.n
     sequences = min(config.rollout.generation_batch_size, group_sequences)
@@ -560,10 +645,77 @@ def vllm_engine(
     return {VLLM_WEIGHTS: own_weights, VLLM_REST: rest}
 
 
-def simulate(config_path: str, world_size: int, gpu_gib: float = GPU_GIB) -> Plan:
+def least_bytes(config: Config, numel: int, world: World, gpu_bytes: int) -> dict[str, dict[str, int]]:
+    """What a rank holds at least in each phase, without simulating (no activations, no gathered
+    layers, no KV cache of transformers): the trained state (fp32 weights and AdamW's two moments,
+    12 bytes a parameter, sharded over the ranks under FSDP; with LoRA the frozen base in the
+    compute dtype), the gradients in the update (4 bytes a parameter), and what vLLM reserves
+    (`gpu_memory_utilization` x `gpu_bytes`, or its weights and `kv_cache_gib`) while it generates,
+    in every phase when it never sleeps (the generator process of `rollout.max_staleness` >= 1, or
+    sleep mode off); transformers' generator process holds its own copy of the model."""
+    shards = world.world_size if world.strategy == "fsdp" else 1
+    compute_bytes = 2 if config.model.dtype == "bfloat16" else 4
+    lora = config.model.lora_rank > 0
+    state = {"trained state": numel * (compute_bytes if lora else 12) // shards}
+    gradients = {"gradients": 0 if lora else numel * 4 // shards}
+    settings = config.rollout.vllm
+    if config.rollout.engine == "vllm":
+        weights = numel * compute_bytes // settings.tensor_parallel_size
+        held = (
+            weights + int(settings.kv_cache_gib * GIB)
+            if settings.kv_cache_gib is not None
+            else int(settings.gpu_memory_utilization * gpu_bytes)
+        )
+        engine = {"vLLM": held}
+    else:
+        engine = {"generator's model": numel * compute_bytes} if config.rollout.max_staleness else {}
+    never_sleeps = bool(config.rollout.max_staleness) or (config.rollout.engine == "vllm" and settings.sleep_mode is False)
+    return {
+        "generation": {**state, **engine},
+        "update": {**state, **gradients, **(engine if never_sleeps else {})},
+    }
+
+
+def memory_problem(config: Config, numel: int, world: World, gpu_bytes: int, device: str = "the GPU") -> str | None:
+    """Why `config` cannot fit a `gpu_bytes` device whatever its activations (`least_bytes` of a
+    model of `numel` parameters above `gpu_bytes`), naming the settings that lower it; or None."""
+    phases = least_bytes(config, numel, world, gpu_bytes)
+    phase = max(phases, key=lambda name: sum(phases[name].values()))
+    need = sum(phases[phase].values())
+    if need <= gpu_bytes:
+        return None
+    held = ", ".join(f"{part} {size / GIB:.1f}" for part, size in phases[phase].items())
+    return (
+        f"this run cannot fit {device} ({gpu_bytes / GIB:.1f} GiB): its {phase} phase holds at least {need / GIB:.1f} GiB "
+        f"per GPU before any activation ({held} GiB). Lower rollout.vllm.gpu_memory_utilization "
+        f"(now {config.rollout.vllm.gpu_memory_utilization}) or set rollout.vllm.kv_cache_gib, set rollout.max_staleness=0 "
+        f"(now {config.rollout.max_staleness}; a synchronous engine sleeps through the update), keep rollout.vllm.sleep_mode on, "
+        f"shard over more GPUs (train.strategy=fsdp, now {world.strategy} on {world.world_size}), or train LoRA adapters "
+        "(model.lora_rank). The whole plan, activations included: "
+        f"`python benchmarks/memory_plan.py CONFIG --world-size {world.world_size} KEY=VALUE ...` (docs/memory.md)"
+    )
+
+
+def check_fits_device(config: Config, world: World) -> None:
+    """Refuse (ValueError, `memory_problem`) a run on a CUDA device too small for it, before
+    anything loads: the device's size from CUDA, the model's parameters counted on the meta
+    device from its config.json."""
+    from transformers import AutoConfig
+
+    from pacs.models.loading import resolve_model_path
+
+    hf_config = AutoConfig.from_pretrained(resolve_model_path(config.model.path))
+    with torch.device("meta"):
+        numel = sum(parameter.numel() for parameter in AutoModelForCausalLM.from_config(hf_config).parameters())
+    properties = torch.cuda.get_device_properties(world.device)
+    if problem := memory_problem(config, numel, world, properties.total_memory, f"{world.device} ({properties.name})"):
+        raise ValueError(problem)
+
+
+def simulate(config_path: str, world_size: int, gpu_gib: float = GPU_GIB, overrides: tuple[str, ...] = ()) -> Plan:
     """`plan` inside a fake process group of `world_size` ranks."""
     with fake_process_group(world_size):
-        return plan(config_path, world_size, gpu_gib)
+        return plan(config_path, world_size, gpu_gib, overrides)
 
 
 @contextlib.contextmanager
@@ -580,15 +732,16 @@ def fake_process_group(world_size: int):
 
 def table(plan: Plan) -> str:
     """What each phase holds (a column each), its total, the peak and whether it fits."""
-    parts = [part for part in PARTS if any(part in plan.phases[phase] for phase in PHASES)]
+    parts = [part for part in PARTS if any(part in held for held in plan.phases.values())]
     width = max(map(len, parts))
     fits = "fits" if plan.peak <= (1 - HEADROOM) * plan.gpu_gib * GIB else "does NOT fit"
+    settings = f" with {' '.join(plan.overrides)}" if plan.overrides else ""
     lines = [
-        f"{plan.config}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s, {plan.cpu_seconds:.1f} s of CPU)",
-        f"  {'GiB per rank':<{width}}  " + "  ".join(f"{phase:>13}" for phase in PHASES),
+        f"{plan.config}{settings}: rank 0 of {plan.world_size} (simulated in {plan.seconds:.1f} s, {plan.cpu_seconds:.1f} s of CPU)",
+        f"  {'GiB per rank':<{width}}  " + "  ".join(f"{phase:>13}" for phase in plan.phases),
     ]
     for part in [*parts, "total"]:
-        sizes = [plan.total(phase) if part == "total" else plan.phases[phase].get(part, 0) for phase in PHASES]
+        sizes = [plan.total(phase) if part == "total" else plan.phases[phase].get(part, 0) for phase in plan.phases]
         lines.append(f"  {part:<{width}}  " + "  ".join(f"{size / GIB:13.2f}" for size in sizes))
     lines.append(f"  peak {plan.peak / GIB:.2f} GiB: {fits} a {plan.gpu_gib:g} GiB GPU with {HEADROOM:.0%} headroom")
     lines += [f"  ({note})" for note in plan.notes]
@@ -600,7 +753,9 @@ def markdown(plans: list[Plan]) -> str:
     share a column)."""
     columns: dict[tuple, list[Plan]] = {}
     for plan in plans:
-        columns.setdefault((plan.world_size, tuple(plan.total(phase) for phase in PHASES)), []).append(plan)
+        columns.setdefault(
+            (plan.world_size, tuple(plan.total(phase) if phase in plan.phases else 0 for phase in PHASES)), []
+        ).append(plan)
     header = [
         " / ".join(Path(plan.config).stem for plan in group)
         + f", {group[0].world_size} rank"
@@ -609,7 +764,8 @@ def markdown(plans: list[Plan]) -> str:
     ]
     lines = ["| GiB per rank | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     for phase in PHASES:
-        lines.append(f"| {phase} | " + " | ".join(f"{group[0].total(phase) / GIB:.2f}" for group in columns.values()) + " |")
+        cells = [f"{group[0].total(phase) / GIB:.2f}" if phase in group[0].phases else "-" for group in columns.values()]
+        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     lines.append("| **peak** | " + " | ".join(f"**{group[0].peak / GIB:.2f}**" for group in columns.values()) + " |")
     return "\n".join(lines)
 
@@ -621,7 +777,12 @@ def default_runs() -> list[tuple[str, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("configs", nargs="*", help="config files (default: the paper's at 64 ranks, the LoRA 7B on 1)")
+    parser.add_argument(
+        "configs",
+        nargs="*",
+        help="config files (default: the paper's at 64 ranks, the LoRA 7B on 1), and key=value settings for every one "
+        "(e.g. rollout.max_staleness=1)",
+    )
     parser.add_argument("--world-size", type=int, help="ranks for every config given")
     parser.add_argument("--gpu-gib", type=float, default=GPU_GIB, help=f"GPU memory in GiB (default {GPU_GIB:g})")
     parser.add_argument("--markdown", action="store_true", help="also print the table of docs/results.md")
@@ -629,25 +790,27 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, help="simulations run at once (default: one per CPU core)")
     parser.add_argument("--check", action="store_true", help="compare with a real run of a small model (peak RSS)")
     parser.add_argument("--check-run", nargs=2, metavar=("fake|real", "none|fsdp"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # settings may follow the options
     if args.check_run:
         print(json.dumps(check_run(args.check_run[0] == "fake", args.check_run[1])))
         return
     if args.check:
         check()
         return
-    runs = [(path, args.world_size or PAPER_WORLD_SIZE) for path in args.configs] or default_runs()
+    overrides = tuple(argument for argument in args.configs if "=" in argument)
+    paths = [argument for argument in args.configs if "=" not in argument]
+    runs = [(path, args.world_size or PAPER_WORLD_SIZE) for path in paths] or default_runs()
     start = time.perf_counter()
     # configs that differ only in the algorithm's coefficients share one simulation
-    keys = [(simulation_key(load_config(path)), world_size) for path, world_size in runs]
+    keys = [(simulation_key(load_config(path, list(overrides))), world_size) for path, world_size in runs]
     first_run = dict(zip(reversed(keys), reversed(runs)))
     # one process per simulation (each its own fake process group), forked before torch computes
     with ProcessPoolExecutor(args.jobs or min(len(first_run), os.cpu_count() or 1), mp_context=get_context("fork")) as pool:
-        futures = {key: pool.submit(simulate, *run, args.gpu_gib) for key, run in first_run.items()}
+        futures = {key: pool.submit(simulate, *run, args.gpu_gib, overrides) for key, run in first_run.items()}
         plans = []
         for (path, world_size), key in zip(runs, keys):
             done = futures[key].result()
-            plans.append(Plan(path, world_size, done.gpu_gib, done.phases, done.notes, done.seconds, done.cpu_seconds))
+            plans.append(Plan(path, world_size, done.gpu_gib, done.phases, done.notes, done.seconds, done.cpu_seconds, overrides))
             print(json.dumps(plans[-1].as_json()) if args.json else table(plans[-1]) + "\n", flush=True)
     if args.json:
         return
@@ -668,6 +831,9 @@ def simulation_key(config: Config) -> tuple:
         config.rollout.vllm.model_dump_json(),
         config.rollout.n,
         config.rollout.generation_batch_size,
+        config.rollout.max_staleness > 0,
+        config.data.val is not None,
+        config.eval.n,
         config.train.batch_size,
         config.train.micro_batch_size,
         config.train.strategy,

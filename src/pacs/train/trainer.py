@@ -112,6 +112,7 @@ from pacs.train.logprobs import (
     response_logprobs_no_grad,
     response_values_no_grad,
 )
+from pacs.train.memory_plan import check_fits_device
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
 from pacs.train.sampler import PromptSampler
@@ -199,6 +200,8 @@ def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
     world.check_divisible(config.train.batch_size, config.train.mini_batch_size)
     try:
         generation_group(config, world)
+        if world.device.type == "cuda":
+            check_fits_device(config, world)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if config.model.lora_rank > 0:
@@ -472,15 +475,23 @@ class Trainer:
         """The step's rollouts on this rank, scored: from the generator process with
         `rollout.max_staleness` (`take_async_batch`), else one `generate_and_score`, or with `rollout.dynamic_sampling`
         as many as it takes to fill the step with groups of mixed rewards
-        (`pacs.train.dynamic_sampling`), and its metrics."""
+        (`pacs.train.dynamic_sampling`), and its metrics. The engine sleeps once, after the last
+        round (`RolloutEngine.sleep`, timed with "generate"): vLLM's level-2 sleep drops the weights
+        pushed for the step, which every round must generate with."""
         if self.pipeline is not None:
             return self.take_async_batch(step, times)
         rollout = self.config.rollout
         draw = functools.partial(self.generate_and_score, times)
         if not rollout.dynamic_sampling:
-            return draw(), {}
-        groups = self.config.train.batch_size // self.world.world_size
-        return sample_mixed_groups(draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds)
+            sample, metrics = draw(), {}
+        else:
+            groups = self.config.train.batch_size // self.world.world_size
+            sample, metrics = sample_mixed_groups(
+                draw, self.world, group_size=rollout.n, groups=groups, max_rounds=rollout.max_sampling_rounds
+            )
+        with times.phase("generate"):
+            self.engine.sleep()
+        return sample, metrics
 
     def generate_and_score(self, times: PhaseTimes) -> Draw:
         """This rank's share of `train.batch_size` fresh prompts, sampled (`generate`) and scored,
@@ -516,7 +527,8 @@ class Trainer:
     def generate(self) -> tuple[list[dict], Rollouts]:
         """This rank's share of the step's prompts, each row repeated `rollout.n` times, and
         their sampled responses. The engine generates for its generation group's prompts (this
-        rank's alone without tensor parallelism), then sleeps (`RolloutEngine.sleep`)."""
+        rank's alone without tensor parallelism); it stays awake (`scored_rollouts` puts it to sleep
+        after the step's last round)."""
         config, group = self.config, self.generation_group
         shares = self.next_prompt_shares()
         indices = shares[group.member]
@@ -527,9 +539,8 @@ class Trainer:
             max_new_tokens=config.data.max_response_length,
             return_logprobs=self.engine.holds_own_weights,
         )
-        with self.generation(), self.settings.autocast():
+        with self.generation():
             group_rollouts = self.engine.generate([self.train_prompts.token_ids[i] for share in shares for i in share], params)
-        self.engine.sleep()
         rows = [self.train_prompts.rows[i] for i in indices for _ in range(config.rollout.n)]
         return rows, group.own_rows(group_rollouts, len(rows))
 
@@ -545,10 +556,18 @@ class Trainer:
         """The policy's weights as an engine with its own copy takes them, in its dtype (`policy_weights`)."""
         return policy_weights(self.policy.model, DTYPES[Precision(self.config.model.dtype).engine])
 
-    def generation(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def generation(self) -> Iterator[None]:
         """The context an engine generates in: for transformers' generate on the policy itself,
-        the whole policy gathered (`unsharded_for_generation`); vLLM holds its own weights."""
-        return contextlib.nullcontext() if self.engine.holds_own_weights else unsharded_for_generation(self.policy.model)
+        the whole policy gathered (`unsharded_for_generation`) under the run's autocast; nothing
+        for vLLM, which holds its own weights in the engine's dtype and runs its own kernels
+        (torch's autocast, a thread-local mode, would otherwise reach any torch op vLLM runs in
+        this thread)."""
+        if self.engine.holds_own_weights:
+            yield
+            return
+        with unsharded_for_generation(self.policy.model), self.settings.autocast():
+            yield
 
     def rows_from_first_update(self, batch_rows: int, updates_policy: bool) -> int:
         """How many of the step's first rows take their old log-probs from the first update's own
@@ -664,7 +683,7 @@ class Trainer:
         )
         devices = [] if world.device.type == "cpu" else [world.device]
         self.sync_engine_weights()
-        with self.generation(), self.settings.autocast(), torch.random.fork_rng(devices=devices):
+        with self.generation(), torch.random.fork_rng(devices=devices):
             share = evaluate(
                 self.engine,
                 self.policy.tokenizer,
