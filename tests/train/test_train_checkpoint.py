@@ -19,17 +19,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pacs.distributed.world import World
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.models.saving import WEIGHTS_INDEX_FILE, write_safetensors_files
-from pacs.outputs import MARKER, claim_output_dir
+from pacs.outputs import MARKER, RunLocked, claim_output_dir, lock_run
 from pacs.train.checkpointing import folders as checkpoint_folders
 from pacs.train.checkpointing import state as checkpoint_module
 from pacs.train.checkpointing.folders import (
     MANIFEST,
     SAMPLED_BLOCK_BYTES,
-    RunLocked,
     checkpoint_problem,
     checkpoints_newest_first,
     link_checkpoint,
-    lock_run,
     remove_dead_staging,
     remove_older_checkpoints,
 )
@@ -188,7 +186,7 @@ def test_a_second_writer_of_an_output_folder_is_refused_while_the_first_holds_it
         [
             sys.executable,
             "-c",
-            "import sys; from pacs.train.checkpointing.folders import lock_run; lock_run(__import__('pathlib').Path(sys.argv[1]))",
+            "import sys; from pacs.outputs import lock_run; lock_run(__import__('pathlib').Path(sys.argv[1]))",
             str(tmp_path),
         ],
         capture_output=True,

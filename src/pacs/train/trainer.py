@@ -54,6 +54,7 @@ from pacs.models.lora import (
     require_peft,
 )
 from pacs.models.precision import Precision
+from pacs.outputs import check_run_in_place
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores, ScoringWatch
@@ -183,7 +184,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
             stack.enter_context(contextlib.closing(trainer.engine))  # vLLM's teardown ends the process group: after the barrier
             if trainer.pipeline is not None:
                 stack.enter_context(contextlib.closing(trainer.pipeline))
-            result = trainer.run(show_progress=show_progress)
+            result = trainer.run(show_progress=show_progress, run_lock=run_lock)
             barrier(world)  # no rank tears its process group down while another still uses it
         return result
     finally:
@@ -339,9 +340,11 @@ class Trainer:
 
     # ----- the loop ------------------------------------------------------------------------------
 
-    def run(self, *, show_progress: bool = True) -> TrainResult:
+    def run(self, *, show_progress: bool = True, run_lock: IO[str] | None = None) -> TrainResult:
         """Every step from `start_step + 1` to `train.steps`: log, validate and checkpoint as the
-        config says; the final checkpoint at the end."""
+        config says; the final checkpoint at the end. Rank 0, which holds the output folder's
+        `run_lock`, stops before it writes a step's results when the folder was moved away
+        (`pacs.outputs.check_run_in_place`)."""
         config, world = self.config, self.world
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
@@ -364,6 +367,7 @@ class Trainer:
                 if self.validates_at(step):
                     validation, metrics["time/validate_s"] = timed(self.validate)
                     metrics.update(validation)
+                check_run_in_place(output_dir, run_lock)
                 logger.log(step, metrics)
                 self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])

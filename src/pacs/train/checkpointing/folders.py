@@ -23,7 +23,7 @@ it costs no space and outlives that step's removal. `remove_older_checkpoints` k
 `train.keep_checkpoints` step checkpoints, each removed only once a newer one is in place.
 
 A staging folder of a process that died while writing (a kill mid-save) is removed by the next
-run in the folder (`remove_dead_staging`), which holds the folder's lock (`lock_run`) and so
+run in the folder (`remove_dead_staging`), which holds the folder's lock (`pacs.outputs.lock_run`) and so
 knows that no other process writes there.
 """
 
@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
 import shutil
-import socket
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,14 +58,9 @@ checking a 7B model's checkpoint reads ~20 MiB, not ~90 GB. With the size it cat
 short or with a torn (zero-filled) end; not a flipped bit between two sampled blocks."""
 STEP_NAME = re.compile(r"step_(\d+)")
 FINAL = "final"
-RUN_LOCK = ".pacs-run.lock"
 _STAGING_NAME = re.compile(r"\.(?P<kind>tmp|old)-(?P<name>.+)-\d+")
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
-
-
-class RunLocked(RuntimeError):
-    """Another process holds the output folder's run lock."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +276,7 @@ def remove_older_checkpoints(checkpoints_dir: Path, keep: int) -> list[Path]:
 def remove_dead_staging(checkpoints_dir: Path) -> list[str]:
     """Remove the staging folders (`.tmp-NAME-PID`, `.old-NAME-PID`) that a process killed while
     saving left behind, and say what was done with each. Call it holding the run's lock
-    (`lock_run`): no live process writes them. An `.old-NAME-PID` without NAME (a kill between
+    (`pacs.outputs.lock_run`): no live process writes them. An `.old-NAME-PID` without NAME (a kill between
     `put_in_place`'s two renames) holds the only whole copy of NAME: it is kept, and named."""
     if not checkpoints_dir.is_dir():
         return []
@@ -301,28 +294,3 @@ def remove_dead_staging(checkpoints_dir: Path) -> list[str]:
         shutil.rmtree(path)
         notes.append(f"removed {path}, left by a save that was killed")
     return notes
-
-
-def lock_run(output_dir: Path) -> IO[str] | None:
-    """Take `output_dir`'s run lock (a POSIX lock on `RUN_LOCK`, released by the kernel when the
-    process ends, however it ends) and return the open file that holds it (close it to release);
-    None where the file system has no locks. Raises `RunLocked` while another process holds it."""
-    handle = open(output_dir / RUN_LOCK, "a+")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EACCES, errno.EAGAIN):
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise RunLocked(
-                f"{output_dir} is being written by another pacs train ({holder}); wait for it to end, "
-                "or choose another output_dir"
-            ) from None
-        handle.close()
-        return None  # no locks here (ENOLCK, ENOSYS): the run goes on unprotected
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle

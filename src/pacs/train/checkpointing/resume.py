@@ -31,13 +31,11 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
 from pacs.models.lora import ADAPTER_DIR
-from pacs.outputs import claim_output_dir, replace_file
+from pacs.outputs import check_unlocked, claim_output_dir, lock_run, replace_file
 from pacs.train.checkpointing.folders import (
     FINAL,
     FoundCheckpoint,
-    RunLocked,
     checkpoints_newest_first,
-    lock_run,
     remove_dead_staging,
 )
 from pacs.train.preflight import check_run_inputs
@@ -94,15 +92,14 @@ def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None])
     to `keep_lock` (held until the run ends), what a killed save left removed, `config.yaml`
     written."""
     check_run_inputs(config)
+    if Path(config.output_dir).is_dir():
+        check_unlocked(config.output_dir)  # before what its checkpoints say: they are being written
     start = run_start(config, past)
     if start.finished:
         return start
     output_dir = Path(config.output_dir)
     claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto" or past.restarts > 0)
-    try:
-        lock = lock_run(output_dir)
-    except RunLocked as error:
-        raise ConfigError(str(error)) from None
+    lock = lock_run(output_dir)
     if lock is not None:
         keep_lock(lock)
     notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
