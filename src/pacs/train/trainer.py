@@ -160,22 +160,24 @@ def rollout_metrics(
     }
 
 
-def train(config: Config, *, show_progress: bool = True) -> TrainResult:
+def train(config: Config, *, show_progress: bool = True, allow_changes: bool = False) -> TrainResult:
     """Run `config` to the end (or from its newest checkpoint with `resume=auto`, or when torchrun
-    restarted the job), in this process and every other one the launcher started."""
+    restarted the job), in this process and every other one the launcher started. A resume with
+    settings that change the optimisation is refused unless `allow_changes`
+    (`pacs.train.checkpointing.resume.open_run`)."""
     if config.train.deterministic:
         use_deterministic_kernels()  # before any GPU library computes
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        return run_to_the_end(config, world, show_progress)
+        return run_to_the_end(config, world, show_progress, allow_changes)
     finally:
         world.close()  # the trainer and its models are out of reach by now (World.close)
 
 
-def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainResult:
+def run_to_the_end(config: Config, world: World, show_progress: bool, allow_changes: bool = False) -> TrainResult:
     """Check the inputs and decide where the run starts (`begin`), set the trainer up and run
     every step; every rank leaves after the last one's barrier. A finished run ends at once."""
-    start, run_lock = begin(config, world)
+    start, run_lock = begin(config, world, allow_changes)
     try:
         if start.finished:
             return finished_result(config, world, start)
@@ -192,7 +194,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
             run_lock.close()
 
 
-def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
+def begin(config: Config, world: World, allow_changes: bool = False) -> tuple[RunStart, IO[str] | None]:
     """What every rank checks before anything loads (the batch split, the generation groups, peft
     for LoRA, each node's own inputs), then where the run starts: rank 0's decision (`pacs.train.checkpointing.resume.open_run`),
     told on its console and sent to every rank, with rank 0's run lock (None elsewhere). Each
@@ -211,7 +213,7 @@ def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
     run_on_every_rank(world, lambda: None if world.is_writer else check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
     past = launch(world, Path(config.output_dir))
     locks: list[IO[str]] = []
-    start = run_on_rank0(world, lambda: open_run(config, past, locks.append))
+    start = run_on_rank0(world, lambda: open_run(config, past, locks.append, allow_changes=allow_changes))
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     for note in start.notes:
         console.print(note)
