@@ -212,3 +212,26 @@ def test_a_resume_that_changes_the_optimisation_is_refused_unless_allowed_then_r
     assert [(segment["from_step"], segment["changes"]) for segment in segments] == [(1, {}), (3, {"train.lr": [1e-4, 1e-3]})]
     assert segments[0]["config"]["train"]["lr"] == 1e-4 and segments[1]["config"]["train"]["lr"] == 1e-3
     assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]
+
+
+def test_a_flipped_bit_in_the_newest_checkpoints_is_found_and_the_previous_one_resumed(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    train(small_config(run, tiny_model_dir, *NO_VALIDATION, "train.steps=2", "train.save_every=1"), show_progress=False)
+    shard = run / "checkpoints" / "step_2" / "model.safetensors"  # final is made of links to the same files
+    with open(shard, "r+b") as handle:
+        handle.seek(shard.stat().st_size // 2 + 12345)  # between the blocks an earlier sampled checksum read
+        byte = handle.read(1)[0]
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte ^ 1]))
+    capsys.readouterr()
+
+    train(
+        small_config(run, tiny_model_dir, *NO_VALIDATION, "train.steps=3", "train.save_every=1", "resume=auto"),
+        show_progress=False,
+    )
+
+    said = capsys.readouterr().err
+    for name in ("final", "step_2"):
+        assert f"{run / 'checkpoints' / name} is damaged (model.safetensors does not hold the bytes" in said
+    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1)" in said
+    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]

@@ -45,6 +45,7 @@ from pacs.outputs import check_unlocked, claim_output_dir, lock_run, replace_fil
 from pacs.train.checkpointing.folders import (
     FINAL,
     FoundCheckpoint,
+    checkpoint_problem,
     checkpoints_newest_first,
     remove_dead_staging,
 )
@@ -233,9 +234,13 @@ def run_start(config: Config, past: Launch) -> RunStart:
         )
     if not found or not continues:
         return RunStart()
-    whole = next((checkpoint for checkpoint in found if checkpoint.problem is None), None)
-    skipped = found if whole is None else found[: found.index(whole)]
-    notes = [f"{checkpoint.path} is damaged ({checkpoint.problem}): skipped" for checkpoint in skipped]
+    whole, notes = None, []
+    for checkpoint in found:  # the newest whole one, every byte checked: one read of each candidate
+        problem = checkpoint.problem or checkpoint_problem(checkpoint.path)
+        if problem is None:
+            whole = checkpoint
+            break
+        notes.append(f"{checkpoint.path} is damaged ({problem}): skipped")
     if whole is None:
         raise ConfigError(
             f"no checkpoint in {checkpoints_dir} can be resumed: "
