@@ -16,7 +16,7 @@ from typing import Any
 
 import pacs
 from pacs import EVAL_SAMPLING
-from pacs.outputs import claim_output_dir, claim_output_file
+from pacs.outputs import DiskFull, claim_output_dir, claim_output_file
 from pacs.threads import choose_threads, usable_cores
 from pacs.train.determinism import reproducible_math_environment
 
@@ -419,6 +419,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as error:  # pacs.config.ConfigError is a ValueError
         print(f"pacs {args.command}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except DiskFull as error:  # one line: the folder, what, its size, the free space
+        print(f"pacs {args.command}: error: {error.strerror}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every rank gets it, rank 0 says it
         if os.environ.get("RANK", "0") == "0":
             print(f"\npacs {args.command}: {after_interrupt(args.command, argv)}", file=sys.stderr)

@@ -9,6 +9,9 @@ pacs writes only inside folders it owns and never deletes a previous output:
   (`reuse`, e.g. `pacs train resume=auto`) or was asked to replace it (`replace`, e.g.
   `--overwrite`): the previous output is then moved aside to `NAME.superseded` (or
   `NAME.superseded.2`, ...), never deleted;
+- a write that finds the disk full (ENOSPC) or the quota spent (EDQUOT) stops the command with one
+  line naming the folder, what was being written, its size and the free space (`DiskFull`,
+  `disk_faults`), the part it wrote removed;
 - a folder that a live process writes (it holds the run lock, `RUN_LOCK`, see `lock_run`) is
   never moved aside nor replaced, by any command: it is refused, naming that process; and a
   writer whose folder was moved all the same (`mv`) stops at its next step (`check_run_in_place`).
@@ -26,8 +29,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
+import shutil
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -50,6 +56,62 @@ class RunLocked(OutputRefused):
 
 class RunMoved(OutputRefused):
     """The folder a run writes was moved away or replaced while it ran."""
+
+
+class DiskFull(OSError):
+    """A write found its disk full or its quota spent; the message says where, what and how much."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = re.compile(r"No space left on device|Disk quota exceeded|os error (28|122)\b")
+"""How libraries that do not raise OSError (safetensors' Rust writer) report the two errnos."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is ENOSPC or EDQUOT (by errno, or by the
+    text a library that raises another type quotes)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS or _DISK_FULL_TEXT.search(str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def size_text(size: float) -> str:
+    """`size` bytes for people: "812 B", "6.3 MB", "1.2 GB" (powers of 1000, as `df -H`)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to this user on the disk holding `path` (its nearest existing folder)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+@contextmanager
+def disk_faults(folder: Path, what: str, size: int | None = None) -> Iterator[None]:
+    """Turn a full disk or spent quota met in the body (see `is_disk_full`) into `DiskFull`: one
+    line naming `folder`, `what` was being written, its `size` (None: not known beforehand) and
+    the free space. The body removes what it wrote in part; other errors pass unchanged."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        needs = f" (about {size_text(size)})" if size else ""
+        raise DiskFull(
+            errno.ENOSPC,
+            f"the disk holding {folder} is full: writing {what}{needs} failed with {size_text(free_bytes(folder))} "
+            "free, and nothing of it was kept. Free space there, or choose an output folder on a larger disk",
+        ) from None
 
 
 def unusable_inputs(checks: Iterable[tuple[str, Callable[[], object]]]) -> str | None:

@@ -54,7 +54,7 @@ from pacs.models.lora import (
     require_peft,
 )
 from pacs.models.precision import Precision
-from pacs.outputs import check_run_in_place
+from pacs.outputs import check_run_in_place, disk_faults, free_bytes
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores, ScoringWatch
@@ -85,6 +85,8 @@ from pacs.train.checkpointing.resume import (
     records_checkpoints,
 )
 from pacs.train.checkpointing.state import (
+    checkpoint_size_estimate,
+    checkpoint_space_warning,
     restore_training_state,
     write_checkpoint,
 )
@@ -270,6 +272,8 @@ class Trainer:
     last_step_checkpoint: Path | None
     """A checkpoint of the state after the last step (`step_N`, N = train.steps), which `final`
     links to instead of writing a second copy."""
+    checkpoint_bytes: int = 0
+    """About the size of one checkpoint (`checkpoint_size_estimate`), named when a save fills the disk."""
 
     # ----- built once ----------------------------------------------------------------------------
 
@@ -294,6 +298,14 @@ class Trainer:
         )
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
+        models = [policy.model, *([critic.model] if critic else []), *([reference] if config.train.reference_reset_every else [])]
+        checkpoint_bytes = checkpoint_size_estimate([model for model in models if model is not None])
+        if world.is_writer and (
+            warning := checkpoint_space_warning(
+                config, Path(config.output_dir), checkpoint_bytes, free_bytes(Path(config.output_dir))
+            )
+        ):
+            console.print(f"warning: {warning}")
         engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
         pipeline = start_pipeline(config, world, in_flight) if config.rollout.max_staleness else None
         scorer = ScoringPool(
@@ -338,6 +350,7 @@ class Trainer:
             engine_has_policy_weights=not pushes_weights(engine, config),
             writer_host=start.writer_host,
             last_step_checkpoint=resume_from if resume_from and start_step == config.train.steps else None,
+            checkpoint_bytes=checkpoint_bytes,
         )
 
     # ----- the loop ------------------------------------------------------------------------------
@@ -727,7 +740,10 @@ class Trainer:
             return self.save(FINAL, self.config.train.steps, tracker_runs)
         final = self.last_step_checkpoint.parent / FINAL
         if self.world.is_writer:
-            link_checkpoint(self.last_step_checkpoint, final)
+            with disk_faults(
+                final.parent, f"checkpoint {FINAL} (links, or a copy where the disk has none)", self.checkpoint_bytes
+            ):
+                link_checkpoint(self.last_step_checkpoint, final)
         barrier(self.world)
         self.record(FINAL, self.config.train.steps)
         return final
@@ -737,18 +753,20 @@ class Trainer:
         ids, which `resume=auto` continues, and every rank's batches in flight with
         `rollout.max_staleness`); the other nodes record it (`record`)."""
         in_flight = gather_objects_on_rank0(self.world, self.pipeline.state(step)) if self.pipeline is not None else None
-        checkpoint = write_checkpoint(
-            self.world,
-            Path(self.config.output_dir) / "checkpoints" / name,
-            self.policy.tokenizer,
-            step=step,
-            sampler=self.sampler,
-            rollouts_in_flight=in_flight,
-            policy=(self.policy.model, self.policy.optimizer),
-            critic=self.critic and self.critic.trained(),
-            tracker_runs=tracker_runs,
-            reference=self.reference if self.config.train.reference_reset_every else None,
-        )
+        directory = Path(self.config.output_dir) / "checkpoints" / name
+        with disk_faults(directory.parent, f"checkpoint {name}", self.checkpoint_bytes):  # a failed save leaves no part
+            checkpoint = write_checkpoint(
+                self.world,
+                directory,
+                self.policy.tokenizer,
+                step=step,
+                sampler=self.sampler,
+                rollouts_in_flight=in_flight,
+                policy=(self.policy.model, self.policy.optimizer),
+                critic=self.critic and self.critic.trained(),
+                tracker_runs=tracker_runs,
+                reference=self.reference if self.config.train.reference_reset_every else None,
+            )
         self.record(name, step)
         return checkpoint
 

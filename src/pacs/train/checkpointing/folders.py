@@ -197,24 +197,26 @@ def exchange(first: Path, second: Path) -> bool:
 
 def link_checkpoint(source: Path, directory: Path) -> Path:
     """`directory` as a checkpoint of the same files as the sealed checkpoint `source`: hard links
-    (copies where the file system refuses them), put in place like any checkpoint."""
+    (copies where the file system refuses them), put in place like any checkpoint (a failure
+    before that leaves no staging folder)."""
     staging = staging_directory(directory)
-    for path in sorted(source.rglob("*")):
-        target = staging / path.relative_to(source)
-        if path.is_dir():
-            target.mkdir(exist_ok=True)
-        elif path.name != MARKER:
-            try:
-                os.link(path, target)
-            except OSError as error:
-                if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                shutil.copy2(path, target)
-                with open(target, "rb") as handle:
-                    os.fsync(handle.fileno())
-    for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_directory(folder)
-    _fsync_directory(staging)
+    with removed_on_error(staging):
+        for path in sorted(source.rglob("*")):
+            target = staging / path.relative_to(source)
+            if path.is_dir():
+                target.mkdir(exist_ok=True)
+            elif path.name != MARKER:
+                try:
+                    os.link(path, target)
+                except OSError as error:
+                    if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    shutil.copy2(path, target)
+                    with open(target, "rb") as handle:
+                        os.fsync(handle.fileno())
+        for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True):
+            _fsync_directory(folder)
+        _fsync_directory(staging)
     return put_in_place(staging, directory)
 
 
