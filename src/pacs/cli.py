@@ -16,7 +16,7 @@ from typing import Any
 
 import pacs
 from pacs import EVAL_SAMPLING
-from pacs.outputs import claim_output_dir, claim_output_file
+from pacs.outputs import DiskFull, claim_output_dir, claim_output_file
 from pacs.threads import choose_threads, usable_cores
 from pacs.train.determinism import reproducible_math_environment
 
@@ -86,7 +86,7 @@ def _train(args: argparse.Namespace) -> None:
         check_run_inputs(config)
         if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):
             print(f"the previous run in {config.output_dir} is now {aside}")
-    result = train(config)
+    result = train(config, allow_changes=args.allow_changes)
     if not result.is_writer:
         return
     summary = {k: round(v, 4) for k, v in result.last_metrics.items() if k.startswith(("reward/", "val/", "loss"))}
@@ -232,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
     train.add_argument("--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)")
+    train.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="resume=auto with settings that change the optimisation (lr, batch sizes, algorithm, model, data, ...) other "
+        "than the run's own: go on with them, recorded in config_segments.jsonl (refused without this flag)",
+    )
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("eval", help="sample N responses per problem and report pass@k")
@@ -413,6 +419,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as error:  # pacs.config.ConfigError is a ValueError
         print(f"pacs {args.command}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except DiskFull as error:  # one line: the folder, what, its size, the free space
+        print(f"pacs {args.command}: error: {error.strerror}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every rank gets it, rank 0 says it
         if os.environ.get("RANK", "0") == "0":
             print(f"\npacs {args.command}: {after_interrupt(args.command, argv)}", file=sys.stderr)

@@ -3,7 +3,9 @@
 - `plot_runs`: what `pacs plot RUN_DIR [RUN_DIR ...]` draws, one PNG per metric of the runs'
   `metrics.jsonl` (training reward, loss, response length, gradient norm, validation pass@1 per
   data source), every run on the same axes against step; `--smooth W` draws the training curves
-  as TensorBoard's smoothing slider does (`smoothed`).
+  as TensorBoard's smoothing slider does (`smoothed`). Where a resumed run went on with other
+  settings (`pacs train --allow-changes`), a dotted vertical line before the first step of each
+  new set, labelled with the keys that changed (`segment_marks`).
 - `plot_reward_curves`: one curve per method, the mean over seeds with a ± one standard deviation
   band (the paper's training-reward figure).
 - `plot_pass_at_k`: pass@k against k per method, mean ± std over seeds, k on a log2 axis.
@@ -28,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pacs.outputs import claim_output_dir
+from pacs.train.checkpointing.resume import read_segments
 from pacs.train.metrics import read_metrics
 
 TRAINING_METRICS = {
@@ -121,6 +124,25 @@ def _series(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
     return [step for step, _ in points], [value for _, value in points]
 
 
+def segment_marks(run_dir: Path) -> list[tuple[int, str]]:
+    """(first step, "changed: KEYS") of each set of settings after the first that a resumed run
+    went on with (`pacs.train.checkpointing.resume.read_segments`); [] for a run of one set."""
+    marks = []
+    for segment in read_segments(run_dir)[1:]:
+        keys = list(segment["changes"])
+        shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3})" if len(keys) > 3 else "")
+        marks.append((int(segment["from_step"]), f"changed: {shown}"))
+    return marks
+
+
+def _mark_segments(axes: Axes, marks: list[tuple[int, str]], colour: str) -> None:
+    """A dotted vertical line half a step before each mark's first step, with its text beside it."""
+    for step, text in marks:
+        axes.axvline(step - 0.5, color=colour, linestyle=":", linewidth=1.2)
+        axes.annotate(text, (step - 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                      textcoords="offset points", fontsize=7, color=colour, in_layout=False)  # fmt: skip
+
+
 def run_labels(run_dirs: list[Path]) -> list[str]:
     """Legend labels: each run's algorithm and seed, from its `config.yaml` ("pacs, seed 0"), with
     its directory's last path parts after it where that alone does not tell the runs apart (and
@@ -178,14 +200,14 @@ def plot_runs(
         raise ValueError("plot_runs needs at least one run directory")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels has {len(labels)} entries for {len(run_dirs)} run directories; give one per run")
-    runs: list[tuple[str, list[dict]]] = []
+    runs: list[tuple[str, list[dict], list[tuple[int, str]]]] = []
     for label, run_dir in zip(labels if labels is not None else run_labels(run_dirs), map(Path, run_dirs)):
         if not (run_dir / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{run_dir} has no metrics.jsonl; pass directories that `pacs train` wrote")
-        runs.append((label, read_metrics(run_dir)))
+        runs.append((label, read_metrics(run_dir), segment_marks(run_dir)))
     claim_output_dir(Path(out_dir), "pacs plot", replace=overwrite)
 
-    logged = {key for _, rows in runs for row in rows for key in row}
+    logged = {key for _, rows, _ in runs for row in rows for key in row}
     validation_sources = sorted(match["source"] for key in logged if (match := VALIDATION_PASS_AT_1.match(key)))
     metrics = {metric: (label, 1.0) for metric, label in TRAINING_METRICS.items() if metric in logged}
     metrics |= {f"val/{source}/pass@1": (f"{source} pass@1 (%)", 100.0) for source in validation_sources}
@@ -193,15 +215,16 @@ def plot_runs(
     written = []
     for metric, (y_label, scale) in metrics.items():
         figure, axes = _new_axes(metric, "step", y_label)
-        for label, rows in runs:
+        for label, rows, marks in runs:
             steps, values = _series(rows, metric)
             if not steps:
                 continue
             if smoothing and metric in TRAINING_METRICS:
                 (raw,) = axes.plot(steps, np.asarray(values) * scale, alpha=0.25, linewidth=1)
-                axes.plot(steps, np.asarray(smoothed(values, smoothing)) * scale, label=label, color=raw.get_color())
+                (line,) = axes.plot(steps, np.asarray(smoothed(values, smoothing)) * scale, label=label, color=raw.get_color())
             else:
-                axes.plot(steps, np.asarray(values) * scale, label=label, marker=_marker(len(steps)), markersize=3)
+                (line,) = axes.plot(steps, np.asarray(values) * scale, label=label, marker=_marker(len(steps)), markersize=3)
+            _mark_segments(axes, marks, line.get_color())
         axes.legend()
         written.append(_save(figure, Path(out_dir) / metric_file_name(metric)))
     return written

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+from matplotlib.axes import Axes
 
 from pacs.cli import main
 from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves, plot_runs, run_labels, smoothed
+from pacs.train.checkpointing.resume import SEGMENTS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -170,3 +172,24 @@ def test_a_smoothing_weight_outside_0_to_1_is_refused_naming_the_option(tmp_path
     with pytest.raises(SystemExit):
         main(["plot", str(tmp_path), "--smooth", weight])
     assert f"argument --smooth: expected a smoothing weight in [0, 1), got {weight!r}" in capsys.readouterr().err
+
+
+def test_plot_runs_marks_where_a_resumed_run_changed_its_settings(tmp_path, monkeypatch):
+    run = write_run(tmp_path / "run", training_rows(6))
+    segments = [
+        {"from_step": 1, "changes": {}, "config": {}},
+        {"from_step": 4, "changes": {"train.lr": [1e-4, 1e-3]}, "config": {}},
+    ]
+    (run / SEGMENTS).write_text("".join(json.dumps(segment) + "\n" for segment in segments))
+    marked = []
+    monkeypatch.setattr(Axes, "axvline", lambda axes, x, **style: marked.append((axes.get_title(), x)))
+    texts = []
+    annotate = Axes.annotate
+    monkeypatch.setattr(
+        Axes, "annotate", lambda axes, text, *args, **kwargs: texts.append(text) or annotate(axes, text, *args, **kwargs)
+    )
+
+    written = plot_runs([run], tmp_path / "plots")
+
+    assert {x for _, x in marked} == {3.5} and len(marked) == len(written)  # one mark in each figure
+    assert set(texts) == {"changed: train.lr"}

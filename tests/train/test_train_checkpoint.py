@@ -19,19 +19,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pacs.distributed.world import World
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.models.saving import WEIGHTS_INDEX_FILE, write_safetensors_files
-from pacs.outputs import MARKER, claim_output_dir
+from pacs.outputs import MARKER, RunLocked, claim_output_dir, lock_run
 from pacs.train.checkpointing import folders as checkpoint_folders
 from pacs.train.checkpointing import state as checkpoint_module
 from pacs.train.checkpointing.folders import (
     MANIFEST,
     SAMPLED_BLOCK_BYTES,
-    RunLocked,
+    SAMPLED_BLOCKS,
     checkpoint_problem,
     checkpoints_newest_first,
     link_checkpoint,
-    lock_run,
     remove_dead_staging,
     remove_older_checkpoints,
+    sampled_crc32,
 )
 from pacs.train.checkpointing.state import (
     TRAINER_STATE,
@@ -163,6 +163,37 @@ def test_a_cut_short_or_rewritten_file_is_named_as_the_checkpoints_problem(tmp_p
     assert checkpoint_problem(directory) == "model.safetensors is missing"
 
 
+def flip_a_bit(path: Path, offset: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)[0]
+        handle.seek(offset)
+        handle.write(bytes([byte ^ 0x10]))
+
+
+def test_one_flipped_bit_anywhere_in_a_checkpoint_file_is_named_as_its_problem(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    directory = save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1})
+    weights = directory / "model.safetensors"
+    assert weights.stat().st_size > SAMPLED_BLOCKS * SAMPLED_BLOCK_BYTES  # a bit no sampled block covers
+    flip_a_bit(weights, SAMPLED_BLOCK_BYTES + 4321)
+    assert checkpoint_problem(directory) == "model.safetensors does not hold the bytes its manifest's checksum says"
+    assert checkpoint_problem(directory, contents=False) is None  # the sizes alone do not tell
+
+
+def test_a_manifest_of_sampled_checksums_from_an_earlier_pacs_is_still_checked(tmp_path, tiny_model_dir):
+    model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
+    directory = save_checkpoint(tmp_path / "step_1", model, tokenizer, {"step": 1})
+    manifest = json.loads((directory / MANIFEST).read_text())
+    for name, entry in manifest["files"].items():
+        with open(directory / name, "rb") as handle:
+            entry["crc32"] = sampled_crc32(handle, entry["bytes"])
+    (directory / MANIFEST).write_text(json.dumps({**manifest, "format": 1}))
+    assert checkpoint_problem(directory) is None
+    flip_a_bit(directory / "model.safetensors", 10)  # in the first sampled block
+    assert checkpoint_problem(directory) == "model.safetensors does not hold the bytes its manifest's checksum says"
+
+
 def test_a_linked_checkpoint_shares_the_files_and_outlives_the_original(tmp_path, tiny_model_dir):
     model, tokenizer = load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     step = save_checkpoint(tmp_path / "step_2", model, tokenizer, {"step": 2})
@@ -188,7 +219,7 @@ def test_a_second_writer_of_an_output_folder_is_refused_while_the_first_holds_it
         [
             sys.executable,
             "-c",
-            "import sys; from pacs.train.checkpointing.folders import lock_run; lock_run(__import__('pathlib').Path(sys.argv[1]))",
+            "import sys; from pacs.outputs import lock_run; lock_run(__import__('pathlib').Path(sys.argv[1]))",
             str(tmp_path),
         ],
         capture_output=True,

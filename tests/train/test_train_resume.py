@@ -13,7 +13,7 @@ from torchrun_jobs import tensorboard_steps
 from pacs.config import ConfigError
 from pacs.train.checkpointing import state as checkpoint_module
 from pacs.train.checkpointing.folders import MANIFEST, checkpoints_newest_first
-from pacs.train.checkpointing.resume import RESTART_COUNT, Launch, run_start
+from pacs.train.checkpointing.resume import RESTART_COUNT, SEGMENTS, Launch, read_segments, run_start
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
 
@@ -190,3 +190,48 @@ def test_a_checkpoint_past_train_steps_is_refused_naming_the_steps_that_would_co
     config = small_config(tmp_path / "run", "builtin:tiny", "resume=auto", "train.steps=5")
     with pytest.raises(ConfigError, match=r"step_6 is at step 6, past train.steps=5; pass train.steps=6 or more"):
         run_start(config, Launch())
+
+
+def test_a_resume_that_changes_the_optimisation_is_refused_unless_allowed_then_recorded(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    settings = [*NO_VALIDATION, "train.save_every=0", "train.batch_size=8", "train.lr=1e-4"]
+    train(small_config(run, tiny_model_dir, *settings, "train.steps=2"), show_progress=False)
+    before = tree(run)
+    changed = small_config(run, tiny_model_dir, *settings, "train.steps=3", "resume=auto", "train.lr=1e-3", "train.eval_every=1")
+
+    with pytest.raises(ConfigError, match=r"train.lr: 0.0001 -> 0.001\. .*--allow-changes") as refusal:
+        train(changed, show_progress=False)
+    assert "eval_every" not in str(refusal.value)  # validation's schedule changes nothing optimised
+    assert tree(run) == before
+    assert not (run / SEGMENTS).exists()
+
+    capsys.readouterr()
+    train(changed, show_progress=False, allow_changes=True)
+    assert "settings changed from step 3 on (train.lr: 0.0001 -> 0.001)" in capsys.readouterr().err
+    segments = read_segments(run)
+    assert [(segment["from_step"], segment["changes"]) for segment in segments] == [(1, {}), (3, {"train.lr": [1e-4, 1e-3]})]
+    assert segments[0]["config"]["train"]["lr"] == 1e-4 and segments[1]["config"]["train"]["lr"] == 1e-3
+    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]
+
+
+def test_a_flipped_bit_in_the_newest_checkpoints_is_found_and_the_previous_one_resumed(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    train(small_config(run, tiny_model_dir, *NO_VALIDATION, "train.steps=2", "train.save_every=1"), show_progress=False)
+    shard = run / "checkpoints" / "step_2" / "model.safetensors"  # final is made of links to the same files
+    with open(shard, "r+b") as handle:
+        handle.seek(shard.stat().st_size // 2 + 12345)  # between the blocks an earlier sampled checksum read
+        byte = handle.read(1)[0]
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte ^ 1]))
+    capsys.readouterr()
+
+    train(
+        small_config(run, tiny_model_dir, *NO_VALIDATION, "train.steps=3", "train.save_every=1", "resume=auto"),
+        show_progress=False,
+    )
+
+    said = capsys.readouterr().err
+    for name in ("final", "step_2"):
+        assert f"{run / 'checkpoints' / name} is damaged (model.safetensors does not hold the bytes" in said
+    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1)" in said
+    assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]

@@ -6,6 +6,10 @@ calls the same methods (the rollouts of all ranks are gathered to rank 0).
 A metric that is undefined at a step (a ratio over zero variance, such as PPO's explained
 variance when every return is equal) or not finite is written as `null` in `metrics.jsonl`, never
 as the non-standard `NaN`/`Infinity` tokens, and is left out of the trackers for that step.
+
+A write that finds the disk full stops the run with `pacs.outputs.DiskFull` (one line: the folder,
+what, its size, the free space); a line of `metrics.jsonl` or a rollouts file written in part is
+removed first.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from pacs.config import Config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
-from pacs.outputs import replace_file
+from pacs.outputs import disk_faults, replace_file
 from pacs.train.trackers import Tracker, open_trackers
 
 
@@ -58,11 +62,20 @@ class MetricsLogger:
         if self.trackers is None:
             return
         defined = {name: value if math.isfinite(value) else None for name, value in metrics.items()}
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps({"step": step, **defined}, allow_nan=False) + "\n")
+        line = json.dumps({"step": step, **defined}, allow_nan=False) + "\n"
+        with disk_faults(self.path.parent, f"step {step}'s line of {self.path.name}", len(line)):
+            with open(self.path, "a") as handle:
+                end = handle.tell()
+                try:
+                    handle.write(line)
+                    handle.flush()
+                except BaseException:
+                    handle.truncate(end)  # no part of a line left behind
+                    raise
         finite = {name: value for name, value in defined.items() if value is not None}
         for tracker in self.trackers:
-            tracker.log(step, finite)
+            with disk_faults(self.path.parent, f"step {step}'s {tracker.name} events"):
+                tracker.log(step, finite)
 
     def log_rollouts(self, step: int, rows: list[dict], responses: list[str], rewards: list[float]) -> None:
         """`rollouts/step_N.jsonl`: one line per response of every rank, in rank order, with the
@@ -82,13 +95,20 @@ class MetricsLogger:
         gathered = [record for rank_records in gather_objects(self.world, records) for record in rank_records]
         if self.trackers is None:
             return
-        self.rollouts_dir.mkdir(parents=True, exist_ok=True)
-        lines = (json.dumps({"step": step, **record}, allow_nan=False) for record in gathered)
-        (self.rollouts_dir / f"step_{step}.jsonl").write_text("".join(line + "\n" for line in lines))
+        text = "".join(json.dumps({"step": step, **record}, allow_nan=False) + "\n" for record in gathered)
+        path = self.rollouts_dir / f"step_{step}.jsonl"
+        with disk_faults(self.rollouts_dir, path.name, len(text.encode())):
+            self.rollouts_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                path.write_text(text)
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
 
     def close(self) -> None:
         for tracker in self.trackers or []:
-            tracker.close()
+            with disk_faults(self.path.parent, f"the last of {tracker.name}'s events"):
+                tracker.close()
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -54,6 +54,7 @@ from pacs.models.lora import (
     require_peft,
 )
 from pacs.models.precision import Precision
+from pacs.outputs import check_run_in_place, disk_faults, free_bytes
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool
 from pacs.rewards.pool import BatchScores, ScoringWatch
@@ -84,6 +85,8 @@ from pacs.train.checkpointing.resume import (
     records_checkpoints,
 )
 from pacs.train.checkpointing.state import (
+    checkpoint_size_estimate,
+    checkpoint_space_warning,
     restore_training_state,
     write_checkpoint,
 )
@@ -160,22 +163,24 @@ def rollout_metrics(
     }
 
 
-def train(config: Config, *, show_progress: bool = True) -> TrainResult:
+def train(config: Config, *, show_progress: bool = True, allow_changes: bool = False) -> TrainResult:
     """Run `config` to the end (or from its newest checkpoint with `resume=auto`, or when torchrun
-    restarted the job), in this process and every other one the launcher started."""
+    restarted the job), in this process and every other one the launcher started. A resume with
+    settings that change the optimisation is refused unless `allow_changes`
+    (`pacs.train.checkpointing.resume.open_run`)."""
     if config.train.deterministic:
         use_deterministic_kernels()  # before any GPU library computes
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        return run_to_the_end(config, world, show_progress)
+        return run_to_the_end(config, world, show_progress, allow_changes)
     finally:
         world.close()  # the trainer and its models are out of reach by now (World.close)
 
 
-def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainResult:
+def run_to_the_end(config: Config, world: World, show_progress: bool, allow_changes: bool = False) -> TrainResult:
     """Check the inputs and decide where the run starts (`begin`), set the trainer up and run
     every step; every rank leaves after the last one's barrier. A finished run ends at once."""
-    start, run_lock = begin(config, world)
+    start, run_lock = begin(config, world, allow_changes)
     try:
         if start.finished:
             return finished_result(config, world, start)
@@ -184,7 +189,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
             stack.enter_context(contextlib.closing(trainer.engine))  # vLLM's teardown ends the process group: after the barrier
             if trainer.pipeline is not None:
                 stack.enter_context(contextlib.closing(trainer.pipeline))
-            result = trainer.run(show_progress=show_progress)
+            result = trainer.run(show_progress=show_progress, run_lock=run_lock)
             barrier(world)  # no rank tears its process group down while another still uses it
         return result
     finally:
@@ -192,7 +197,7 @@ def run_to_the_end(config: Config, world: World, show_progress: bool) -> TrainRe
             run_lock.close()
 
 
-def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
+def begin(config: Config, world: World, allow_changes: bool = False) -> tuple[RunStart, IO[str] | None]:
     """What every rank checks before anything loads (the batch split, the generation groups, peft
     for LoRA, each node's own inputs), then where the run starts: rank 0's decision (`pacs.train.checkpointing.resume.open_run`),
     told on its console and sent to every rank, with rank 0's run lock (None elsewhere). Each
@@ -213,7 +218,7 @@ def begin(config: Config, world: World) -> tuple[RunStart, IO[str] | None]:
     run_on_every_rank(world, lambda: None if world.is_writer else check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
     past = launch(world, Path(config.output_dir))
     locks: list[IO[str]] = []
-    start = run_on_rank0(world, lambda: open_run(config, past, locks.append))
+    start = run_on_rank0(world, lambda: open_run(config, past, locks.append, allow_changes=allow_changes))
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     for note in start.notes:
         console.print(note)
@@ -270,6 +275,8 @@ class Trainer:
     last_step_checkpoint: Path | None
     """A checkpoint of the state after the last step (`step_N`, N = train.steps), which `final`
     links to instead of writing a second copy."""
+    checkpoint_bytes: int = 0
+    """About the size of one checkpoint (`checkpoint_size_estimate`), named when a save fills the disk."""
 
     # ----- built once ----------------------------------------------------------------------------
 
@@ -294,6 +301,14 @@ class Trainer:
         )
         if resume_from:
             console.print(f"resuming from {resume_from} (step {start_step})")
+        models = [policy.model, *([critic.model] if critic else []), *([reference] if config.train.reference_reset_every else [])]
+        checkpoint_bytes = checkpoint_size_estimate([model for model in models if model is not None])
+        if world.is_writer and (
+            warning := checkpoint_space_warning(
+                config, Path(config.output_dir), checkpoint_bytes, free_bytes(Path(config.output_dir))
+            )
+        ):
+            console.print(f"warning: {warning}")
         engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
         pipeline = None
         if config.rollout.max_staleness:
@@ -346,13 +361,16 @@ class Trainer:
             engine_has_policy_weights=not pushes_weights(engine, config),
             writer_host=start.writer_host,
             last_step_checkpoint=resume_from if resume_from and start_step == config.train.steps else None,
+            checkpoint_bytes=checkpoint_bytes,
         )
 
     # ----- the loop ------------------------------------------------------------------------------
 
-    def run(self, *, show_progress: bool = True) -> TrainResult:
+    def run(self, *, show_progress: bool = True, run_lock: IO[str] | None = None) -> TrainResult:
         """Every step from `start_step + 1` to `train.steps`: log, validate and checkpoint as the
-        config says; the final checkpoint at the end."""
+        config says; the final checkpoint at the end. Rank 0, which holds the output folder's
+        `run_lock`, stops before it writes a step's results when the folder was moved away
+        (`pacs.outputs.check_run_in_place`)."""
         config, world = self.config, self.world
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
@@ -375,6 +393,7 @@ class Trainer:
                 if self.validates_at(step):
                     validation, metrics["time/validate_s"] = timed(self.validate)
                     metrics.update(validation)
+                check_run_in_place(output_dir, run_lock)
                 logger.log(step, metrics)
                 self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])
@@ -716,7 +735,10 @@ class Trainer:
             return self.save(FINAL, self.config.train.steps, tracker_runs)
         final = self.last_step_checkpoint.parent / FINAL
         if self.world.is_writer:
-            link_checkpoint(self.last_step_checkpoint, final)
+            with disk_faults(
+                final.parent, f"checkpoint {FINAL} (links, or a copy where the disk has none)", self.checkpoint_bytes
+            ):
+                link_checkpoint(self.last_step_checkpoint, final)
         barrier(self.world)
         self.record(FINAL, self.config.train.steps)
         return final
@@ -726,18 +748,20 @@ class Trainer:
         ids, which `resume=auto` continues, and every rank's batches in flight with
         `rollout.max_staleness`); the other nodes record it (`record`)."""
         in_flight = gather_objects_on_rank0(self.world, self.pipeline.state(step)) if self.pipeline is not None else None
-        checkpoint = write_checkpoint(
-            self.world,
-            Path(self.config.output_dir) / "checkpoints" / name,
-            self.policy.tokenizer,
-            step=step,
-            sampler=self.sampler,
-            rollouts_in_flight=in_flight,
-            policy=(self.policy.model, self.policy.optimizer),
-            critic=self.critic and self.critic.trained(),
-            tracker_runs=tracker_runs,
-            reference=self.reference if self.config.train.reference_reset_every else None,
-        )
+        directory = Path(self.config.output_dir) / "checkpoints" / name
+        with disk_faults(directory.parent, f"checkpoint {name}", self.checkpoint_bytes):  # a failed save leaves no part
+            checkpoint = write_checkpoint(
+                self.world,
+                directory,
+                self.policy.tokenizer,
+                step=step,
+                sampler=self.sampler,
+                rollouts_in_flight=in_flight,
+                policy=(self.policy.model, self.policy.optimizer),
+                critic=self.critic and self.critic.trained(),
+                tracker_runs=tracker_runs,
+                reference=self.reference if self.config.train.reference_reset_every else None,
+            )
         self.record(name, step)
         return checkpoint
 

@@ -4,18 +4,20 @@
     checkpoints/NAME/            a checkpoint in place, its `MANIFEST` written last
 
 Writing one (`seal`, then `put_in_place`): every file and folder of the staging folder is
-fsynced, then `MANIFEST` (each file's size and a sampled CRC-32) is written and fsynced, then the
+fsynced, then `MANIFEST` (each file's size and the XXH3-64 hash of all its bytes, read back while
+the kernel still holds them in memory) is written and fsynced, then the
 folder is renamed into place (swapped with a previous NAME in one step, `exchange`) and its
 parent fsynced. A process killed at any point leaves either the previous checkpoint or the new
 one under NAME, never a part of one (where the file system cannot swap, a kill between two
 renames leaves NAME absent and its previous copy kept aside); after a machine crash the
 same holds for the files the kernel had promised to keep (fsync), so a checkpoint in place is
-whole unless the disk lies, and `checkpoint_problem` catches a truncated or torn file of one
-that was damaged later (a copy cut short, a disk that lied).
+whole unless the disk lies, and `checkpoint_problem` catches a file of one that was damaged
+later: cut short, torn, or with a single flipped bit anywhere (a copy cut short, a disk that lied).
 
 Reading them back (`checkpoints_newest_first`): every `step_N` and `final`, newest step first,
-each with what is wrong with it (None: whole). `resume=auto` takes the newest whole one and says
-which it skipped.
+each with what its sizes say is wrong with it (None: whole as far as they tell). `resume=auto`
+then checks the bytes of the newest candidate (`checkpoint_problem`), and of the next when one is
+damaged, takes the newest whole one and says which it skipped, naming the file.
 
 `final` is not a second copy of the last step's checkpoint when there is one: `link_checkpoint`
 makes it of hard links to the same files (a copy where the file system has no hard links), so
@@ -23,7 +25,7 @@ it costs no space and outlives that step's removal. `remove_older_checkpoints` k
 `train.keep_checkpoints` step checkpoints, each removed only once a newer one is in place.
 
 A staging folder of a process that died while writing (a kill mid-save) is removed by the next
-run in the folder (`remove_dead_staging`), which holds the folder's lock (`lock_run`) and so
+run in the folder (`remove_dead_staging`), which holds the folder's lock (`pacs.outputs.lock_run`) and so
 knows that no other process writes there.
 """
 
@@ -31,12 +33,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
 import shutil
-import socket
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,29 +45,26 @@ from pathlib import Path
 from typing import IO
 
 import torch
+import xxhash
 
 from pacs.outputs import MARKER, is_pacs_output
 
 MANIFEST = "manifest.json"
-"""Written last into a checkpoint: {"format", "step", "files": {path: {"bytes", "crc32"}}}."""
-MANIFEST_FORMAT = 1
+"""Written last into a checkpoint: {"format", "step", "files": {path: {"bytes", "xxh3_64"}}}."""
+MANIFEST_FORMAT = 2
+"""2: each file's "xxh3_64", the hash of every byte of it (`file_hash`). 1 (written by earlier
+pacs, still read): its "crc32", of `SAMPLED_BLOCKS` evenly spaced blocks of `SAMPLED_BLOCK_BYTES`
+bytes (`sampled_crc32`)."""
 TRAINER_STATE = "trainer_state.pt"
 SAMPLED_BLOCKS = 16
 SAMPLED_BLOCK_BYTES = 1 << 16
-"""A file's checksum covers `SAMPLED_BLOCKS` blocks of this many bytes, evenly spaced from its
-first to its last byte (the whole file when it is no longer): at most 1 MiB read per file, so
-checking a 7B model's checkpoint reads ~20 MiB, not ~90 GB. With the size it catches a file cut
-short or with a torn (zero-filled) end; not a flipped bit between two sampled blocks."""
+CHUNK_BYTES = 8 << 20
+"""Bytes read at a time when a file's hash is computed."""
 STEP_NAME = re.compile(r"step_(\d+)")
 FINAL = "final"
-RUN_LOCK = ".pacs-run.lock"
 _STAGING_NAME = re.compile(r"\.(?P<kind>tmp|old)-(?P<name>.+)-\d+")
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
-
-
-class RunLocked(RuntimeError):
-    """Another process holds the output folder's run lock."""
 
 
 @dataclass(frozen=True)
@@ -116,13 +113,15 @@ def check_replaceable(directory: Path) -> None:
 
 def seal(staging: Path, step: int | None) -> None:
     """Make the assembled checkpoint in `staging` durable and checkable: fsync every file, write
-    `MANIFEST` (step, and each file's size and `sampled_crc32`) and fsync it, then every folder."""
+    `MANIFEST` (step, and each file's size and `file_hash`) and fsync it, then every folder. The
+    files were just written, so their bytes are read back from the kernel's page cache, not the
+    disk (where memory is short, some from the disk)."""
     files = {}
     for path in sorted(p for p in staging.rglob("*") if p.is_file() and p.name != MARKER):
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
             size = os.fstat(handle.fileno()).st_size
-            files[path.relative_to(staging).as_posix()] = {"bytes": size, "crc32": sampled_crc32(handle, size)}
+            files[path.relative_to(staging).as_posix()] = {"bytes": size, "xxh3_64": file_hash(handle)}
     with open(staging / MANIFEST, "w") as handle:
         json.dump({"format": MANIFEST_FORMAT, "step": step, "files": files}, handle, indent=1)
         handle.flush()
@@ -132,9 +131,23 @@ def seal(staging: Path, step: int | None) -> None:
     _fsync_directory(staging)
 
 
+def file_hash(handle: IO[bytes]) -> str:
+    """XXH3-64 (hex) of every byte of the open file `handle`, read `CHUNK_BYTES` at a time into one
+    buffer: a non-cryptographic hash that reads at memory speed (docs/results.md, "Checksums of
+    checkpoints"), so any change of the bytes, a single flipped bit included, changes it but for
+    a chance of 2^-64."""
+    handle.seek(0)
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    digest = xxhash.xxh3_64()
+    while read := handle.readinto(buffer):
+        digest.update(view[:read])
+    return digest.hexdigest()
+
+
 def sampled_crc32(handle: IO[bytes], size: int) -> int:
     """CRC-32 of `SAMPLED_BLOCKS` evenly spaced blocks of the open file `handle` of `size` bytes
-    (of all of it when it is no longer)."""
+    (of all of it when it is no longer): the checksum of format-1 manifests."""
     if size <= SAMPLED_BLOCKS * SAMPLED_BLOCK_BYTES:
         handle.seek(0)
         return zlib.crc32(handle.read())
@@ -184,24 +197,26 @@ def exchange(first: Path, second: Path) -> bool:
 
 def link_checkpoint(source: Path, directory: Path) -> Path:
     """`directory` as a checkpoint of the same files as the sealed checkpoint `source`: hard links
-    (copies where the file system refuses them), put in place like any checkpoint."""
+    (copies where the file system refuses them), put in place like any checkpoint (a failure
+    before that leaves no staging folder)."""
     staging = staging_directory(directory)
-    for path in sorted(source.rglob("*")):
-        target = staging / path.relative_to(source)
-        if path.is_dir():
-            target.mkdir(exist_ok=True)
-        elif path.name != MARKER:
-            try:
-                os.link(path, target)
-            except OSError as error:
-                if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                shutil.copy2(path, target)
-                with open(target, "rb") as handle:
-                    os.fsync(handle.fileno())
-    for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True):
-        _fsync_directory(folder)
-    _fsync_directory(staging)
+    with removed_on_error(staging):
+        for path in sorted(source.rglob("*")):
+            target = staging / path.relative_to(source)
+            if path.is_dir():
+                target.mkdir(exist_ok=True)
+            elif path.name != MARKER:
+                try:
+                    os.link(path, target)
+                except OSError as error:
+                    if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    shutil.copy2(path, target)
+                    with open(target, "rb") as handle:
+                        os.fsync(handle.fileno())
+        for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True):
+            _fsync_directory(folder)
+        _fsync_directory(staging)
     return put_in_place(staging, directory)
 
 
@@ -213,16 +228,18 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def checkpoint_problem(directory: Path) -> str | None:
+def checkpoint_problem(directory: Path, *, contents: bool = True) -> str | None:
     """Why the checkpoint in `directory` cannot be resumed (a file missing, shorter or longer than
-    its manifest says, or with other bytes at the sampled blocks), or None. A checkpoint without a
-    manifest (written by a pacs before manifests) is taken as whole when its trainer state is there."""
+    its manifest says, or, with `contents`, holding other bytes than its checksum says: every
+    byte read), or None. A checkpoint without a manifest (written by a pacs before manifests) is
+    taken as whole when its trainer state is there."""
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
         return None if (directory / TRAINER_STATE).is_file() else f"it has neither {MANIFEST} nor {TRAINER_STATE}"
     try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as error:
+        manifest = json.loads(manifest_path.read_text())
+        files, whole_files = manifest["files"], manifest.get("format", 1) >= 2
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         return f"its {MANIFEST} cannot be read ({error})"
     for name, expected in files.items():
         path = directory / name
@@ -232,7 +249,9 @@ def checkpoint_problem(directory: Path) -> str | None:
             size = os.fstat(handle.fileno()).st_size
             if size != expected["bytes"]:
                 return f"{name} holds {size:,} bytes where its manifest says {expected['bytes']:,}"
-            if sampled_crc32(handle, size) != expected["crc32"]:
+            if contents and (
+                file_hash(handle) != expected["xxh3_64"] if whole_files else sampled_crc32(handle, size) != expected["crc32"]
+            ):
                 return f"{name} does not hold the bytes its manifest's checksum says"
     return None
 
@@ -252,14 +271,15 @@ def checkpoint_step(directory: Path) -> int | None:
 
 def checkpoints_newest_first(checkpoints_dir: Path) -> list[FoundCheckpoint]:
     """Every `step_N` and `final` folder in `checkpoints_dir`, newest step first (`final` before a
-    step checkpoint of the same step), each with its `checkpoint_problem`."""
+    step checkpoint of the same step), each with its `checkpoint_problem` as far as the sizes tell
+    (its bytes unread: `checkpoint_problem(path)` reads them)."""
     found = []
     if checkpoints_dir.is_dir():
         for path in checkpoints_dir.iterdir():
             match = STEP_NAME.fullmatch(path.name)
             if not path.is_dir() or not (match or path.name == FINAL):
                 continue
-            problem = checkpoint_problem(path)
+            problem = checkpoint_problem(path, contents=False)
             step = int(match.group(1)) if match else checkpoint_step(path)
             if step is None:
                 step, problem = -1, problem or f"its step cannot be read from {MANIFEST} or {TRAINER_STATE}"
@@ -283,7 +303,7 @@ def remove_older_checkpoints(checkpoints_dir: Path, keep: int) -> list[Path]:
 def remove_dead_staging(checkpoints_dir: Path) -> list[str]:
     """Remove the staging folders (`.tmp-NAME-PID`, `.old-NAME-PID`) that a process killed while
     saving left behind, and say what was done with each. Call it holding the run's lock
-    (`lock_run`): no live process writes them. An `.old-NAME-PID` without NAME (a kill between
+    (`pacs.outputs.lock_run`): no live process writes them. An `.old-NAME-PID` without NAME (a kill between
     `put_in_place`'s two renames) holds the only whole copy of NAME: it is kept, and named."""
     if not checkpoints_dir.is_dir():
         return []
@@ -301,28 +321,3 @@ def remove_dead_staging(checkpoints_dir: Path) -> list[str]:
         shutil.rmtree(path)
         notes.append(f"removed {path}, left by a save that was killed")
     return notes
-
-
-def lock_run(output_dir: Path) -> IO[str] | None:
-    """Take `output_dir`'s run lock (a POSIX lock on `RUN_LOCK`, released by the kernel when the
-    process ends, however it ends) and return the open file that holds it (close it to release);
-    None where the file system has no locks. Raises `RunLocked` while another process holds it."""
-    handle = open(output_dir / RUN_LOCK, "a+")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EACCES, errno.EAGAIN):
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise RunLocked(
-                f"{output_dir} is being written by another pacs train ({holder}); wait for it to end, "
-                "or choose another output_dir"
-            ) from None
-        handle.close()
-        return None  # no locks here (ENOLCK, ENOSYS): the run goes on unprotected
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    return handle

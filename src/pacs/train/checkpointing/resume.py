@@ -8,6 +8,14 @@
     refused          checkpoints with `resume=never`; only damaged ones; a run past `train.steps`;
                      another node that knows of a newer checkpoint than rank 0 has
 
+Changed settings. A run resumed or extended is compared with the run's own `config.yaml`: a
+setting that changes the optimisation (everything but `NOT_OPTIMISATION`: the learning rate and
+its schedule, batch sizes, the algorithm's options, the model, the training data, the rollouts'
+sampling, the seed, ...) given another value is refused, naming each, unless the user allows it
+(`pacs train --allow-changes`, `open_run(allow_changes=True)`); the run then goes on with them
+and `SEGMENTS` records from which step each set of settings held (`read_segments`; `pacs plot`
+marks the steps).
+
 A lost writer. Only rank 0 writes checkpoints, to its own disk (nodes may share nothing but the
 network), so a run whose rank-0 machine is replaced would find none and start over. Every other
 node's first process therefore records, after each checkpoint, which one rank 0 wrote
@@ -27,23 +35,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import yaml
+
 from pacs.config import Config, ConfigError, dump_config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
 from pacs.models.lora import ADAPTER_DIR
-from pacs.outputs import claim_output_dir, replace_file
+from pacs.outputs import check_unlocked, claim_output_dir, lock_run, replace_file
 from pacs.train.checkpointing.folders import (
     FINAL,
     FoundCheckpoint,
-    RunLocked,
+    checkpoint_problem,
     checkpoints_newest_first,
-    lock_run,
     remove_dead_staging,
 )
 from pacs.train.preflight import check_run_inputs
 
 NODE_RECORD = "node_progress.json"
 """In each node's output_dir (nodes other than rank 0's): the newest checkpoint rank 0 wrote."""
+SEGMENTS = "config_segments.jsonl"
+"""In output_dir, once a resume changed settings: one line per stretch of steps trained with one
+set of settings, {"from_step", "changes": {key: [before, after]}, "config"}, oldest first (the
+first line, from step 1, with no changes)."""
+NOT_OPTIMISATION = (
+    "output_dir",
+    "resume",
+    "train.steps",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.eval_every",
+    "train.strategy",
+    "train.distributed_timeout_s",
+    "train.gradient_checkpointing",
+    "train.micro_batch_size",
+    "train.peak_flops",
+    "train.save_rollouts",
+    "train.report_to",
+    "train.run_name",
+    "train.wandb_project",
+    "train.wandb_entity",
+    "train.mlflow_experiment",
+    "train.mlflow_tracking_uri",
+    "data.val",
+    "eval",
+    "reward.num_workers",
+    "reward.stop_after_failing_steps",
+    "rollout.generation_batch_size",
+    "rollout.vllm",
+)
+"""Dotted config keys (a section: every key in it) that change how a run is executed, logged,
+saved or validated, not what it optimises: a resume may change them freely."""
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 """How many times torchrun has restarted this job's workers (set by torchrun, 0 at first)."""
 
@@ -87,27 +128,95 @@ def launch(world: World, output_dir: Path) -> Launch:
     return Launch([(place, record) for place, first, record, _ in views if first], max(count for *_, count in views))
 
 
-def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None]) -> RunStart:
+def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None], *, allow_changes: bool = False) -> RunStart:
     """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
-    decided (`run_start`), then, unless it is finished, `output_dir` claimed
+    decided (`run_start`), a resume's changed settings refused unless `allow_changes`
+    (`setting_changes`), then, unless it is finished, `output_dir` claimed
     (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken and handed
-    to `keep_lock` (held until the run ends), what a killed save left removed, `config.yaml`
-    written."""
+    to `keep_lock` (held until the run ends), what a killed save left removed, allowed changes
+    recorded (`SEGMENTS`), `config.yaml` written."""
     check_run_inputs(config)
+    if Path(config.output_dir).is_dir():
+        check_unlocked(config.output_dir)  # before what its checkpoints say: they are being written
     start = run_start(config, past)
     if start.finished:
         return start
     output_dir = Path(config.output_dir)
+    saved = read_saved_config(output_dir) if start.checkpoint is not None else None
+    changes = setting_changes(saved, config) if saved is not None else {}
+    if changes and not allow_changes:
+        raise ConfigError(
+            f"{output_dir} was trained up to step {start.step} with other settings than these: "
+            + "; ".join(f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items())
+            + ". Resume with the run's own settings (its config.yaml), or pass --allow-changes to go on with these "
+            f"from step {start.step + 1} (recorded in {output_dir / SEGMENTS}, marked by pacs plot), or choose another "
+            "output_dir"
+        )
     claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto" or past.restarts > 0)
-    try:
-        lock = lock_run(output_dir)
-    except RunLocked as error:
-        raise ConfigError(str(error)) from None
+    lock = lock_run(output_dir)
     if lock is not None:
         keep_lock(lock)
     notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
+    if changes:
+        record_segment(output_dir, start.step, saved, config, changes)
+        notes.append(
+            f"settings changed from step {start.step + 1} on ("
+            + "; ".join(f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items())
+            + f"), recorded in {output_dir / SEGMENTS}"
+        )
     dump_config(config, output_dir / "config.yaml")
     return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname())
+
+
+def read_saved_config(output_dir: Path) -> dict | None:
+    """The settings in the run's own `config.yaml` (None: none, or unreadable)."""
+    try:
+        saved = yaml.safe_load((output_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def setting_changes(saved: dict, config: Config) -> dict[str, tuple[object, object]]:
+    """Dotted key -> (saved value, `config`'s value) for every setting that changes the
+    optimisation (not in `NOT_OPTIMISATION`) and differs; a key one side lacks reads as None."""
+    return {
+        key: values
+        for key, values in _differences(saved, yaml.safe_load(yaml.safe_dump(config.model_dump()))).items()
+        if not any(key == skip or key.startswith(skip + ".") for skip in NOT_OPTIMISATION)
+    }
+
+
+def _differences(before: dict, after: dict, prefix: str = "") -> dict[str, tuple[object, object]]:
+    differences = {}
+    for key in dict.fromkeys([*before, *after]):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            differences |= _differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            differences[f"{prefix}{key}"] = (old, new)
+    return differences
+
+
+def read_segments(output_dir: Path) -> list[dict]:
+    """The lines of the run's `SEGMENTS` (none: [], a run trained with one set of settings)."""
+    try:
+        return [json.loads(line) for line in (Path(output_dir) / SEGMENTS).read_text().splitlines() if line]
+    except FileNotFoundError:
+        return []
+
+
+def record_segment(output_dir: Path, step: int, saved: dict, config: Config, changes: dict) -> None:
+    """Add to `SEGMENTS` that `config`'s settings hold from `step + 1` on (after a first line for
+    the `saved` settings from step 1 when the file is new); lines of segments from a later step
+    (a resume from an older checkpoint) are dropped, as their metrics are."""
+    segments = [segment for segment in read_segments(output_dir) if segment["from_step"] <= step]
+    if not segments:
+        segments = [{"from_step": 1, "changes": {}, "config": saved}]
+    segments.append(
+        {"from_step": step + 1, "changes": {key: list(pair) for key, pair in changes.items()}, "config": config.model_dump()}
+    )
+    replace_file(output_dir / SEGMENTS, "".join(json.dumps(segment, default=str) + "\n" for segment in segments))
 
 
 def run_start(config: Config, past: Launch) -> RunStart:
@@ -125,9 +234,13 @@ def run_start(config: Config, past: Launch) -> RunStart:
         )
     if not found or not continues:
         return RunStart()
-    whole = next((checkpoint for checkpoint in found if checkpoint.problem is None), None)
-    skipped = found if whole is None else found[: found.index(whole)]
-    notes = [f"{checkpoint.path} is damaged ({checkpoint.problem}): skipped" for checkpoint in skipped]
+    whole, notes = None, []
+    for checkpoint in found:  # the newest whole one, every byte checked: one read of each candidate
+        problem = checkpoint.problem or checkpoint_problem(checkpoint.path)
+        if problem is None:
+            whole = checkpoint
+            break
+        notes.append(f"{checkpoint.path} is damaged ({problem}): skipped")
     if whole is None:
         raise ConfigError(
             f"no checkpoint in {checkpoints_dir} can be resumed: "

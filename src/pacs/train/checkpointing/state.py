@@ -46,6 +46,7 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
+from pacs.config import Config
 from pacs.distributed.collectives import barrier, gather_rows, run_on_rank0
 from pacs.distributed.state_dict import (
     from_rank0_like,
@@ -64,6 +65,7 @@ from pacs.models.lora import (
     save_adapter,
 )
 from pacs.models.saving import save_streamed, with_umask_modes, write_safetensors_files
+from pacs.outputs import size_text
 from pacs.rollout.base import rank_seed
 from pacs.train.checkpointing.folders import (
     TRAINER_STATE,
@@ -306,6 +308,35 @@ def write_checkpoint(
     save_checkpoint(directory, model, tokenizer, state, world=world, critic=critic_model, staging=staging)
     barrier(world)
     return directory
+
+
+def checkpoint_size_estimate(models: list[torch.nn.Module]) -> int:
+    """About the bytes a checkpoint of `models` takes: each parameter as stored, and AdamW's two
+    float32 moments of each trainable one (the tokenizer and trainer state, small, left out)."""
+    return sum(
+        parameter.numel() * (parameter.element_size() + (8 if parameter.requires_grad else 0))
+        for model in models
+        for parameter in model.parameters()
+    )
+
+
+def checkpoint_space_warning(config: Config, output_dir: Path, checkpoint_bytes: int, free: int) -> str | None:
+    """A warning when the disk holding `output_dir`, with `free` bytes free, cannot hold the
+    checkpoints `config` keeps at once, of about `checkpoint_bytes` each: the step checkpoints
+    `train.keep_checkpoints` keeps (every one without it), `final` (links to the last step's
+    when that one is saved) and the one being written; None when it can."""
+    train = config.train
+    saves = train.steps // train.save_every if train.save_every else 0
+    kept = min(saves, train.keep_checkpoints or saves) + 1 + (0 if saves and train.steps % train.save_every == 0 else 1)
+    needed = kept * checkpoint_bytes
+    if needed <= free:
+        return None
+    return (
+        f"the disk holding {output_dir} has {size_text(free)} free, and these settings keep up to {kept} checkpoints of "
+        f"about {size_text(checkpoint_bytes)} at once ({size_text(needed)}): the run will stop when a save finds the "
+        "disk full (the checkpoints before it kept). Free space, lower train.keep_checkpoints, raise train.save_every, "
+        "or choose an output_dir on a larger disk"
+    )
 
 
 def restore_training_state(
