@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from batches import policy_batch
+from exact_float64 import GradientRecordingAdamW
 from mixed_rewards import MIXED_GROUPS
 from safetensors.torch import load_file
 
@@ -104,18 +105,6 @@ SAMPLER_CORRECTED = {
     "cispo": {"name": "cispo", "rollout_is_cap": 2.0},
     "ppo": {"name": "ppo", "rollout_is_cap": 1.5, "entropy_coef": 0.01},
 }
-
-
-class GradientRecordingAdamW(torch.optim.AdamW):
-    """AdamW that keeps a copy of every parameter's gradient at each step."""
-
-    def __init__(self, params, **options):
-        super().__init__(params, **options)
-        self.gradients: list[list[torch.Tensor]] = []
-
-    def step(self, closure=None):
-        self.gradients.append([p.grad.detach().clone() for group in self.param_groups for p in group["params"]])
-        return super().step(closure)
 
 
 def sampler_corrected_batch(model, algorithm, *, shortcut: bool):

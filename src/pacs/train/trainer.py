@@ -320,6 +320,7 @@ class Trainer:
             grad_clip=config.train.grad_clip,
             temperature=config.rollout.temperature,
             autocast=Precision(config.model.dtype).autocast(world.device),
+            padding_free=config.train.padding_free,
         )
         return cls(
             config=config,
