@@ -114,7 +114,7 @@ def reference_corrected_gradient(logprobs, batch, mode: str) -> torch.Tensor:
 def test_pacs_scales_each_responses_whole_coefficient_by_its_bounded_weight(mode):
     batch = mismatched_batch()
     algorithm = PACS(GROUP_SIZE, beta=BETA, rollout_is_cap=CAP, rollout_is_mode=mode)
-    assert "sampler_logprobs" in algorithm.needs and not algorithm.first_update_may_supply_old_logprobs
+    assert "sampler_logprobs" in algorithm.needs
     minibatch = {**batch, **algorithm.prepare_step(batch)}
     generator = torch.Generator().manual_seed(1)
     logprobs = (

@@ -53,3 +53,16 @@ def normalise_float64_in_float64() -> None:
     """From now on in this process, the RMSNorms of FLOAT64_FORWARDS keep float64 inputs in float64."""
     for norm in FLOAT64_FORWARDS:
         norm.forward = _forward_in_input_dtype(norm)
+
+
+class GradientRecordingAdamW(torch.optim.AdamW):
+    """AdamW that keeps a copy of every parameter's gradient at each step, for tests that compare
+    two ways of computing the same updates gradient by gradient."""
+
+    def __init__(self, params, **options):
+        super().__init__(params, **options)
+        self.gradients: list[list[torch.Tensor]] = []
+
+    def step(self, closure=None):
+        self.gradients.append([p.grad.detach().clone() for group in self.param_groups for p in group["params"]])
+        return super().step(closure)

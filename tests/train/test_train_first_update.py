@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from batches import policy_batch
+from exact_float64 import GradientRecordingAdamW
 from mixed_rewards import MIXED_GROUPS
 from safetensors.torch import load_file
 
@@ -93,6 +94,70 @@ def test_the_first_update_without_a_rollout_pass_equals_the_long_way(model, opti
     assert metrics.keys() == expected_metrics.keys()
     for name, value in expected_metrics.items():
         assert metrics[name] == pytest.approx(value, abs=1e-10), name
+
+
+SAMPLER_CORRECTED = {
+    "pacs truncate": {"name": "pacs", "beta": 2.0, "rollout_is_cap": 2.0},
+    "pacs mask, mean_logprob": {"name": "pacs", "proxy": "mean_logprob", "rollout_is_cap": 2.0, "rollout_is_mode": "mask"},
+    "grpo token truncate, kl": {"name": "grpo", "rollout_is_cap": 2.0, "kl_coef": 0.1, "kl_estimator": "k2"},
+    "grpo sequence mask": {"name": "grpo", "rollout_is_cap": 2.0, "rollout_is_level": "sequence", "rollout_is_mode": "mask"},
+    "gspo": {"name": "gspo", "rollout_is_cap": 1.5},
+    "cispo": {"name": "cispo", "rollout_is_cap": 2.0},
+    "ppo": {"name": "ppo", "rollout_is_cap": 1.5, "entropy_coef": 0.01},
+}
+
+
+def sampler_corrected_batch(model, algorithm, *, shortcut: bool):
+    """`step_batch` with sampler log-probs μ = the rollout policy's ± up to 0.4 nats per token, so
+    that weights are truncated, masked and in between; the step terms as the trainer makes them:
+    from every row's old log-probs (the long way), or, with `shortcut`, from none, the rows after
+    the first update's having theirs (`Trainer.fill_old_logprobs`)."""
+    batch = step_batch(model, algorithm)
+    rollout = copy.deepcopy(batch)
+    fill_rollout_logprobs(model, rollout, slice(None), micro_batch_size=5, temperature=1.0)
+    noise = torch.rand(batch.response_mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    batch.row_terms["sampler_logprobs"] = (rollout.old_logprobs + 0.8 * noise - 0.4) * batch.response_mask
+    fill_rollout_logprobs(model, batch, slice(FIRST_UPDATE_ROWS if shortcut else 0, None), micro_batch_size=5, temperature=1.0)
+    step_inputs = batch.tensors()
+    if shortcut:
+        del step_inputs["old_logprobs"]
+    batch.row_terms.update(algorithm.prepare_step(step_inputs))
+    return batch
+
+
+@pytest.mark.parametrize("micro_batch_size", [3, 8])
+@pytest.mark.parametrize("options", SAMPLER_CORRECTED.values(), ids=SAMPLER_CORRECTED.keys())
+def test_under_the_sampler_correction_the_first_update_gives_the_same_losses_and_gradients(model, options, micro_batch_size):
+    """The first mini-batch's correction weights come from its update's own forward pass
+    (π_old = π_θ there): every update's gradient, the metrics and the logged weights equal the
+    long way's, where every row's old log-probs and weights came first."""
+    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, horizon=6)
+    assert algorithm.first_update_may_supply_old_logprobs
+    long_way = sampler_corrected_batch(model, algorithm, shortcut=False)
+    shortcut = sampler_corrected_batch(model, algorithm, shortcut=True)
+    weights = long_way.row_terms["rollout_is_weight"]
+    assert "rollout_is_weight" not in shortcut.row_terms
+    assert ((weights > 0) & (weights < 1)).any() and ((weights == 0) | (weights >= 1.5)).any(), "the correction bites"
+
+    settings = UpdateSettings(mini_batch_size=2, micro_batch_size=micro_batch_size, epochs=2, grad_clip=1.0)
+    runs = []
+    for batch, rows in ((long_way, 0), (shortcut, FIRST_UPDATE_ROWS)):
+        trained = copy.deepcopy(model)
+        optimizer = GradientRecordingAdamW(trained.parameters(), lr=1e-2)
+        metrics = update_policy(trained, optimizer, World.single(), batch, algorithm, settings, rows_without_old_logprobs=rows)
+        runs.append((optimizer.gradients, metrics))
+    (expected_gradients, expected_metrics), (gradients, metrics) = runs
+
+    assert len(gradients) == len(expected_gradients) == 4
+    for update, expected_update in zip(gradients, expected_gradients):
+        assert max((a - b).abs().max().item() for a, b in zip(update, expected_update)) < 1e-12
+    assert max(g.abs().max().item() for g in expected_gradients[0]) > 1e-3
+    assert metrics.keys() == expected_metrics.keys()
+    for name, value in expected_metrics.items():
+        assert metrics[name] == pytest.approx(value, abs=1e-12), name
+    torch.testing.assert_close(shortcut.old_logprobs, long_way.old_logprobs, rtol=0, atol=1e-12)
+    logged = algorithm.rollout_is_terms(shortcut.tensors())["rollout_is_weight"]
+    torch.testing.assert_close(logged, weights, rtol=0, atol=1e-12)
 
 
 def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):

@@ -72,12 +72,21 @@ class Algorithm(Protocol):
     """Whether the algorithm works when the step's first mini-batch gets its "old_logprobs" only
     from its first update's forward pass: `prepare_step` does not read them, and on that update
     `prepare_update` does without them (it calls `current_logprobs()` for values it needs). False
-    for step terms built from every row's old log-probs (a KL penalty in the reward, the sampler
-    correction): the trainer then computes them all before `prepare_step`."""
+    for step terms built from every row's old log-probs together (a KL penalty in the reward):
+    the trainer then computes them all before `prepare_step`. A term of each row's own old
+    log-probs alone (the sampler correction's weights) is made per mini- or micro-batch instead
+    (`rollout_is_terms`)."""
     rollout_is_levels: tuple[str, ...]
     """The levels of the sampler correction (`importance.rollout_is_weights`) the algorithm takes, a
     subset of `importance.ROLLOUT_IS_LEVELS`; its "rollout_is_weight" step term is (B, R) at the token
     level, (B,) at the sequence level."""
+
+    def rollout_is_terms(self, batch: Tensors) -> dict[str, torch.Tensor]:
+        """{"rollout_is_weight": the sampler correction's weights of `batch`'s rows, (B,) or (B, R)}
+        from its "old_logprobs" and "sampler_logprobs"; {} without the correction or without
+        "old_logprobs". The trainer reports the correction (`rollout_is/*`) from these when the
+        first update gave some of the old log-probs, so the step terms had no weights."""
+        ...
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """Per-row (B,) or per-token (B, R) tensors computed once from the step's batch (B = every

@@ -550,20 +550,35 @@ class PACS:
             | frozenset({"entropy"} if entropy_coef > 0 else set())
             | frozenset({"sampler_logprobs"} if rollout_is_cap is not None else set())
         )
-        self.first_update_may_supply_old_logprobs = rollout_is_cap is None
-        """The correction's weights are step terms of every row's old log-probs."""
+        self.first_update_may_supply_old_logprobs = True
+        """No step term reads the old log-probs: the correction's weight of a response depends on
+        its own old log-probs alone, so rows whose old log-probs the first update gives get theirs
+        in their micro-batch (``micro_batch_loss``)."""
 
     def prepare_step(self, batch, sum_over_ranks=None) -> dict[str, torch.Tensor]:
-        """With ``rollout_is_cap``, {"rollout_is_weight": (B,) w, one truncated or masked ratio per
-        response, of ``rollout_is_level``} (module docstring); else nothing: PACS's other terms depend on the current policy,
-        so they are made per update."""
-        if self.rollout_is_cap is None:
+        """``rollout_is_terms``: PACS's other terms depend on the current policy, so they are made per update."""
+        return self.rollout_is_terms(batch)
+
+    def rollout_is_terms(self, batch) -> dict[str, torch.Tensor]:
+        """With ``rollout_is_cap`` and ``batch``'s "old_logprobs", {"rollout_is_weight": (B,) w, one
+        truncated or masked ratio per response, of ``rollout_is_level``} (module docstring); else {} (without old log-probs,
+        as in ``prepare_step`` when the first update gives some of them, the weights are made per
+        mini- or micro-batch: ``prepare_update``, ``micro_batch_loss``)."""
+        if self.rollout_is_cap is None or "old_logprobs" not in batch:
             return {}
         weights = rollout_is_weights(
             batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap,
             mode=self.rollout_is_mode, level=self.rollout_is_level, floor=self.rollout_is_floor,
         )  # fmt: skip
         return {"rollout_is_weight": weights}
+
+    def _rollout_is_weight(self, rows) -> torch.Tensor | None:
+        """(B,) the rows' correction weights: the step term, else made from their own "old_logprobs"
+        (the same numbers: a response's weight depends on its own log-probs alone); None without
+        ``rollout_is_cap`` or while the rows have no old log-probs yet (the step's first update)."""
+        if "rollout_is_weight" in rows:
+            return rows["rollout_is_weight"]
+        return self.rollout_is_terms(rows).get("rollout_is_weight")
 
     def _proxy(self, logprobs: torch.Tensor, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B,) r of ``logprobs`` against the reference: "old_logprobs" (rollout) or "ref_logprobs" (fixed)."""
@@ -594,8 +609,10 @@ class PACS:
     def prepare_update(self, minibatch, current_logprobs, policy_is_rollout_policy, totals=None):
         """row_terms["proxy_grad"]: (B,) c_i = ∂L/∂r_i of the global mini-batch loss (L is a mean
         over its `totals.num_rows` rows; groups are whole on each share, so ψ and the class weights
-        are local; the class weights count the unshaped rewards, the labels are shaped), times each row's own ρ_i with the sampler correction
-        (`sampler_corrected_coefficients`); metrics: this share's loss L (uncorrected) and the mean
+        are local; the class weights count the unshaped rewards, the labels are shaped), times each
+        row's own ρ_i with the sampler correction (`sampler_corrected_coefficients`) when the rows'
+        old log-probs are known (else `micro_batch_loss` scales it), and then
+        row_terms["rollout_is_weight"] (B,) ρ; metrics: this share's loss L (uncorrected) and the mean
         predicted probability of success σ(ψ) on correct (R = 1) and incorrect (R = 0) rows."""
         totals = totals or MiniBatchTotals.of(minibatch["response_mask"])
         proxy_rewards = self._current_proxy(minibatch, current_logprobs, policy_is_rollout_policy)
@@ -611,8 +628,11 @@ class PACS:
             spread_floor=self.spread_floor,
         )
         (proxy_grad,) = torch.autograd.grad(loss * (len(rewards) / totals.num_rows), proxy_rewards)
-        if "rollout_is_weight" in minibatch:
-            proxy_grad = sampler_corrected_coefficients(proxy_grad, minibatch["rollout_is_weight"])
+        row_terms = {}
+        weights = self._rollout_is_weight(minibatch)
+        if weights is not None:
+            proxy_grad = sampler_corrected_coefficients(proxy_grad, weights)
+            row_terms["rollout_is_weight"] = weights
         scores = group_scores(proxy_rewards.detach(), self.group_size, estimator=self.estimator, spread_floor=self.spread_floor)
         predicted = torch.sigmoid(scores)
         metrics = {"loss": float(loss.detach())}
@@ -621,7 +641,7 @@ class PACS:
         for name, rows in (("correct", rewards == 1), ("incorrect", rewards == 0)):
             if rows.any():
                 metrics[f"pacs/predicted_p_on_{name}"] = float(predicted[rows].mean())
-        row_terms = {"proxy_grad": proxy_grad}
+        row_terms["proxy_grad"] = proxy_grad
         if self.regularised:
             row_terms["regulariser_weight"] = aggregation_weights(
                 minibatch["response_mask"],
@@ -643,8 +663,14 @@ class PACS:
 
     def micro_batch_loss(self, logprobs, micro, row_terms) -> torch.Tensor:
         """Σ_{i ∈ micro} c_i · r_i(θ) (+ this micro-batch's share of the KL penalty and entropy
-        bonus): its gradient is this micro-batch's share of ∇L_total."""
-        loss = (row_terms["proxy_grad"] * self._proxy(logprobs, micro)).sum()
+        bonus): its gradient is this micro-batch's share of ∇L_total. On the step's first update,
+        whose rows had no old log-probs for ``prepare_update``, c_i is scaled here by the weight
+        ρ_i of the old log-probs the update's forward pass gave (π_old = π_θ, detached): the
+        coefficient ``prepare_update`` would have made, exactly."""
+        coefficients = row_terms["proxy_grad"]
+        if self.rollout_is_cap is not None and "rollout_is_weight" not in row_terms:
+            coefficients = sampler_corrected_coefficients(coefficients, self._rollout_is_weight(micro))
+        loss = (coefficients * self._proxy(logprobs, micro)).sum()
         if not self.regularised:
             return loss
         per_token = torch.zeros_like(logprobs)

@@ -178,19 +178,33 @@ class ClippedPolicyGradient:
         if entropy_coef > 0:
             needs.add("entropy")
         self.needs = frozenset(needs)
-        self.first_update_may_supply_old_logprobs = not kl_in_reward and rollout_is_cap is None
-        """The reward's KL penalty and the correction's weights are step terms of every row's old log-probs."""
+        self.first_update_may_supply_old_logprobs = not kl_in_reward
+        """The reward's KL penalty is a step term of every row's old log-probs. The correction's
+        weights are not: each row's depends on its own old log-probs alone, so rows whose old
+        log-probs the first update gives get theirs from them (``with_rollout_is_weights``)."""
 
     def rollout_is_terms(self, batch) -> dict[str, torch.Tensor]:
         """{"rollout_is_weight": the IS weights, (B, T) per token or (B,) per response by
-        ``rollout_is_level``} with ``rollout_is_cap``, else {}."""
-        if self.rollout_is_cap is None:
+        ``rollout_is_level``} with ``rollout_is_cap`` and ``batch``'s "old_logprobs", else {}
+        (without old log-probs, as in ``prepare_step`` when the first update gives some of them,
+        the weights are made later from each mini- or micro-batch's own: ``with_rollout_is_weights``)."""
+        if self.rollout_is_cap is None or "old_logprobs" not in batch:
             return {}
         weights = rollout_is_weights(
             batch["old_logprobs"], batch["sampler_logprobs"], batch["response_mask"], self.rollout_is_cap,
             mode=self.rollout_is_mode, level=self.rollout_is_level, floor=self.rollout_is_floor,
         )  # fmt: skip
         return {"rollout_is_weight": weights}
+
+    def with_rollout_is_weights(self, rows):
+        """``rows`` with their sampler-correction weights: the step's "rollout_is_weight" when
+        ``prepare_step`` made them, else (with ``rollout_is_cap``) ``rollout_is_terms`` of the rows'
+        own "old_logprobs". A row's weight depends on its own log-probs alone, so the two are the
+        same numbers; on the step's first update π_old = π_θ, and the old log-probs its forward pass
+        gives (detached) make the weights exactly."""
+        if self.rollout_is_cap is None or "rollout_is_weight" in rows:
+            return rows
+        return {**rows, **self.rollout_is_terms(rows)}
 
     def reward_kl_penalty(self, batch) -> torch.Tensor:
         """(B, T) per-token KL penalty of the rollout policy, kl_coef · k_it, subtracted from the
@@ -269,6 +283,7 @@ class ClippedPolicyGradient:
         """(B, T) per-token surrogate (times the IS weight with ``rollout_is_cap``, a response's
         own for every token at the sequence level) +
         kl_coef · KL unless ``kl_in_reward`` (no entropy), and its metrics."""
+        rows = self.with_rollout_is_weights(rows)
         mask = rows["response_mask"]
         per_token, surrogate_metrics = self.surrogate(logprobs, rows)
         metrics = {f"actor/{name}": value for name, value in surrogate_metrics.items()}
@@ -286,8 +301,9 @@ class ClippedPolicyGradient:
         """row_terms["loss_weight"]: (B,) aggregation weights w of the mini-batch's rows.
 
         Metrics, at the current policy (on the first update after a rollout the ratio is 1:
-        ``old_logprobs``, or none when not computed yet and kl_coef is 0; else one no-grad pass
-        ``current_logprobs()``, the price of an exact "loss"): "loss" (L
+        ``old_logprobs``, or none when not computed yet and neither the KL penalty nor the sampler
+        correction needs their values; else one no-grad pass ``current_logprobs()``, the price of an
+        exact "loss", which the update's own forward gives when the mini-batch is one micro-batch): "loss" (L
         without the entropy bonus, since entropy reaches micro-batches only), "actor/clip_fraction",
         "actor/approx_kl" (k3 of KL(π_old ‖ π_θ)), "actor/kl_ref" (mean per-token estimate k of the
         KL to the reference, if kl_coef > 0), "advantages/mean" (over rows, or response tokens if per
@@ -301,7 +317,8 @@ class ClippedPolicyGradient:
         else:
             if "old_logprobs" in minibatch:
                 logprobs = minibatch["old_logprobs"]
-            elif self.kl_coef > 0 or self.surrogate_needs_logprobs:  # not computed yet: the KL needs them
+            elif self.kl_coef > 0 or self.surrogate_needs_logprobs or self.rollout_is_cap is not None:
+                # not computed yet: the KL, the surrogate or the correction's weights need them
                 logprobs = current_logprobs()
             else:  # not computed yet: a ratio of 1 needs no values
                 logprobs = torch.zeros_like(mask)

@@ -190,8 +190,15 @@ class TrainConfig(Section):
     own forward pass, where the policy is still the rollout policy, saving one no-grad pass over
     those rows (`pacs.train.update.FirstUpdateOldLogprobs`); false: a separate pass over every row
     first (the plain path). Both give the same update up to float rounding. Algorithms whose step
-    terms need every row's old log-probs (a KL penalty in the reward, `algorithm.rollout_is_cap`)
-    always take the plain path."""
+    terms need every row's old log-probs (a KL penalty in the reward) always take the plain path;
+    the sampler correction (`algorithm.rollout_is_cap`) takes the first rows' weights from the same
+    forward pass (docs/rollout-engines.md)."""
+    padding_free: bool = False
+    """The policy's update passes pack a micro-batch's rows, [prompt | response] without padding,
+    end to end into rows as long as its longest, with position ids restarting at each row and a
+    causal mask blocked per row (`pacs.train.logprobs`); false: the padded passes, each group's
+    prompt run once and the responses in length buckets. The same numbers (float64 tests); off by
+    default: on the CPU demo and a 100M-parameter shape the padded passes were faster (docs/results.md)."""
     peak_flops: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Peak FLOP/s of one device (one process's), for `perf/mfu`: the step's model FLOPs (6·N per
     token of an update, 2·N per token of a forward-only pass, `pacs.train.timing`) over

@@ -5,7 +5,8 @@ Sequences are stored as [left-padded prompt | right-padded response]. Position i
 tokens only, as `generate` does with left padding, so the log-probabilities recomputed here are
 those of the policy that sampled the responses. The vocabulary projection runs in chunks of
 positions (`LOGITS_CHUNK_BYTES`), recomputed in backward; rows are grouped by response length
-(`length_buckets`) and responses that share a prompt run it once (`shared_prompt_runs`).
+(`length_buckets`) and responses that share a prompt run it once (`shared_prompt_runs`), or,
+padding-free, rows are packed end to end with restarting position ids (`packed_bins`).
 """
 
 from __future__ import annotations
@@ -217,6 +218,7 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     prompts_shared: bool = True,
+    padding_free: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(response_t | prompt, response_<t) for every response position: (B, R); with
     `with_entropy`, also the policy's entropy at each position, (B, R). Padding positions hold
@@ -240,6 +242,10 @@ def response_logprobs(
     only on B, the checkpointing setting and `prompts_shared`, which every rank of DDP and FSDP
     must pass alike (each forward is a collective there).
 
+    `padding_free`: one forward over the rows' real tokens packed end to end instead
+    (`_packed_terms`): no prompt cache, no buckets, no padding but a bin's tail; one forward
+    whatever the rows.
+
     The model's logits are f(lm_head(h)), f the elementwise map its config declares (`LogitMap`:
     Gemma 2's softcapping, Granite's and Cohere's scaling; the identity for most models), and
     pi = softmax(f(lm_head(h)) / T).
@@ -250,7 +256,9 @@ def response_logprobs(
     inner = unwrap_model(model)
     if inner.get_output_embeddings() is None:
         raise ValueError(f"{type(inner).__name__} has no output embedding (lm_head); a causal LM is needed")
-    if _checkpoints_activations(inner) or not prompts_shared:
+    if padding_free:
+        terms = _packed_terms(model, batch, temperature, with_entropy)
+    elif _checkpoints_activations(inner) or not prompts_shared:
         terms = _plain_terms(model, batch, temperature, with_entropy)
     else:
         terms = _shared_prompt_terms(model, batch, shared_prompt_runs(batch), temperature, with_entropy)
@@ -285,6 +293,76 @@ def _plain_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bo
         if terms is None:
             terms = bucket_terms.new_zeros(len(batch), batch.response_ids.shape[1], bucket_terms.shape[-1])
         terms[rows, :width] = bucket_terms
+    return terms
+
+
+def packed_bins(lengths: torch.Tensor, capacity: int) -> list[list[int]]:
+    """Rows placed end to end into bins of at most `capacity` tokens, first fit by decreasing
+    length: each bin a list of row indices in the order they are laid out.
+
+    lengths: (B,) tokens per row, each at most `capacity`. The bins are as few as first fit
+    decreasing finds (at most B; with `capacity` the longest row, every bin holds at least one
+    row as long as any other bin's contents)."""
+    free: list[int] = []
+    bins: list[list[int]] = []
+    for row in torch.argsort(lengths, descending=True, stable=True).tolist():
+        length = int(lengths[row])
+        place = next((index for index, room in enumerate(free) if room >= length), None)
+        if place is None:
+            bins.append([])
+            free.append(capacity)
+            place = len(bins) - 1
+        bins[place].append(row)
+        free[place] -= length
+    return bins
+
+
+def _packed_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bool) -> torch.Tensor:
+    """(B, R, C) terms from one forward over the rows' real tokens, [prompt | response] without
+    padding, packed into `packed_bins` of the longest row's length: (K, L) input ids with
+    position ids restarting at 0 for each row, no attention mask and no cache, from which
+    transformers makes a causal mask blocked per row (`masking_utils.find_packed_sequence_indices`,
+    for sdpa and eager attention as for flash attention; a cache would turn the detection off),
+    so no token attends to another row's. A bin's tail after its last
+    row continues that row's positions: causal attention keeps the row's tokens from seeing it.
+    A bin as long as the longest row costs attention no more than that row padded alone, and
+    K ≤ B rows run instead of B.
+
+    The hidden state at packed place j predicts the token at j + 1: row i's response token t,
+    laid out at offset o_i after its P_i prompt tokens, is predicted at o_i + P_i + t − 1."""
+    prompt_lengths = batch.prompt_mask.sum(dim=1)
+    response_lengths = batch.response_mask.sum(dim=1).long()
+    lengths = prompt_lengths + response_lengths
+    capacity = int(lengths.max())
+    bins = packed_bins(lengths, capacity)
+    device = batch.prompt_ids.device
+    input_ids = torch.zeros(len(bins), capacity, dtype=batch.prompt_ids.dtype, device=device)
+    position_ids = torch.zeros(len(bins), capacity, dtype=torch.long, device=device)
+    predictor_bin = torch.zeros_like(batch.response_ids, dtype=torch.long)
+    predictor_place = torch.zeros_like(batch.response_ids, dtype=torch.long)
+    response_places = torch.arange(batch.response_ids.shape[1], device=device)
+    for index, rows in enumerate(bins):
+        offset = 0
+        for row in rows:
+            prompt_length, length = int(prompt_lengths[row]), int(lengths[row])
+            tokens = torch.cat(
+                [batch.prompt_ids[row, batch.prompt_mask[row].bool()], batch.response_ids[row, : length - prompt_length]]
+            )
+            input_ids[index, offset : offset + length] = tokens
+            position_ids[index, offset : offset + length] = torch.arange(length, device=device)
+            predictor_bin[row] = index
+            predictor_place[row] = (offset + prompt_length - 1 + response_places).clamp(min=0, max=capacity - 1)
+            offset += length
+        position_ids[index, offset:] = position_ids[index, offset - 1] + 1 + torch.arange(capacity - offset, device=device)
+    head = _head(
+        model,
+        lambda hidden: hidden[predictor_bin, predictor_place],
+        batch.response_ids,
+        batch.response_mask,
+        temperature,
+        with_entropy,
+    )
+    terms, _ = _forward_terms(model, head, input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0)
     return terms
 
 
@@ -446,11 +524,14 @@ def response_logprobs_no_grad(
     micro_batch_size: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    padding_free: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`response_logprobs` over the whole batch, without gradient: (B, R) (and the entropy)."""
     return per_token_no_grad(
         model,
-        lambda micro: response_logprobs(model, micro, temperature=temperature, with_entropy=with_entropy),
+        lambda micro: response_logprobs(
+            model, micro, temperature=temperature, with_entropy=with_entropy, padding_free=padding_free
+        ),
         batch,
         micro_batch_size=micro_batch_size,
     )

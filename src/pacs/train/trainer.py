@@ -338,6 +338,7 @@ class Trainer:
             grad_clip=config.train.grad_clip,
             temperature=config.rollout.temperature,
             autocast=Precision(config.model.dtype).autocast(world.device),
+            padding_free=config.train.padding_free,
         )
         return cls(
             config=config,
@@ -459,13 +460,17 @@ class Trainer:
     def sampler_metrics(self, batch: PolicyBatch) -> dict[str, float]:
         """With a sampler of its own (vLLM), how far it is from the trainer (`sampler_mismatch`),
         and with `algorithm.rollout_is_cap` what the correction did (`sampler_correction`); the
-        trainer's old log-probs are all known after the update."""
+        trainer's old log-probs are all known after the update, and with them the correction's
+        weights (`Algorithm.rollout_is_terms`; step terms only when they were known before)."""
         if "sampler_logprobs" not in batch.row_terms:
             return {}
         sampler_logprobs, old_logprobs, mask = batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask
         metrics = sampler_mismatch(self.world, sampler_logprobs, old_logprobs, mask)
-        if "rollout_is_weight" in batch.row_terms:
-            weights, cap = batch.row_terms["rollout_is_weight"], self.config.algorithm.rollout_is_cap
+        cap = self.config.algorithm.rollout_is_cap
+        if cap is not None:
+            weights = batch.row_terms.get("rollout_is_weight")
+            if weights is None:
+                weights = self.algorithm.rollout_is_terms(batch.tensors())["rollout_is_weight"]
             metrics.update(sampler_correction(self.world, weights, sampler_logprobs, old_logprobs, mask, cap))
         return metrics
 

@@ -49,6 +49,9 @@ class UpdateSettings:
     temperature: float = 1.0
     autocast: Callable[[], contextlib.AbstractContextManager] = nullcontext
     """The context every forward pass runs in (bf16 autocast under mixed precision)."""
+    padding_free: bool = False
+    """The policy's passes pack each micro-batch's rows without padding (`train.padding_free`,
+    `pacs.train.logprobs.response_logprobs`)."""
 
 
 def scheduled_learning_rate(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -215,10 +218,10 @@ class PolicyPasses:
     def forward(self, micro: PolicyBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(b, R) log-probs with gradient, and the (b, R) entropy when this pass gives the old
         log-probs or the algorithm uses it (else None)."""
-        temperature = self.settings.temperature
+        options = {"temperature": self.settings.temperature, "padding_free": self.settings.padding_free}
         if self.first_update.lacks(rows) or "entropy" in self.algorithm.needs:
-            return response_logprobs(self.model, micro, temperature=temperature, with_entropy=True)
-        return response_logprobs(self.model, micro, temperature=temperature), None
+            return response_logprobs(self.model, micro, with_entropy=True, **options)
+        return response_logprobs(self.model, micro, **options), None
 
     def current_logprobs(self, minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
         """(B, R) log-probs of the current policy over the mini-batch at `rows`, without gradient."""
@@ -226,7 +229,11 @@ class PolicyPasses:
         with settings.autocast():
             if len(minibatch) > settings.micro_batch_size:
                 return response_logprobs_no_grad(
-                    self.model, minibatch, micro_batch_size=settings.micro_batch_size, temperature=settings.temperature
+                    self.model,
+                    minibatch,
+                    micro_batch_size=settings.micro_batch_size,
+                    temperature=settings.temperature,
+                    padding_free=settings.padding_free,
                 )
             self.kept[rows.start, rows.stop] = self.forward(minibatch, rows)
             return self.kept[rows.start, rows.stop][0].detach()
