@@ -430,6 +430,8 @@ class PACS:
     rollout_is_levels = ("sequence",)
     """The levels of the sampler correction that PACS takes: its loss classifies whole responses,
     so a response's weight scales its whole gradient coefficient (module docstring); no token level."""
+    startup_note = LOSS_NOTE
+    """Printed once when a run starts: the loss that sits near ln 2 is not a stalled run."""
 
     def __init__(
         self,
