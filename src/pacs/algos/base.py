@@ -119,7 +119,8 @@ class Algorithm(Protocol):
         `micro_batch_loss` gets them; what needs their values before then calls
         `current_logprobs()`. `totals`: counts of the global
         mini-batch whose share `minibatch` is (None: `minibatch` is the whole mini-batch);
-        losses are normalised by them. Metrics describe this share.
+        losses are normalised by them. Metrics describe this share; "loss", the mini-batch's loss,
+        is one of them (the progress bar shows it, and a loss that is not finite skips the update).
         """
         ...
 
