@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--algorithms",
         default="pacs,grpo,ppo,rloo",
-        help="comma-separated values of algorithm.name; one named again is an A/A run of it (labelled 'NAME (run 2)', "
+        help="comma-separated values of algorithm.name (a built-in's name or your section's package.module:Class); one named again is an A/A run of it (labelled 'NAME (run 2)', "
         "trained with seeds + 1000); NAME[key=value ...] is a variant of it with those overrides and the same seeds, "
         "e.g. 'pacs,pacs[rollout.max_staleness=1]'",
     )

@@ -116,11 +116,16 @@ class Method(NamedTuple):
 def _methods(algorithms: list[str]) -> dict[str, Method]:
     """Each method compared, by label: every algorithm listed (its k-th listing labelled "NAME
     (run k)", trained with seeds offset by REPEAT_SEED_OFFSET·(k − 1); a variant "NAME[overrides]"
-    labelled "NAME [overrides]", with the same seeds), and PACS without class weighting beside PACS."""
+    labelled "NAME [overrides]", with the same seeds), and PACS without class weighting beside PACS.
+    NAME is a built-in's (`ALGORITHM_CONFIGS`) or a user's section's import path, checked when its
+    config loads."""
     listed = [_variant(entry) for entry in algorithms]
-    unknown = [name for name, _ in listed if name not in ALGORITHM_CONFIGS]
+    unknown = [name for name, _ in listed if name not in ALGORITHM_CONFIGS and ":" not in name]
     if unknown or not algorithms:
-        raise ValueError(f"unknown algorithms {unknown}; valid: {', '.join(ALGORITHM_CONFIGS)}")
+        raise ValueError(
+            f"unknown algorithms {unknown}; valid: {', '.join(ALGORITHM_CONFIGS)}, or the import path "
+            "package.module:Class of your own algorithm's section (docs/algorithms/custom.md)"
+        )
     methods = {}
     for position, (name, overrides) in enumerate(listed):
         if overrides:

@@ -1,4 +1,5 @@
-"""Plug-in functions named ``"package.module:function"`` (a user's reward function, for one)."""
+"""Plug-ins named ``"package.module:name"``: a user's reward function, or a user's algorithm (its
+configuration class, `pacs.config.algorithms.plugin_section`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from collections.abc import Callable
 FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
-def check_function_spec(spec: object) -> str:
-    """``spec`` if it is written ``"package.module:function"``; ValueError otherwise."""
+def check_function_spec(spec: object, kind: str = "function") -> str:
+    """``spec`` if it is written ``"package.module:function"``; ValueError otherwise (`kind`: what
+    the path names, for the message)."""
     if not isinstance(spec, str) or not FUNCTION_SPEC_PATTERN.match(spec):
-        raise ValueError(f"Function {spec!r} must be written 'package.module:function'")
+        raise ValueError(f"{kind.capitalize()} {spec!r} must be written 'package.module:{kind}'")
     return spec
 
 
@@ -36,13 +38,14 @@ def _import_module(module_name: str):
             raise
 
 
-def import_function(spec: str) -> Callable:
-    """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise."""
-    module_name, function_name = check_function_spec(spec).split(":")
+def import_function(spec: str, kind: str = "function") -> Callable:
+    """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise
+    (`kind`: what the path names, a function or a class, for the messages)."""
+    module_name, function_name = check_function_spec(spec, kind).split(":")
     try:
         module = _import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"Cannot import module {module_name!r} of function {spec!r}: {error}") from error
+        raise ValueError(f"Cannot import module {module_name!r} of {kind} {spec!r}: {error}") from error
     if not hasattr(module, function_name):
         available = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise ValueError(f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}")

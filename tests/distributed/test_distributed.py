@@ -21,15 +21,17 @@ from safetensors.torch import load_file
 from tiny_architectures import save_tiny_model
 from torchrun_jobs import EXACT, WORKER, max_difference, torchrun
 
+from pacs.algos.aggregation import LOSS_AGG_MODES
+from pacs.config import ALGORITHM_CONFIGS
 from pacs.distributed.collectives import communication_device, sum_over_ranks
 from pacs.distributed.world import DistributedConfigError, World, check_restartable
 
-ALGORITHMS = ("pacs", "grpo", "rloo", "ppo")
-LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-FSDP_CASES = [f"{name}:{agg}" for name, agg in zip(ALGORITHMS, LOSS_AGGS)]
-DDP_CASES = FSDP_CASES + [f"{name}:{agg}" for name, agg in zip(ALGORITHMS, LOSS_AGGS[1:] + LOSS_AGGS[:1])]
-"""Each algorithm with two loss aggregations and each aggregation with two algorithms (8 of the 16
-pairs: each case costs seconds in the one launch); FSDP takes the first four."""
+ALGORITHMS = tuple(ALGORITHM_CONFIGS)
+"""Every built-in algorithm (the registry): a new one is checked on 2 processes without a line here."""
+FSDP_CASES = [f"{name}:{LOSS_AGG_MODES[i % len(LOSS_AGG_MODES)]}" for i, name in enumerate(ALGORITHMS)]
+DDP_CASES = FSDP_CASES + [f"{name}:{LOSS_AGG_MODES[(i + 1) % len(LOSS_AGG_MODES)]}" for i, name in enumerate(ALGORITHMS)]
+"""Each algorithm with two loss aggregations, the aggregations taken in turn (not every pair: each
+case costs seconds in the one launch); FSDP takes each algorithm with its first."""
 LORA_CASES = ["pacs:token-mean:lora", "ppo:seq-mean-token-sum-norm:lora"]
 LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:seq-mean-token-sum", "ppo:seq-mean-token-mean"]
 

@@ -10,7 +10,7 @@ from mixed_rewards import MIXED_GROUPS
 from safetensors.torch import load_file
 
 from pacs.cli import main
-from pacs.config import ConfigError, load_config
+from pacs.config import ALGORITHM_CONFIGS, ConfigError, load_config
 from pacs.train.checkpointing import state as checkpoint_module
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
@@ -218,49 +218,43 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, capsys):
     assert "train.mini_batch_size=5 must divide train.batch_size=32" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    [
-        ["algorithm.name=grpo"],
-        ["algorithm.name=rloo"],
-        ["algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01", "algorithm.loss_agg=token-mean"],
-        ["algorithm.name=ppo", "critic.warmup_steps=1", "critic.lr=1e-4"],
-        ["algorithm.name=pacs", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01"],
-        ["algorithm.name=grpo", "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k1", "algorithm.kl_in_reward=true"],
-        [
-            "algorithm.name=ppo",
-            "algorithm.kl_coef=0.05",
-            "algorithm.kl_estimator=k1",
-            "algorithm.kl_in_reward=true",
-            "algorithm.critic_loss_agg=seq-mean-token-sum-norm",
-            "algorithm.critic_loss_scale=16",
-            "critic.grad_clip=0.5",
-        ],
-        ["algorithm.name=dr_grpo"],
-        [
-            "algorithm.name=dapo",
-            "rollout.dynamic_sampling=true",
-            "rollout.max_sampling_rounds=2",
-            "algorithm.overlong_buffer=4",
-            "algorithm.overlong_penalty=0.5",
-        ],
-        ["algorithm.name=gspo"],
-        ["algorithm.name=cispo"],
+VARIANTS = {
+    "grpo-kl-entropy": [
+        "algorithm.name=grpo",
+        "algorithm.kl_coef=0.05",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.loss_agg=token-mean",
     ],
-    ids=[
-        "grpo",
-        "rloo",
-        "grpo-kl-entropy",
-        "ppo",
-        "pacs-kl-entropy",
-        "grpo-kl-in-reward",
-        "ppo-kl-in-reward-paper-critic",
-        "dr_grpo",
-        "dapo-dynamic-sampling-overlong",
-        "gspo",
-        "cispo",
-    ],  # fmt: skip
-)
+    "ppo-warmup": ["algorithm.name=ppo", "critic.warmup_steps=1", "critic.lr=1e-4"],
+    "pacs-kl-entropy": ["algorithm.name=pacs", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01"],
+    "grpo-kl-in-reward": [
+        "algorithm.name=grpo",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_estimator=k1",
+        "algorithm.kl_in_reward=true",
+    ],
+    "ppo-kl-in-reward-paper-critic": [
+        "algorithm.name=ppo",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_estimator=k1",
+        "algorithm.kl_in_reward=true",
+        "algorithm.critic_loss_agg=seq-mean-token-sum-norm",
+        "algorithm.critic_loss_scale=16",
+        "critic.grad_clip=0.5",
+    ],
+    "dapo-dynamic-sampling-overlong": [
+        "algorithm.name=dapo",
+        "rollout.dynamic_sampling=true",
+        "rollout.max_sampling_rounds=2",
+        "algorithm.overlong_buffer=4",
+        "algorithm.overlong_penalty=0.5",
+    ],
+}
+"""Options of some algorithms that change the loop's path, beside every registered algorithm's defaults."""
+EVERY_ALGORITHM = {name: [f"algorithm.name={name}"] for name in ALGORITHM_CONFIGS} | VARIANTS
+
+
+@pytest.mark.parametrize("algorithm", EVERY_ALGORITHM.values(), ids=EVERY_ALGORITHM.keys())
 def test_baselines_train_checkpoint_and_resume_in_the_same_loop(tmp_path, warm_model_dir, algorithm):
     overrides = [*algorithm, "train.steps=2", "train.save_every=1", "data.val=null"]
     train(small_config(tmp_path / "run", warm_model_dir, *overrides), show_progress=False)

@@ -29,6 +29,12 @@ plus every tensor returned by `prepare_step`, per row (B,) or per token (B, R). 
 may take the step's first mini-batch's "old_logprobs" from its first update's own forward pass
 (`pacs.train.update.FirstUpdateOldLogprobs`) when the algorithm says it can wait for them
 (`first_update_may_supply_old_logprobs`); until then they are absent from what the algorithm sees.
+
+An algorithm writes `prepare_update` and `micro_batch_loss`; `AlgorithmBase` gives every other part
+of the protocol a default (no extra tensors, no step terms, old log-probs computed before the step,
+no sampler correction, metrics that are means over every row, no start-up note). One that learns a
+critic (PPO) also implements `CriticObjective` and puts "values" in `needs`: the trainer then loads
+a value model and updates it with the critic's loss before each step's policy updates.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from pacs.algos.importance import ROLLOUT_IS_LEVELS
 
 Tensors = Mapping[str, torch.Tensor]
 SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
@@ -63,6 +71,10 @@ class MiniBatchTotals:
         return cls(num_rows=response_mask.shape[0], num_tokens=max(float(response_mask.sum()), 1.0))
 
 
+NEEDS = frozenset({"ref_logprobs", "values", "entropy", "sampler_logprobs"})
+"""The extra tensors an algorithm may ask the trainer for (`Algorithm.needs`)."""
+
+
 class Algorithm(Protocol):
     group_size: int
     needs: frozenset[str]
@@ -80,6 +92,8 @@ class Algorithm(Protocol):
     """The levels of the sampler correction (`importance.rollout_is_weights`) the algorithm takes, a
     subset of `importance.ROLLOUT_IS_LEVELS`; its "rollout_is_weight" step term is (B, R) at the token
     level, (B,) at the sequence level."""
+    startup_note: str | None
+    """What the trainer prints once when a run starts (PACS: why its loss stays near ln 2); None: nothing."""
 
     def rollout_is_terms(self, batch: Tensors) -> dict[str, torch.Tensor]:
         """{"rollout_is_weight": the sampler correction's weights of `batch`'s rows, (B,) or (B, R)}
@@ -114,7 +128,8 @@ class Algorithm(Protocol):
         `micro_batch_loss` gets them; what needs their values before then calls
         `current_logprobs()`. `totals`: counts of the global
         mini-batch whose share `minibatch` is (None: `minibatch` is the whole mini-batch);
-        losses are normalised by them. Metrics describe this share.
+        losses are normalised by them. Metrics describe this share; "loss", the mini-batch's loss,
+        is one of them (the progress bar shows it, and a loss that is not finite skips the update).
         """
         ...
 
@@ -129,3 +144,64 @@ class Algorithm(Protocol):
         """A 0-dim loss for the micro-batch's rows; `logprobs` (b, R) carry the gradient.
         `micro` holds the micro-batch's rows of every batch tensor (and "entropy" if needed)."""
         ...
+
+
+class CriticObjective(Protocol):
+    """The optional critic part of an algorithm whose `needs` holds "values" (PPO): the loss of the
+    value model, under the same contract as the policy's (module docstring). Per mini-batch
+    `critic_row_terms`, then per micro-batch `critic_micro_batch_loss`, whose gradients sum to that of
+    the mini-batch value loss; `pacs.train.update.update_critic` runs it."""
+
+    group_size: int
+
+    def critic_row_terms(self, minibatch: Tensors, totals: MiniBatchTotals | None = None) -> dict[str, torch.Tensor]:
+        """Per-row tensors (B,) for `critic_micro_batch_loss`, normalised by the global mini-batch's
+        `totals` (None: `minibatch` is all of it)."""
+        ...
+
+    def critic_micro_batch_loss(self, values: torch.Tensor, micro: Tensors, row_terms: Tensors) -> torch.Tensor:
+        """A 0-dim loss for the micro-batch's rows; `values` (b, R) are the critic's current values,
+        with gradient; `micro` holds the rollout-time "values" and the step terms."""
+        ...
+
+    def critic_metrics(self, values: torch.Tensor, minibatch: Tensors) -> dict[str, float]:
+        """The mini-batch's critic metrics ("critic/..." keys) for `values` (B, R)."""
+        ...
+
+    def critic_metric_weights(self, minibatch: Tensors) -> dict[str, float]:
+        """As `Algorithm.metric_weights`, for `critic_metrics`."""
+        ...
+
+
+CRITIC_METHODS = ("critic_row_terms", "critic_micro_batch_loss", "critic_metrics", "critic_metric_weights")
+"""The methods of `CriticObjective`, which an algorithm that needs "values" implements."""
+
+
+class AlgorithmBase:
+    """The protocol's optional parts, with defaults: a subclass writes `prepare_update` and
+    `micro_batch_loss`, and overrides what else it needs (`needs`, `prepare_step`, ...).
+
+    ``AlgorithmBase(group_size, *, horizon)``: responses per prompt n, and the longest response R
+    (``pacs.algos.aggregation``'s seq-mean-token-sum-norm divides by it). The options every algorithm
+    section holds (`pacs.config.BaseAlgorithmConfig`: kl_coef, entropy_coef, loss_agg, rollout_is_*,
+    overlong_*) reach the constructor only when it takes them as keywords: one that does not takes
+    only their defaults, and the configuration refuses any other value of them by name.
+    """
+
+    needs: frozenset[str] = frozenset()
+    first_update_may_supply_old_logprobs: bool = False
+    """False: the trainer computes every row's old log-probs before `prepare_step` (always valid)."""
+    rollout_is_levels: tuple[str, ...] = ROLLOUT_IS_LEVELS
+    """Levels of the sampler correction, for one whose constructor takes `rollout_is_cap`."""
+    startup_note: str | None = None
+
+    def __init__(self, group_size: int, *, horizon: int):
+        self.group_size, self.horizon = group_size, horizon
+
+    def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
+        """No step terms."""
+        return {}
+
+    def metric_weights(self, minibatch: Tensors) -> dict[str, float]:
+        """Every metric is a mean over all of the share's rows."""
+        return {}

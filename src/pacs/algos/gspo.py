@@ -104,3 +104,10 @@ class GSPO(ClippedPolicyGradient):
         **options,
     ):
         super().__init__(group_size, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg, **options)
+
+    def metric_weights(self, minibatch) -> dict[str, float]:
+        """`ClippedPolicyGradient.metric_weights` without "actor/clip_fraction" and
+        "actor/approx_kl": GSPO's are means over responses (one ratio each), which every rank holds
+        equally many of (`sequence_clipped_surrogate`)."""
+        weights = super().metric_weights(minibatch)
+        return {key: value for key, value in weights.items() if key not in ("actor/clip_fraction", "actor/approx_kl")}

@@ -500,6 +500,8 @@ class PACS:
     """The levels of the sampler correction that PACS takes: its loss classifies whole responses,
     so one weight per response scales its whole gradient coefficient (module docstring): the
     product of its tokens' ratios, or their geometric mean; no token level."""
+    startup_note = LOSS_NOTE
+    """Printed once when a run starts: the loss that sits near ln 2 is not a stalled run."""
 
     def __init__(
         self,

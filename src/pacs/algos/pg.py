@@ -125,6 +125,7 @@ class ClippedPolicyGradient:
     to ``old_logprobs`` (CISPO): its first-update "loss" metric then needs them."""
     rollout_is_levels = ROLLOUT_IS_LEVELS
     """The levels of the sampler correction these algorithms take: token and sequence."""
+    startup_note: str | None = None
 
     def __init__(
         self,

@@ -1,21 +1,32 @@
-"""The `algorithm` section: one class per algorithm, picked by `algorithm.name`
-(`ALGORITHM_CONFIGS`); each class's fields are its algorithm's options, and it builds the algorithm
-(`BaseAlgorithmConfig.build`).
+"""The `algorithm` section: one class per algorithm, picked by `algorithm.name`; each class's fields
+are its algorithm's options, and it builds the algorithm (`BaseAlgorithmConfig.build`).
+
+`algorithm.name` is a built-in's name, looked up in the registry `ALGORITHM_CONFIGS` (each built-in
+section registers itself with `register_algorithm`), or an import path ``package.module:Class`` to a
+user's section, a subclass of `BaseAlgorithmConfig` whose `builds` is the user's algorithm
+(`plugin_section`, imported as `reward.function` is, by `pacs.plugins`; docs/algorithms/custom.md).
+Either way the section is validated, its options checked against the algorithm's constructor, and
+a user's algorithm built once, before any model loads.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable
-from typing import Annotated, ClassVar, Literal, Protocol, Union
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union
 
 from pydantic import (
     Discriminator,
     Field,
+    SerializeAsAny,
     Tag,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
 )
 
 from pacs.algos.aggregation import LossAggregation
-from pacs.algos.base import Algorithm
+from pacs.algos.base import CRITIC_METHODS, NEEDS, Algorithm
 from pacs.algos.cispo import CISPO
 from pacs.algos.dapo import DAPO
 from pacs.algos.dr_grpo import DrGRPO
@@ -28,6 +39,7 @@ from pacs.algos.ppo import PPO
 from pacs.algos.rloo import RLOO
 from pacs.config.base import Section
 from pacs.config.sections import DataConfig, RolloutConfig
+from pacs.plugins import import_function
 
 
 class RunSettings(Protocol):
@@ -41,15 +53,19 @@ class RunSettings(Protocol):
 
 
 class BaseAlgorithmConfig(Section):
-    """What every algorithm's section holds; `algorithm.name` picks the section (`AlgorithmConfig`).
-    A section builds its algorithm (`build`): every field but `name` is a keyword of the
-    constructor in `builds`, so an algorithm's options are exactly its section's fields."""
+    """What every algorithm's section holds; `algorithm.name` picks the section (`AlgorithmConfig`):
+    a built-in's name, or the import path `package.module:Class` of a user's subclass of this class
+    (docs/algorithms/custom.md), whose options are the fields below and its own. A section builds
+    its algorithm (`build`) with its fields as the keywords of the constructor in `builds`; a
+    constructor that does not take one of the options below takes only its default."""
 
     builds: ClassVar[Callable[..., Algorithm]]
-    """The algorithm class of `pacs.algos` that this section configures."""
+    """The algorithm class (`pacs.algos.base.Algorithm`) that this section configures, called as
+    ``builds(group_size, horizon=..., **options)``."""
 
     name: str
-    """The algorithm; each takes the options of its own section, and refuses the others'."""
+    """The algorithm: a built-in's name, or `package.module:Class`, a user's section; each takes the
+    options of its own section, and refuses the others'."""
     kl_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Weight of the KL penalty to the frozen initial model; 0 loads no reference."""
     kl_estimator: KlEstimator = "k3"
@@ -87,8 +103,13 @@ class BaseAlgorithmConfig(Section):
     gives its relative penalty on 0/1 rewards)."""
 
     def build(self, group_size: int, horizon: int) -> Algorithm:
-        """The algorithm, for groups of `group_size` responses of at most `horizon` tokens."""
-        return self.builds(group_size, horizon=horizon, **self.model_dump(exclude={"name"}))
+        """The algorithm, for groups of `group_size` responses of at most `horizon` tokens, given
+        every option its constructor takes (`constructor_keywords`)."""
+        options = self.model_dump(exclude={"name"})
+        taken = constructor_keywords(self.builds)
+        if taken is not None:
+            options = {key: value for key, value in options.items() if key in taken}
+        return self.builds(group_size, horizon=horizon, **options)
 
     def uses_reference(self) -> bool:
         """Whether the algorithm computes log-probs of the reference model (the KL penalty's)."""
@@ -120,7 +141,49 @@ class BaseAlgorithmConfig(Section):
                 f"{config.data.max_response_length}: the penalty grows over the last overlong_buffer tokens before "
                 "the maximum length; set at most the maximum (0: no shaping)"
             )
+        if ALGORITHM_CONFIGS.get(self.name) is not type(self):
+            found += self._plugin_problems(config)
         return found
+
+    def _plugin_problems(self, config: RunSettings) -> list[str]:
+        """What keeps a user's section from building its algorithm: an option given that its
+        constructor does not take, a constructor that refuses its options, or an object built that is
+        not an algorithm (a `needs` outside `pacs.algos.base.NEEDS`, "values" without the critic's
+        methods). Built here, once, so that the run fails before any model loads."""
+        algorithm_class = getattr(self.builds, "__name__", repr(self.builds))
+        taken = set(type(self).model_fields) if (keywords := constructor_keywords(self.builds)) is None else keywords
+        own = set(type(self).model_fields) - set(BaseAlgorithmConfig.model_fields)
+        found = [
+            f"algorithm.{key}: an option of algorithm.name='{self.name}' that {algorithm_class}() takes no keyword for; "
+            f"add `{key}` to its constructor's keywords, or remove the field"
+            for key in sorted(own - taken)
+        ]
+        for key in BaseAlgorithmConfig.model_fields.keys() - taken - {"name"}:
+            value, default = getattr(self, key), type(self).model_fields[key].default
+            if value != default:
+                found.append(
+                    f"algorithm.{key}={value!r} with algorithm.name='{self.name}': {algorithm_class}() takes no {key} "
+                    f"keyword, so it implements only the default; leave {key}={default!r} (or take {key} in its constructor)"
+                )
+        if found:
+            return found
+        try:
+            algorithm = self.build(config.rollout.n, config.data.max_response_length)
+        except (TypeError, ValueError) as error:
+            return [f"algorithm.name='{self.name}': {algorithm_class}(...) refused these options: {error}"]
+        needs = getattr(algorithm, "needs", None)
+        if not isinstance(needs, frozenset | set) or not needs <= NEEDS:
+            return [
+                f"algorithm.name='{self.name}': {algorithm_class}.needs={needs!r} must be a frozenset of "
+                f"{', '.join(sorted(NEEDS))} (pacs.algos.base.Algorithm)"
+            ]
+        missing = [method for method in CRITIC_METHODS if not callable(getattr(algorithm, method, None))]
+        if "values" in needs and missing:
+            return [
+                f"algorithm.name='{self.name}': {algorithm_class} needs \"values\" (a critic) but has no "
+                f"{', '.join(missing)} (pacs.algos.base.CriticObjective)"
+            ]
+        return []
 
     def _kl_problems(self, *, in_reward: bool) -> list[str]:
         try:
@@ -130,6 +193,24 @@ class BaseAlgorithmConfig(Section):
         return []
 
 
+ALGORITHM_CONFIGS: dict[str, type[BaseAlgorithmConfig]] = {}
+"""The registry of built-in algorithms, `algorithm.name` -> its section (`register_algorithm`), in the
+order they are listed everywhere. Every list of algorithms derives from it: the choices of
+`algorithm.name` and of `pacs compare`, the configuration reference, the tests' cases (exactness on
+2 processes, end-to-end runs) and the documentation's pages, whose presence a test checks."""
+
+
+def register_algorithm(section: type[BaseAlgorithmConfig]) -> type[BaseAlgorithmConfig]:
+    """Add a built-in's `section` to `ALGORITHM_CONFIGS` under the default of its `name` field (a
+    `Literal` of one value); used as a class decorator."""
+    name = section.model_fields["name"].default
+    if not isinstance(name, str) or ":" in name or name in ALGORITHM_CONFIGS:
+        raise ValueError(f"{section.__name__}: a built-in's name must be a new name without ':', got {name!r}")
+    ALGORITHM_CONFIGS[name] = section
+    return section
+
+
+@register_algorithm
 class PacsConfig(BaseAlgorithmConfig):
     builds = PACS
 
@@ -212,6 +293,7 @@ class ClippedPolicyGradientConfig(BaseAlgorithmConfig):
         return found
 
 
+@register_algorithm
 class GrpoConfig(ClippedPolicyGradientConfig):
     builds = GRPO
 
@@ -221,6 +303,7 @@ class GrpoConfig(ClippedPolicyGradientConfig):
     """Divide group-centred rewards by the group's standard deviation."""
 
 
+@register_algorithm
 class RlooConfig(ClippedPolicyGradientConfig):
     builds = RLOO
 
@@ -228,56 +311,7 @@ class RlooConfig(ClippedPolicyGradientConfig):
     """RLOO: each reward minus the mean of the others to its prompt as the advantage (`pacs.algos.rloo`)."""
 
 
-class DrGrpoConfig(ClippedPolicyGradientConfig):
-    builds = DrGRPO
-
-    name: Literal["dr_grpo"] = "dr_grpo"
-    """Dr. GRPO: group-centred rewards (no std division) and a constant token-sum divisor
-    (`pacs.algos.dr_grpo`)."""
-
-
-class DapoConfig(ClippedPolicyGradientConfig):
-    builds = DAPO
-
-    name: Literal["dapo"] = "dapo"
-    """DAPO's objective: GRPO's advantages, clip-higher, token-level loss (`pacs.algos.dapo`); its
-    dynamic sampling is rollout.dynamic_sampling, its overlong shaping algorithm.overlong_buffer."""
-    clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
-    """ε_high: the probability ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
-    loss_agg: LossAggregation = "token-mean"
-    """How per-token losses are aggregated (DAPO: token-mean, every token of the mini-batch alike)."""
-
-
-class GspoConfig(ClippedPolicyGradientConfig):
-    builds = GSPO
-
-    name: Literal["gspo"] = "gspo"
-    """GSPO: one length-normalised importance ratio per response, clipped per response
-    (`pacs.algos.gspo`)."""
-    clip_low: float = Field(3e-4, gt=0, lt=1)
-    """ε_low of the sequence ratio's clip range (the paper: 3e-4)."""
-    clip_high: float = Field(4e-4, gt=0, allow_inf_nan=False)
-    """ε_high of the sequence ratio's clip range (the paper: 4e-4)."""
-    loss_agg: LossAggregation = "seq-mean-token-mean"
-    """How per-token losses are aggregated (GSPO: seq-mean-token-mean, a mean over responses)."""
-
-
-class CispoConfig(ClippedPolicyGradientConfig):
-    builds = CISPO
-
-    name: Literal["cispo"] = "cispo"
-    """CISPO: REINFORCE with each token's importance weight clipped and held constant
-    (`pacs.algos.cispo`)."""
-    clip_low: float = Field(1.0, gt=0, le=1)
-    """The importance weight is clipped below at 1 − clip_low (1: no lower bound, as the paper)."""
-    clip_high: float = Field(4.0, gt=0, allow_inf_nan=False)
-    """The importance weight is clipped above at 1 + clip_high (4: ScaleRL's cap of 5)."""
-    loss_agg: LossAggregation = "token-mean"
-    """How per-token losses are aggregated (CISPO: token-mean)."""
-    dual_clip: None = None
-    """CISPO has no dual clip: no token's gradient is clipped away."""
-
-
+@register_algorithm
 class PpoConfig(ClippedPolicyGradientConfig):
     builds = PPO
 
@@ -295,11 +329,117 @@ class PpoConfig(ClippedPolicyGradientConfig):
     """Multiplies the value loss (16 for the paper's verl critic: 2 for its missing ½, times 8)."""
 
 
-ALGORITHM_CONFIGS: dict[str, type[BaseAlgorithmConfig]] = {
-    section.model_fields["name"].default: section
-    for section in (PacsConfig, GrpoConfig, RlooConfig, PpoConfig, DrGrpoConfig, DapoConfig, GspoConfig, CispoConfig)
-}
-"""`algorithm.name` -> its section. Adding an algorithm: its module in `pacs.algos` and its section here."""
+@register_algorithm
+class DrGrpoConfig(ClippedPolicyGradientConfig):
+    builds = DrGRPO
+
+    name: Literal["dr_grpo"] = "dr_grpo"
+    """Dr. GRPO: group-centred rewards (no std division) and a constant token-sum divisor
+    (`pacs.algos.dr_grpo`)."""
+
+
+@register_algorithm
+class DapoConfig(ClippedPolicyGradientConfig):
+    builds = DAPO
+
+    name: Literal["dapo"] = "dapo"
+    """DAPO's objective: GRPO's advantages, clip-higher, token-level loss (`pacs.algos.dapo`); its
+    dynamic sampling is rollout.dynamic_sampling, its overlong shaping algorithm.overlong_buffer."""
+    clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
+    """ε_high: the probability ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    loss_agg: LossAggregation = "token-mean"
+    """How per-token losses are aggregated (DAPO: token-mean, every token of the mini-batch alike)."""
+
+
+@register_algorithm
+class GspoConfig(ClippedPolicyGradientConfig):
+    builds = GSPO
+
+    name: Literal["gspo"] = "gspo"
+    """GSPO: one length-normalised importance ratio per response, clipped per response
+    (`pacs.algos.gspo`)."""
+    clip_low: float = Field(3e-4, gt=0, lt=1)
+    """ε_low of the sequence ratio's clip range (the paper: 3e-4)."""
+    clip_high: float = Field(4e-4, gt=0, allow_inf_nan=False)
+    """ε_high of the sequence ratio's clip range (the paper: 4e-4)."""
+    loss_agg: LossAggregation = "seq-mean-token-mean"
+    """How per-token losses are aggregated (GSPO: seq-mean-token-mean, a mean over responses)."""
+
+
+@register_algorithm
+class CispoConfig(ClippedPolicyGradientConfig):
+    builds = CISPO
+
+    name: Literal["cispo"] = "cispo"
+    """CISPO: REINFORCE with each token's importance weight clipped and held constant
+    (`pacs.algos.cispo`)."""
+    clip_low: float = Field(1.0, gt=0, le=1)
+    """The importance weight is clipped below at 1 − clip_low (1: no lower bound, as the paper)."""
+    clip_high: float = Field(4.0, gt=0, allow_inf_nan=False)
+    """The importance weight is clipped above at 1 + clip_high (4: ScaleRL's cap of 5)."""
+    loss_agg: LossAggregation = "token-mean"
+    """How per-token losses are aggregated (CISPO: token-mean)."""
+    dual_clip: None = None
+    """CISPO has no dual clip: no token's gradient is clipped away."""
+
+
+PLUGIN_TAG = "package.module:Class"
+"""What selects a user's section in `AlgorithmConfig` (any `algorithm.name` with a colon)."""
+
+
+def constructor_keywords(algorithm_class: Callable[..., Algorithm]) -> set[str] | None:
+    """The names of the parameters of `algorithm_class(group_size, horizon=..., **options)`: the
+    options of a section it takes; None when it takes ``**options`` (every option)."""
+    parameters = inspect.signature(algorithm_class).parameters.values()
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    return {parameter.name for parameter in parameters}
+
+
+def plugin_section(spec: str) -> type[BaseAlgorithmConfig]:
+    """The user's section that `algorithm.name` = `spec` (``package.module:Class``) names, imported
+    by `pacs.plugins` as `reward.function` is; ValueError naming `spec` and what is wrong: the
+    module or the attribute missing, or an object that is not an algorithm's section (a subclass of
+    `BaseAlgorithmConfig` whose `builds` has the protocol's `prepare_update` and `micro_batch_loss`)."""
+    try:
+        found = import_function(spec, kind="class")
+    except ValueError as error:
+        raise ValueError(f"algorithm.name={spec!r}: {error}") from None
+    how = "a subclass of pacs.config.BaseAlgorithmConfig whose `builds` is the algorithm class (docs/algorithms/custom.md)"
+    if not (isinstance(found, type) and issubclass(found, BaseAlgorithmConfig)):
+        what = f"the class {found.__name__}" if isinstance(found, type) else f"a {type(found).__name__}"
+        raise ValueError(f"algorithm.name={spec!r} is not an algorithm's configuration: it names {what}; name {how}")
+    builds = getattr(found, "builds", None)
+    missing = [method for method in ("prepare_update", "micro_batch_loss") if not callable(getattr(builds, method, None))]
+    if builds is None or missing:
+        got = (
+            "sets no `builds`"
+            if builds is None
+            else f"builds {getattr(builds, '__name__', builds)}, which has no {', '.join(missing)}"
+        )
+        raise ValueError(
+            f"algorithm.name={spec!r} is not an algorithm: {found.__name__} {got}; its `builds` must be an algorithm "
+            "class (pacs.algos.base.Algorithm: subclass pacs.algos.base.AlgorithmBase and write prepare_update and "
+            "micro_batch_loss)"
+        )
+    return found
+
+
+def _validate_plugin(value: Any, handler: ValidatorFunctionWrapHandler) -> BaseAlgorithmConfig:
+    """A user's section (`plugin_section`) from the `algorithm` mapping `value`; an option it does
+    not have is refused with its valid options."""
+    if isinstance(value, BaseAlgorithmConfig) or not isinstance(value, dict):
+        return handler(value)
+    spec = value.get("name")
+    section = plugin_section(spec)
+    for key in value:
+        if key not in section.model_fields:
+            close = difflib.get_close_matches(str(key), list(section.model_fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"algorithm.{key}: unknown option of algorithm.name={spec!r}{hint}; its options: {', '.join(section.model_fields)}"
+            )
+    return section.model_validate(value)
 
 
 def algorithm_name(section: object) -> object:
@@ -309,8 +449,19 @@ def algorithm_name(section: object) -> object:
     return getattr(section, "name", None)
 
 
+def algorithm_tag(section: object) -> object:
+    """What selects the member of `AlgorithmConfig`: the built-in's name, or `PLUGIN_TAG` for an
+    import path."""
+    name = algorithm_name(section)
+    return PLUGIN_TAG if isinstance(name, str) and ":" in name else name
+
+
 AlgorithmConfig = Annotated[
-    Union[tuple(Annotated[section, Tag(name)] for name, section in ALGORITHM_CONFIGS.items())],
-    Discriminator(algorithm_name),
+    Union[
+        tuple(Annotated[section, Tag(name)] for name, section in ALGORITHM_CONFIGS.items())
+        + (Annotated[SerializeAsAny[BaseAlgorithmConfig], WrapValidator(_validate_plugin), Tag(PLUGIN_TAG)],)
+    ],
+    Discriminator(algorithm_tag),
 ]
-"""The `algorithm` section: the one of `ALGORITHM_CONFIGS` that `name` picks (pacs when absent)."""
+"""The `algorithm` section: the one of `ALGORITHM_CONFIGS` that `name` picks (pacs when absent), or
+the user's section that an import path names (`plugin_section`)."""

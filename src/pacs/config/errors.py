@@ -13,18 +13,19 @@ from pydantic import (
     ValidationError,
 )
 
-from pacs.config.algorithms import ALGORITHM_CONFIGS, BaseAlgorithmConfig
+from pacs.config.algorithms import ALGORITHM_CONFIGS, PLUGIN_TAG, BaseAlgorithmConfig
 from pacs.config.run import Config
 
 
 def _key_path(location: tuple) -> tuple:
     """A pydantic error location as the config's dotted key: without the algorithm's name that
     pydantic puts after `algorithm` ("algorithm", "pacs", "beta" -> "algorithm", "beta"); an
-    unknown algorithm name is the error of `algorithm.name`."""
+    unknown algorithm name is the error of `algorithm.name`, and so is a user's section that cannot be
+    used (its messages name their key)."""
     if location[:1] == ("algorithm",):
-        if len(location) == 1:
+        if len(location) == 1 or location == ("algorithm", PLUGIN_TAG):
             return ("algorithm", "name")
-        if location[1] in ALGORITHM_CONFIGS:
+        if location[1] in ALGORITHM_CONFIGS or location[1] == PLUGIN_TAG:
             return ("algorithm", *location[2:])
     return location
 
@@ -36,10 +37,15 @@ def format_validation_error(error: ValidationError, source: str) -> str:
         if item["type"] == "extra_forbidden":
             lines.append(f"  {key}: {_unknown_key(item['loc'])}")
         elif item["type"] == "value_error":  # a field's own check names no key; the whole config's checks do
-            lines.append(f"  {key + ': ' if key else ''}{item['msg'].removeprefix('Value error, ')}")
+            message = item["msg"].removeprefix("Value error, ")
+            named = not key or message.startswith("algorithm.")  # a user's section: the message names its key
+            lines.append(f"  {'' if named else key + ': '}{message}")
         elif item["type"] == "union_tag_invalid":
             valid = _either([repr(name) for name in ALGORITHM_CONFIGS])
-            lines.append(f"  {key}: Input should be {valid} (got {item['ctx']['tag']!r})")
+            lines.append(
+                f"  {key}: Input should be {valid} (got {item['ctx']['tag']!r}), or the import path '{PLUGIN_TAG}' of "
+                "your own algorithm's section (docs/algorithms/custom.md)"
+            )
         else:
             lines.append(f"  {key}: {item['msg']} (got {item['input']!r})")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from pydantic import (
     ValidationError,
 )
 
-from pacs.config.algorithms import ALGORITHM_CONFIGS, algorithm_name
+from pacs.config.algorithms import ALGORITHM_CONFIGS, BaseAlgorithmConfig, algorithm_name, plugin_section
 from pacs.config.base import ConfigError
 from pacs.config.errors import combination_problems, format_validation_error
 from pacs.config.overrides import apply_overrides
@@ -96,14 +96,15 @@ def load_config(source: str | None, overrides: Sequence[str] = (), *, algorithm:
     (those every algorithm shares, and its own), not those only other algorithms take. Options
     given as overrides are always NAME's own or refused.
 
-    With `algorithm` (one of `ALGORITHM_CONFIGS`), the config as `pacs compare` runs it for that
+    With `algorithm` (one of `ALGORITHM_CONFIGS`, or a user's `package.module:Class`), the config as
+    `pacs compare` runs it for that
     algorithm: `algorithm.name` set to it, and the options of other algorithms in the `algorithm`
     section, overrides included, left out (a comparison's config and overrides hold the options of
     every algorithm it compares). A key that is no algorithm's option is refused either way."""
     data = _read_yaml(source) if source else {}
     switched_to = _algorithm_override(overrides)
     section = data.get("algorithm")
-    if isinstance(section, dict) and switched_to in ALGORITHM_CONFIGS and switched_to != algorithm_name(section):
+    if isinstance(section, dict) and _section_class(switched_to) and switched_to != algorithm_name(section):
         data["algorithm"] = _options_of(switched_to, section)
     apply_overrides(data, list(overrides))
     if algorithm is not None:
@@ -123,13 +124,27 @@ def _algorithm_override(overrides: Sequence[str]) -> object:
     return yaml.safe_load(values[-1]) if values else None
 
 
+def _section_class(name: object) -> type[BaseAlgorithmConfig] | None:
+    """The section `algorithm.name` = `name` picks: a built-in's, or the user's section an import
+    path names; None when there is none (validation then says why)."""
+    if isinstance(name, str) and ":" in name:
+        try:
+            return plugin_section(name)
+        except ValueError:
+            return None
+    return ALGORITHM_CONFIGS.get(name) if isinstance(name, str) else None
+
+
 def _options_of(algorithm: str, section: object) -> object:
     """The `algorithm` section `section` (a mapping) for `algorithm`: named so, without the options
-    that only other algorithms take."""
-    if not isinstance(section, dict):
-        return section
+    that only other algorithms take (built-ins' and, when named, the section's own algorithm's)."""
+    own_class = _section_class(algorithm)
+    if not isinstance(section, dict) or own_class is None:
+        return {**section, "name": algorithm} if isinstance(section, dict) else section
     others = {key for other in ALGORITHM_CONFIGS.values() for key in other.model_fields}
-    own = ALGORITHM_CONFIGS[algorithm].model_fields
+    if (current := _section_class(algorithm_name(section))) is not None:
+        others |= set(current.model_fields)
+    own = own_class.model_fields
     return {**{key: value for key, value in section.items() if key in own or key not in others}, "name": algorithm}
 
 

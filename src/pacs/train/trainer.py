@@ -26,7 +26,6 @@ from rich.console import Console
 
 from pacs.algos.base import Algorithm
 from pacs.algos.groups import mixed_group_fraction
-from pacs.algos.pacs import LOSS_NOTE as PACS_LOSS_NOTE
 from pacs.config import Config, ConfigError
 from pacs.data.prompts import EncodedPrompts
 from pacs.distributed.collectives import (
@@ -376,8 +375,8 @@ class Trainer:
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics, checkpoint_time = 0, {}, {}
-        if config.algorithm.name == "pacs":
-            self.console.print(PACS_LOSS_NOTE)
+        if self.algorithm.startup_note is not None:
+            self.console.print(self.algorithm.startup_note)
         try:
             steps = progress_bar(
                 range(self.start_step + 1, config.train.steps + 1),

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from pacs.algos.base import Algorithm, MiniBatchTotals
-from pacs.algos.ppo import PPO
+from pacs.algos.base import Algorithm, CriticObjective, MiniBatchTotals
 from pacs.distributed.collectives import mean_over_ranks, sum_over_ranks
 from pacs.distributed.world import World
 from pacs.distributed.wrapping import gradient_sync
@@ -287,10 +286,11 @@ def update_critic(
     optimizer: torch.optim.Optimizer,
     world: World,
     batch: PolicyBatch,
-    algorithm: PPO,
+    algorithm: CriticObjective,
     settings: UpdateSettings,
 ) -> dict[str, float]:
-    """Every critic update of one step (PPO): the clipped value loss on the step's returns.
+    """Every critic update of one step (an algorithm that needs "values", PPO's clipped value loss
+    on the step's returns): the algorithm's `CriticObjective`.
 
     batch: as for `update_policy`, with the rollout-time "values" and the "returns" row terms.
     """
