@@ -10,6 +10,7 @@ import torch
 from plugin_algorithms import EXAMPLES
 
 from pacs.algos.base import AlgorithmBase, MiniBatchTotals
+from pacs.algos.importance import ROLLOUT_IS_LEVELS
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_an_algorithm_that_writes_only_the_required_parts_gets_safe_defaults_for
     assert (algorithm.group_size, algorithm.horizon, algorithm.needs, algorithm.startup_note) == (4, 8, frozenset(), None)
     assert algorithm.first_update_may_supply_old_logprobs is False  # the trainer computes every old log-prob first
     assert algorithm.prepare_step(batch) == {} and algorithm.metric_weights(batch) == {}
-    assert algorithm.rollout_is_levels == ("token", "sequence")
+    assert algorithm.rollout_is_levels == ROLLOUT_IS_LEVELS
 
 
 def reinforce_loss(logprobs, rewards, mask, group_size, baseline):

@@ -184,7 +184,15 @@ def sampler_correction_sums(
     k3 = torch.where(is_response, delta.exp() - delta - 1, 0.0)
     truncated = (applied >= cap).sum()
     masked = (applied == 0).sum()
-    sums = [applied.numel(), applied.sum(), applied.square().sum(), truncated, k3.sum(), is_response.sum(), masked]
+    sums: list[int | torch.Tensor] = [
+        applied.numel(),
+        applied.sum(),
+        applied.square().sum(),
+        truncated,
+        k3.sum(),
+        is_response.sum(),
+        masked,
+    ]
     log_ratio_max = float(log_ratios.max()) if log_ratios.numel() else -math.inf
     return torch.tensor([float(value) for value in sums], dtype=torch.float64), log_ratio_max
 

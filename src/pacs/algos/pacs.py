@@ -496,11 +496,11 @@ class PACS:
     kl_coef > 0. The reported "loss" is L alone.
     """
 
-    rollout_is_levels = ("sequence", "geometric_mean")
+    rollout_is_levels: tuple[str, ...] = ("sequence", "geometric_mean")
     """The levels of the sampler correction that PACS takes: its loss classifies whole responses,
     so one weight per response scales its whole gradient coefficient (module docstring): the
     product of its tokens' ratios, or their geometric mean; no token level."""
-    startup_note = LOSS_NOTE
+    startup_note: str | None = LOSS_NOTE
     """Printed once when a run starts: the loss that sits near ln 2 is not a stalled run."""
 
     def __init__(
@@ -670,8 +670,8 @@ class PACS:
         ρ_i of the old log-probs the update's forward pass gave (π_old = π_θ, detached): the
         coefficient ``prepare_update`` would have made, exactly."""
         coefficients = row_terms["proxy_grad"]
-        if self.rollout_is_cap is not None and "rollout_is_weight" not in row_terms:
-            coefficients = sampler_corrected_coefficients(coefficients, self._rollout_is_weight(micro))
+        if "rollout_is_weight" not in row_terms and (weights := self._rollout_is_weight(micro)) is not None:
+            coefficients = sampler_corrected_coefficients(coefficients, weights)
         loss = (coefficients * self._proxy(logprobs, micro)).sum()
         if not self.regularised:
             return loss

@@ -53,6 +53,7 @@ p · R_length(o_i) ∈ [−p, 0] to each outcome reward before the advantages, f
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -117,7 +118,7 @@ class ClippedPolicyGradient:
     """
 
     min_group_size = 1
-    per_token_loss = staticmethod(clipped_surrogate)
+    per_token_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] = staticmethod(clipped_surrogate)
     """The surrogate ℓ: ``(logprobs, old_logprobs, advantages, response_mask, *, clip_low, clip_high,
     [dual_clip]) -> ((B, T) per-token losses, {"clip_fraction", "approx_kl"})``."""
     surrogate_needs_logprobs = False

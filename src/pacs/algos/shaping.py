@@ -57,7 +57,10 @@ def shaped_rewards(
     rewards: torch.Tensor, response_mask: torch.Tensor, *, max_length: int | None, buffer: int, penalty: float
 ) -> torch.Tensor:
     """The outcome rewards with DAPO's overlong penalty added (``overlong_penalty``, ``buffer`` >= 1):
-    (B,) R_i + p · R_length(o_i), constants, at least float32."""
+    (B,) R_i + p · R_length(o_i), constants, at least float32. ValueError without ``max_length``
+    (``check_overlong_shaping`` refuses that combination first)."""
+    if max_length is None:
+        raise ValueError("overlong shaping needs max_length, the longest response allowed")
     shaping = overlong_penalty(response_mask, max_length, buffer, penalty)
     dtype = torch.promote_types(rewards.dtype, shaping.dtype)
     return rewards.detach().to(dtype) + shaping.to(dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, Union
 
 from pydantic import (
     Discriminator,
@@ -32,9 +32,10 @@ from pacs.algos.dapo import DAPO
 from pacs.algos.dr_grpo import DrGRPO
 from pacs.algos.grpo import GRPO
 from pacs.algos.gspo import GSPO
-from pacs.algos.importance import RolloutIsLevel, RolloutIsMode, check_rollout_is
+from pacs.algos.importance import ROLLOUT_IS_LEVELS, RolloutIsLevel, RolloutIsMode, check_rollout_is
 from pacs.algos.kl import KlEstimator, check_kl_penalty
 from pacs.algos.pacs import PACS, Estimator, Proxy, Reference, Weighting
+from pacs.algos.pg import ClippedPolicyGradient
 from pacs.algos.ppo import PPO
 from pacs.algos.rloo import RLOO
 from pacs.config.base import Section
@@ -131,7 +132,7 @@ class BaseAlgorithmConfig(Section):
                 self.rollout_is_mode,
                 self.rollout_is_level,
                 self.rollout_is_floor,
-                levels=self.builds.rollout_is_levels,
+                levels=getattr(self.builds, "rollout_is_levels", ROLLOUT_IS_LEVELS),  # AlgorithmBase's default
             )
         except ValueError as error:
             found.append(f"algorithm.{error}")
@@ -260,6 +261,8 @@ class PacsConfig(BaseAlgorithmConfig):
 
 class ClippedPolicyGradientConfig(BaseAlgorithmConfig):
     """The options of the clipped policy-gradient baselines (`pacs.algos.pg`)."""
+
+    builds: ClassVar[type[ClippedPolicyGradient]]
 
     clip_low: float = Field(0.2, gt=0, lt=1)
     """ε_low: the probability ratio is clipped below at 1 − clip_low."""
@@ -430,7 +433,7 @@ def _validate_plugin(value: Any, handler: ValidatorFunctionWrapHandler) -> BaseA
     not have is refused with its valid options."""
     if isinstance(value, BaseAlgorithmConfig) or not isinstance(value, dict):
         return handler(value)
-    spec = value.get("name")
+    spec = str(value.get("name"))
     section = plugin_section(spec)
     for key in value:
         if key not in section.model_fields:
@@ -456,12 +459,15 @@ def algorithm_tag(section: object) -> object:
     return PLUGIN_TAG if isinstance(name, str) and ":" in name else name
 
 
-AlgorithmConfig = Annotated[
-    Union[
-        tuple(Annotated[section, Tag(name)] for name, section in ALGORITHM_CONFIGS.items())
-        + (Annotated[SerializeAsAny[BaseAlgorithmConfig], WrapValidator(_validate_plugin), Tag(PLUGIN_TAG)],)
-    ],
-    Discriminator(algorithm_tag),
-]
+if TYPE_CHECKING:  # a union built from the registry at import: a section of this class to a type checker
+    AlgorithmConfig = BaseAlgorithmConfig
+else:
+    AlgorithmConfig = Annotated[
+        Union[
+            tuple(Annotated[section, Tag(name)] for name, section in ALGORITHM_CONFIGS.items())
+            + (Annotated[SerializeAsAny[BaseAlgorithmConfig], WrapValidator(_validate_plugin), Tag(PLUGIN_TAG)],)
+        ],
+        Discriminator(algorithm_tag),
+    ]
 """The `algorithm` section: the one of `ALGORITHM_CONFIGS` that `name` picks (pacs when absent), or
 the user's section that an import path names (`plugin_section`)."""

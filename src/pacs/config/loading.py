@@ -104,7 +104,12 @@ def load_config(source: str | None, overrides: Sequence[str] = (), *, algorithm:
     data = _read_yaml(source) if source else {}
     switched_to = _algorithm_override(overrides)
     section = data.get("algorithm")
-    if isinstance(section, dict) and _section_class(switched_to) and switched_to != algorithm_name(section):
+    if (
+        isinstance(section, dict)
+        and isinstance(switched_to, str)
+        and _section_class(switched_to)
+        and switched_to != algorithm_name(section)
+    ):
         data["algorithm"] = _options_of(switched_to, section)
     apply_overrides(data, list(overrides))
     if algorithm is not None:
