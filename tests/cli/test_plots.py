@@ -161,6 +161,7 @@ def test_smoothing_is_tensorboards_debiased_moving_average():
     assert smoothed([3.0, 1.0, 2.0], 0.0) == [3.0, 1.0, 2.0]
 
 
+@pytest.mark.slow
 def test_plot_runs_draws_smoothed_curves(tmp_path):
     run = write_run(tmp_path / "pacs", training_rows(20))
     written = plot_runs([run], tmp_path / "plots", smoothing=0.9)

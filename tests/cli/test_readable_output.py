@@ -62,6 +62,7 @@ def _sigint_as_a_shell_leaves_it() -> None:
 # ----- the terminal ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eval_prints_a_short_table_and_leaves_the_details_to_the_file(tmp_path, tiny_model_dir, capsys):
     data = "builtin:arithmetic?size=6"
     assert (
@@ -236,6 +237,7 @@ def test_checkpoint_files_get_the_modes_the_users_umask_gives(tmp_path, tiny_mod
     assert set(modes.values()) == {0o640, 0o750}, modes
 
 
+@pytest.mark.slow
 def test_wandb_files_go_where_wandb_dir_says(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     from pacs.train.trackers import WandbTracker

@@ -121,6 +121,7 @@ def loads(monkeypatch, tmp_path) -> list[str]:
     ("command", "case"),
     [(command, case) for command in ("train", "eval") for case in CASES] + [("sft", case) for case in SFT_CASES],
 )
+@pytest.mark.slow
 def test_a_refused_command_names_the_problem_loads_no_model_and_leaves_the_disk_as_it_was(
     tmp_path, tiny_model_dir, loads, capsys, command, case
 ):
@@ -156,6 +157,7 @@ def test_every_problem_is_reported_at_once(tmp_path, loads, capsys, command):
     assert loads == [] and tree_hash(work) == before
 
 
+@pytest.mark.slow
 def test_prepare_check_refuses_a_file_whose_data_source_has_no_reward_function(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text(lines(row(data_source="my_task")))
@@ -164,6 +166,7 @@ def test_prepare_check_refuses_a_file_whose_data_source_has_no_reward_function(t
     assert run(["prepare", "--check", str(data), "--reward-function", "pacs.rewards.registry:default_compute_score"]) == 2
 
 
+@pytest.mark.slow
 def test_the_same_inputs_without_a_fault_get_past_the_checks_to_the_model_loader(tmp_path, tiny_model_dir, loads):
     """The refusals above come from the faults, not from the way the commands are run."""
     work = tmp_path / "work"

@@ -365,6 +365,7 @@ def test_beyondaime_rows_in_its_published_layout_prepare_to_math_rows(tmp_path: 
     assert rows[0]["extra_info"]["split"] == "test" and prepared.report.normalised_answers == 2
 
 
+@pytest.mark.slow
 def test_beyondaime_answers_are_scored_by_the_math_verifier() -> None:
     from pacs.rewards import default_compute_score
 

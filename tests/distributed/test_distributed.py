@@ -67,6 +67,7 @@ def two_process_weights(narrow_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_closing_the_world_leaves_no_wrapped_model_for_interpreter_exit_to_free(two_process_weights):
     """`World.close` frees the FSDP- and DDP-wrapped models that reference cycles keep (the
     launch wrapped dozens) before the process group goes: freed at interpreter exit instead,
@@ -107,6 +108,7 @@ def two_process_metrics(two_process_weights) -> dict[str, dict[str, float]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DDP_CASES)
 def test_two_ddp_processes_update_exactly_like_one(case, two_process_weights, one_process_weights, narrow_model_dir):
     expected = one_process_weights(case)
@@ -121,6 +123,7 @@ def test_two_fsdp_processes_update_exactly_like_one(case, two_process_weights, o
     assert max_difference(got, one_process_weights(case)) <= EXACT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("case", LORA_CASES)
 def test_two_processes_update_lora_adapters_exactly_like_one(case, strategy, two_process_weights, one_process_weights):
@@ -131,6 +134,7 @@ def test_two_processes_update_lora_adapters_exactly_like_one(case, strategy, two
     assert max_difference(got, expected) <= EXACT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", LOCAL_TOTALS_CASES)
 def test_the_exactness_check_catches_per_rank_normalisation(case, two_process_weights, one_process_weights):
     got = load_file(str(two_process_weights / "ddp-local-totals" / f"{case}.safetensors"))

@@ -225,6 +225,7 @@ def test_the_warm_started_model_asked_for_at_once_is_built_once(tmp_path: Path, 
     assert directories[0] == directories[1]
 
 
+@pytest.mark.slow
 def test_every_built_in_name_is_known_in_a_fresh_interpreter_without_importing_the_trainer():
     code = (
         "import sys; from pacs.models.loading import check_model_path; "

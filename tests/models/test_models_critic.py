@@ -57,6 +57,7 @@ def test_a_config_without_a_backbone_is_refused_naming_its_model_type():
         token_classification_class(UnknownConfig())
 
 
+@pytest.mark.slow
 def test_a_critic_built_for_an_architecture_unpickles_in_a_fresh_process(olmo2_dir, tmp_path):
     """Under FSDP rank 0 sends every rank the critic as a pickled skeleton; a rank that has not
     built the class itself must still find it."""

@@ -73,6 +73,7 @@ def unreachable_hub_reports(request, tmp_path_factory, tiny_model_dir: Path) -> 
     return request.param, _load_in_subprocess([MISSING, CACHED], hub_cache, endpoint=CLOSED_PORT_ENDPOINT, offline=request.param)
 
 
+@pytest.mark.slow
 def test_unreachable_hub_id_not_in_cache_fails_fast_with_advice(unreachable_hub_reports) -> None:
     offline, reports = unreachable_hub_reports
     output = reports[MISSING]
@@ -130,6 +131,7 @@ def reachable_hub_reports(tmp_path_factory) -> Iterator[tuple[str, dict[str, str
 @pytest.mark.parametrize(
     ("model_id", "expected"), [(MISSING, "is not a model on"), (GATED, "is a gated repo on")], ids=["missing", "gated"]
 )
+@pytest.mark.slow
 def test_reachable_hub_that_lacks_the_repo_says_so(reachable_hub_reports, model_id: str, expected: str) -> None:
     endpoint, reports = reachable_hub_reports
     output = reports[model_id]

@@ -91,6 +91,7 @@ def command_for(form: str, directory: Path) -> tuple[list[str], str | None]:
         "process with torch threads",
     ],
 )
+@pytest.mark.slow
 def test_scoring_works_and_keeps_its_limit_from_every_kind_of_caller(form: str, tmp_path: Path) -> None:
     command, stdin = command_for(form, tmp_path)
     finished = subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=tmp_path, timeout=120)

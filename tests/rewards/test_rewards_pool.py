@@ -134,6 +134,7 @@ def rows(count: int, data_source: str = "plugin", ground_truth: str = "1") -> li
     ]
 
 
+@pytest.mark.slow
 def test_scores_come_back_in_response_order(plugin: str) -> None:
     responses = ["a" * length for length in [7, 1, 9, 3, 5, 2]]
     with ScoringPool(f"{plugin}:length_score", num_workers=2) as pool:
@@ -141,22 +142,26 @@ def test_scores_come_back_in_response_order(plugin: str) -> None:
     assert batch == BatchScores([0.7, 0.1, 0.9, 0.3, 0.5, 0.2], timed_out=0, crashed=0)
 
 
+@pytest.mark.slow
 def test_workers_import_a_plugin_from_the_callers_sys_path(plugin: str) -> None:
     with ScoringPool(f"{plugin}:length_score", num_workers=1) as pool:
         assert pool.score(rows(1), ["abc"]).scores == [0.3]
 
 
+@pytest.mark.slow
 def test_workers_score_in_other_processes(plugin: str) -> None:
     with ScoringPool(f"{plugin}:process_id", num_workers=1) as pool:
         assert pool.score(rows(1, ground_truth=str(os.getpid())), ["x"]).scores == [0.0]
 
 
+@pytest.mark.slow
 def test_a_call_past_the_limit_scores_zero_and_is_counted(plugin: str) -> None:
     with ScoringPool(f"{plugin}:sleep_on_request", num_workers=2, timeout_s=TIMEOUT_S) as pool:
         batch = pool.score(rows(3), ["ok", "sleep", "ok"])
     assert batch == BatchScores([1.0, 0.0, 1.0], timed_out=1, crashed=0)
 
 
+@pytest.mark.slow
 def test_a_stuck_call_does_not_hold_up_the_rest_of_the_batch(plugin: str) -> None:
     with ScoringPool(f"{plugin}:sleep_on_request", num_workers=2, timeout_s=TIMEOUT_S) as pool:
         pool.score(rows(1), ["ok"])
@@ -167,6 +172,7 @@ def test_a_stuck_call_does_not_hold_up_the_rest_of_the_batch(plugin: str) -> Non
     assert elapsed_s < TIMEOUT_S + 5.0  # the stuck call sleeps an hour; 5 s leaves room for a busy machine
 
 
+@pytest.mark.slow
 def test_the_pool_scores_normally_after_a_timeout(plugin: str) -> None:
     with ScoringPool(f"{plugin}:sleep_on_request", num_workers=1, timeout_s=TIMEOUT_S) as pool:
         pool.score(rows(1), ["sleep"])
@@ -193,6 +199,7 @@ def test_a_worker_that_exits_is_counted_as_crashed_and_replaced(plugin: str) -> 
     assert batch == BatchScores([1.0, 0.0, 1.0], timed_out=0, crashed=1)
 
 
+@pytest.mark.slow
 def test_an_exception_in_the_reward_function_is_raised_naming_the_row(plugin: str) -> None:
     with ScoringPool(f"{plugin}:raise_key_error", num_workers=2) as pool:
         with pytest.raises(ValueError, match=r"data_source 'plugin', extra_info index 0: KeyError: 'missing"):
@@ -223,6 +230,7 @@ def test_zero_workers_raise_reward_function_errors_naming_the_row(plugin: str) -
         pool.score(rows(1), ["x"])
 
 
+@pytest.mark.slow
 def test_the_default_function_scores_by_data_source() -> None:
     batch_rows = rows(1, "arithmetic", "46") + rows(1, "amc23", "27.0")
     # a limit no call reaches even on a busy machine, where a fresh worker's first call can pass 1 s
@@ -264,6 +272,7 @@ def test_rows_and_responses_must_pair_up() -> None:
         ScoringPool(num_workers=0).score(rows(2, "arithmetic"), ["\\boxed{1}"])
 
 
+@pytest.mark.slow
 def test_a_program_started_by_the_reward_function_cannot_forge_a_result(plugin: str, tmp_path: Path) -> None:
     marker = tmp_path / "forged pickle ran"
     with ScoringPool(f"{plugin}:run_a_forging_program", num_workers=1, timeout_s=30) as pool:
@@ -272,6 +281,7 @@ def test_a_program_started_by_the_reward_function_cannot_forge_a_result(plugin: 
     assert batch == BatchScores([0.0], timed_out=0, crashed=0)
 
 
+@pytest.mark.slow
 def test_a_worker_that_exits_leaving_a_background_program_is_counted_as_crashed(plugin: str) -> None:
     with ScoringPool(f"{plugin}:exit_after_starting_a_background_program", num_workers=1, timeout_s=20) as pool:
         assert pool.score(rows(1), ["x"]) == BatchScores([0.0], timed_out=0, crashed=1)
@@ -285,6 +295,7 @@ def test_a_worker_that_exits_leaving_a_background_program_is_counted_as_crashed(
         ("raise_unprintable", "Unprintable: <str() of the exception raised RuntimeError>"),
     ],
 )
+@pytest.mark.slow
 def test_an_exit_or_an_unprintable_exception_is_raised_naming_the_row(
     plugin: str, function: str, error_text: str, num_workers: int
 ) -> None:
@@ -293,12 +304,14 @@ def test_an_exit_or_an_unprintable_exception_is_raised_naming_the_row(
             pool.score(rows(1), ["x"])
 
 
+@pytest.mark.slow
 def test_a_keyboard_interrupt_raised_by_the_reward_function_in_a_worker_is_raised(plugin: str) -> None:
     with ScoringPool(f"{plugin}:raise_keyboard_interrupt", num_workers=1) as pool:
         with pytest.raises(ValueError, match="extra_info index 0: KeyboardInterrupt"):
             pool.score(rows(1), ["x"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_score_too_large_for_a_float_is_rejected(plugin: str, num_workers: int) -> None:
     with ScoringPool(f"{plugin}:huge_integer", num_workers=num_workers) as pool:
@@ -306,12 +319,14 @@ def test_a_score_too_large_for_a_float_is_rejected(plugin: str, num_workers: int
             pool.score(rows(1), ["x"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_numpy_bool_is_a_score(plugin: str, num_workers: int) -> None:
     with ScoringPool(f"{plugin}:numpy_true", num_workers=num_workers) as pool:
         assert pool.score(rows(1), ["x"]).scores == [1.0]
 
 
+@pytest.mark.slow
 def test_what_the_reward_function_prints_reaches_standard_error(plugin: str, tmp_path: Path) -> None:
     script = (
         "import sys\n"

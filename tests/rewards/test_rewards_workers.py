@@ -21,6 +21,7 @@ from pacs.rewards.workers import NO_RESULT, CallError, TimeLimitedWorkers
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 
 
+@pytest.mark.slow
 def test_every_call_of_a_chunk_gets_the_whole_limit() -> None:
     with TimeLimitedWorkers("time:sleep", num_workers=1) as workers:
         outcome = workers.run([(0.3,)] * 4, timeout_s=0.5)
@@ -28,6 +29,7 @@ def test_every_call_of_a_chunk_gets_the_whole_limit() -> None:
     assert (outcome.timed_out, outcome.crashed) == (0, 0)
 
 
+@pytest.mark.slow
 def test_calls_queued_behind_a_stuck_call_are_still_answered() -> None:
     with TimeLimitedWorkers("time:sleep", num_workers=1) as workers:
         outcome = workers.run([(0.0,), (3600.0,), (0.0,), (0.0,)], timeout_s=0.3)
@@ -35,6 +37,7 @@ def test_calls_queued_behind_a_stuck_call_are_still_answered() -> None:
     assert outcome.timed_out == 1
 
 
+@pytest.mark.slow
 def test_an_exception_names_the_call_that_raised() -> None:
     with TimeLimitedWorkers("math:sqrt", num_workers=2) as workers:
         with pytest.raises(CallError) as raised:
@@ -52,6 +55,7 @@ def test_closing_stops_the_server_and_every_worker() -> None:
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 @needs_proc
 def test_workers_end_when_their_caller_is_killed(tmp_path: Path) -> None:
     script = (
@@ -71,6 +75,7 @@ def test_workers_end_when_their_caller_is_killed(tmp_path: Path) -> None:
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_function_that_cannot_be_imported_is_named() -> None:
     with pytest.raises(ValueError, match="Cannot import module 'pacs_no_such_module'"):
         TimeLimitedWorkers("pacs_no_such_module:score", num_workers=1).run([()], timeout_s=1)
@@ -163,6 +168,7 @@ def gone(pid: int, within_s: float = 10.0) -> bool:
     return not alive(pid)
 
 
+@pytest.mark.slow
 def test_a_json_module_in_the_working_directory_is_not_imported_by_the_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +197,7 @@ def test_a_result_over_the_message_limit_is_an_error_not_a_long_decode(plugin: s
             workers.run([()], timeout_s=5)
 
 
+@pytest.mark.slow
 def test_an_answer_already_waiting_at_the_deadline_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The caller was busy past the deadline; the second call had answered long before."""
     import pacs.rewards.workers as workers_module
@@ -234,6 +241,7 @@ def test_threads_sharing_workers_get_their_own_results() -> None:
 SLEEPERS = pytest.mark.parametrize("detached", [False, True], ids=["child", "daemon-in-its-own-session"])
 
 
+@pytest.mark.slow
 @needs_proc
 @SLEEPERS
 def test_a_timed_out_call_takes_the_processes_it_started_with_it(plugin: str, tmp_path: Path, detached: bool) -> None:
@@ -243,6 +251,7 @@ def test_a_timed_out_call_takes_the_processes_it_started_with_it(plugin: str, tm
         assert gone(int(pid_file.read_text()))
 
 
+@pytest.mark.slow
 @needs_proc
 @SLEEPERS
 def test_closing_stops_the_processes_workers_started(plugin: str, tmp_path: Path, detached: bool) -> None:
@@ -253,6 +262,7 @@ def test_closing_stops_the_processes_workers_started(plugin: str, tmp_path: Path
     assert gone(sleeper)
 
 
+@pytest.mark.slow
 @needs_proc
 @SLEEPERS
 def test_processes_workers_started_end_when_their_caller_exits(plugin_directory: Path, tmp_path: Path, detached: bool) -> None:
@@ -267,6 +277,7 @@ def test_processes_workers_started_end_when_their_caller_exits(plugin_directory:
     assert gone(int(caller.stdout.split()[0]))
 
 
+@pytest.mark.slow
 def test_a_server_killed_between_runs_is_restarted() -> None:
     with TimeLimitedWorkers("os:getppid", num_workers=1) as workers:
         [server] = workers.run([()], timeout_s=5).results
@@ -276,6 +287,7 @@ def test_a_server_killed_between_runs_is_restarted() -> None:
     assert new_server != server
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_worker_in_a_hung_call_dies_with_its_server(plugin: str, tmp_path: Path) -> None:
     pid_file = tmp_path / "worker"
@@ -286,6 +298,7 @@ def test_a_worker_in_a_hung_call_dies_with_its_server(plugin: str, tmp_path: Pat
         assert workers.run([(str(tmp_path / "again"),)], timeout_s=0.5).results == [NO_RESULT]
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_forked_child_does_not_keep_the_workers_alive_after_close() -> None:
     workers = TimeLimitedWorkers("os:getpid", num_workers=2)
@@ -302,6 +315,7 @@ def test_a_forked_child_does_not_keep_the_workers_alive_after_close() -> None:
         os.waitpid(child, 0)
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_dropped_pool_leaves_no_zombie_server() -> None:
     workers = TimeLimitedWorkers("os:getppid", num_workers=1)
@@ -319,12 +333,14 @@ def test_an_infinite_limit_is_refused() -> None:
         TimeLimitedWorkers("os:getpid", num_workers=1).run([()], timeout_s=math.inf)
 
 
+@pytest.mark.slow
 def test_a_path_object_on_sys_path_is_passed_to_the_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "path", [*sys.path, tmp_path])
     with TimeLimitedWorkers("os:getpid", num_workers=1) as workers:
         assert workers.run([()], timeout_s=5).results[0] > 0
 
 
+@pytest.mark.slow
 def test_a_sys_path_longer_than_a_command_line_is_passed_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
     long_entries = [f"/nonexistent-{index}-{'d' * 100}" for index in range(1500)]
     monkeypatch.setattr(sys, "path", [*sys.path, *long_entries])

@@ -36,6 +36,7 @@ def test_each_of_8_fake_ranks_holds_an_eighth_of_the_parameters_up_to_padding():
     assert total / world_size <= local < total / world_size + padding
 
 
+@pytest.mark.slow
 def test_the_plans_peak_only_trackers_report_the_peak_of_torchs_trackers(monkeypatch):
     """The plan's trackers skip torch's per-module peaks (their cost grows with the model's modules)."""
     config = load_config(
@@ -109,6 +110,7 @@ def tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, *settings: str, overrides
     return memory_plan.simulate(str(config), 8, gpu_gib=80.0, overrides=overrides)
 
 
+@pytest.mark.slow
 def test_the_plan_counts_vllm_in_generation_and_asleep_nowhere_else(monkeypatch, tmp_path):
     """vLLM's bf16 weights and the rest of its 0.5 of an 80 GiB GPU while generating; with sleep
     mode (the default on GPUs) the other phases do not hold it; the peak is the largest phase."""
@@ -123,6 +125,7 @@ def test_the_plan_counts_vllm_in_generation_and_asleep_nowhere_else(monkeypatch,
     assert plan.phases["update"]["gradients"] > 0 and "gradients" not in plan.phases["generation"]
 
 
+@pytest.mark.slow
 def test_without_sleep_mode_the_plan_holds_vllm_in_every_phase(monkeypatch, tmp_path):
     """... each rank holding half of the weights with tensor parallelism over 2."""
     plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, "sleep_mode=false", "tensor_parallel_size=2")

@@ -212,6 +212,7 @@ def test_only_the_newest_step_checkpoints_are_kept_and_final_always(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["final", "step_10", "step_3"]
 
 
+@pytest.mark.slow
 def test_a_second_writer_of_an_output_folder_is_refused_while_the_first_holds_its_lock(tmp_path):
     lock = lock_run(tmp_path)
     assert lock is not None

@@ -32,6 +32,7 @@ def test_the_pacs_command_puts_mkl_in_its_reproducible_mode_unless_the_user_chos
     assert chosen == {"MKL_CBWR": "OFF"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("users_workspace", [None, ":16:8"])
 def test_deterministic_kernels_are_asked_for_keeping_the_users_cublas_workspace(users_workspace):
     env = {key: value for key, value in process_env().items() if key != "CUBLAS_WORKSPACE_CONFIG"}

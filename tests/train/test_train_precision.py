@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from batches import policy_batch
 from mixed_rewards import MIXED_GROUPS
@@ -53,6 +54,7 @@ def test_activation_checkpointing_gives_the_same_gradient(tiny_model_dir):
         assert torch.allclose(plain.grad, recomputed.grad, atol=1e-12), name
 
 
+@pytest.mark.slow
 def test_bfloat16_with_activation_checkpointing_trains_float32_weights(tmp_path, warm_model_dir):
     config = small_config(
         tmp_path,

@@ -80,6 +80,7 @@ def max_weight_difference(first, second) -> float:
     return max((a - b).abs().max().item() for a, b in zip(first.parameters(), second.parameters()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro_batch_size", [1, 3, 5, 8, 16])
 def test_off_policy_updates_match_whole_minibatch_loss_at_any_micro_batch_size(setup, micro_batch_size):
     model, batch = setup
@@ -97,6 +98,7 @@ def test_off_policy_updates_match_whole_minibatch_loss_at_any_micro_batch_size(s
         {"proxy": "logratio", "estimator": "naive", "weighting": "only_positive"},
     ],
 )
+@pytest.mark.slow
 def test_every_pacs_option_matches_whole_minibatch_loss_with_split_groups(setup, options):
     model, batch = setup
     reference = run_reference_update(model, batch, **options)
@@ -143,6 +145,7 @@ def test_update_with_non_finite_loss_is_skipped_and_counted(setup):
     assert all(torch.isfinite(p).all() for p in trained.parameters())
 
 
+@pytest.mark.slow
 def test_pacs_with_kl_and_entropy_gives_the_same_update_at_any_micro_batch_size(setup):
     model, batch = setup
     regularised = copy.deepcopy(batch)
