@@ -140,8 +140,10 @@ def test_the_grpo_scores_coefficients_at_zero_proxy_are_rloos_rescaled_as_in_pac
     stub.GRPOConfig, stub.GRPOTrainer = type("GRPOConfig", (), {}), type("GRPOTrainer", (), {})
     monkeypatch.setitem(sys.modules, "trl", stub)
     monkeypatch.delitem(sys.modules, "pacs.integrations.trl_trainer", raising=False)
+    package = importlib.import_module("pacs.integrations")
+    monkeypatch.setattr(package, "trl_trainer", None, raising=False)  # restored (or removed) after the test
     trl_trainer = importlib.import_module("pacs.integrations.trl_trainer")
-    monkeypatch.delitem(sys.modules, "pacs.integrations.trl_trainer")
+    monkeypatch.setitem(sys.modules, "pacs.integrations.trl_trainer", trl_trainer)  # removed after the test
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
     scored = torch.ones(8, dtype=torch.bool)
     beta = 2.0

@@ -10,7 +10,7 @@ import torch
 from batches import policy_batch
 
 from pacs.algos import pacs_loss
-from pacs.algos.pacs import PACS
+from pacs.algos.pacs import GRPO_SPREAD_FLOOR, PACS
 from pacs.distributed.world import World
 from pacs.models.loading import load_causal_lm
 from pacs.train import update as update_module
@@ -66,9 +66,11 @@ def run_reference_update(model, batch, *, mini_batch_size=2, epochs=2, **pacs_op
         for start in range(0, len(batch), rows):
             minibatch = batch.rows(slice(start, start + rows))
             logprobs = response_logprobs(model, minibatch)
+            spread_floor = pacs_options.get("beta", 1.0) * GRPO_SPREAD_FLOOR  # the grpo score's, as the trainer's
             loss = pacs_loss(
-                logprobs, minibatch.old_logprobs, minibatch.response_mask, minibatch.rewards, GROUP_SIZE, **pacs_options
-            )
+                logprobs, minibatch.old_logprobs, minibatch.response_mask, minibatch.rewards, GROUP_SIZE, **pacs_options,
+                spread_floor=spread_floor,
+            )  # fmt: skip
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

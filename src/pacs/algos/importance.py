@@ -212,7 +212,8 @@ def sampler_correction_metrics(sums: torch.Tensor, log_ratio_max: float) -> dict
 
     Returns: those six floats (nan where a denominator is 0: the logger writes null).
 
-    Warns (UserWarning): rollout_is/ess < ESS_WARNING_BELOW, with what to change.
+    Warns (UserWarning): rollout_is/ess < ESS_WARNING_BELOW, with what to change (one message, so
+    Python's default filter shows it once per process).
     """
     units, weight_sum, weight_square_sum, truncated, kl_sum, tokens, masked = sums.tolist()
 
@@ -222,9 +223,9 @@ def sampler_correction_metrics(sums: torch.Tensor, log_ratio_max: float) -> dict
     ess = ratio(weight_sum**2, units * weight_square_sum)
     if ess < ESS_WARNING_BELOW:
         warnings.warn(
-            f"rollout_is/ess={ess:.3f} < {ESS_WARNING_BELOW}: the sampler correction's weights leave less than half the "
-            "batch's effective size (the sampler μ is far from π_old); lower rollout.max_staleness, or set "
-            "algorithm.rollout_is_level=geometric_mean for long responses",
+            f"rollout_is/ess < {ESS_WARNING_BELOW}: the sampler correction's weights leave less than half the batch's "
+            "effective size (the sampler μ is far from π_old; the metric logs each step's value, this warning shows "
+            "once); lower rollout.max_staleness, or set algorithm.rollout_is_level=geometric_mean for long responses",
             stacklevel=2,
         )
     return {
