@@ -56,7 +56,7 @@ COLLECTIVES = (
 )
 PACS = str(Path(__import__("pacs").__file__).parent)
 ALLOWED: dict[str, set[str] | None] = {
-    str(Path(PACS) / "train" / "distributed" / "collectives.py"): None,  # any of its functions
+    str(Path(PACS) / "distributed" / "collectives.py"): None,  # any of its functions
 }
 """pacs file -> the functions in it that may call a collective (None: every one). vLLM's engine
 (`pacs.rollout.vllm.VllmEngine`) needs no entry: the collectives it makes are vLLM's own frames'

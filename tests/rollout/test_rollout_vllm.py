@@ -218,6 +218,30 @@ def test_synced_sampler_matches_the_trainer_after_three_updates(case, request, t
 
 
 @pytest.mark.slow
+def test_with_sleep_mode_every_round_of_dynamic_sampling_samples_with_the_steps_weights(tiny_model_dir, tmp_path, monkeypatch):
+    """Sleep mode on (on a CPU vLLM frees nothing, but the engine tracks what it dropped: a level-2
+    sleep drops the pushed weights), three rounds a step (two forced): every round generates, and
+    with the step's weights (the sampler within fp32's bound of the trainer)."""
+    from pacs.train import trainer as trainer_module
+
+    sample_mixed_groups = trainer_module.sample_mixed_groups
+
+    def three_rounds(draw, world, **settings):
+        draw(), draw()
+        return sample_mixed_groups(draw, world, **settings)
+
+    monkeypatch.setattr(trainer_module, "sample_mixed_groups", three_rounds)
+    lines = four_vllm_steps(
+        tiny_model_dir,
+        tmp_path / "run",
+        "rollout.vllm.sleep_mode=true",
+        "rollout.dynamic_sampling=true",
+        "rollout.max_sampling_rounds=1",
+    )
+    assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in lines)
+
+
+@pytest.mark.slow
 def test_unsynced_sampler_drifts_from_the_trainer(tiny_model_dir, tmp_path):
     """The check above can fail: without the weight sync, vLLM samples from the initial weights."""
     distance = sampler_distance_after_three_updates(tiny_model_dir, tmp_path / "run", "rollout.vllm.sync_weights=false")
