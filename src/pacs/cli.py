@@ -17,6 +17,7 @@ from typing import Any
 import pacs
 from pacs import EVAL_SAMPLING
 from pacs.outputs import DiskFull, claim_output_dir, claim_output_file
+from pacs.progress import say_before_first_bar
 from pacs.threads import choose_threads, usable_cores
 from pacs.train.determinism import reproducible_math_environment
 
@@ -409,8 +410,10 @@ def main(argv: list[str] | None = None) -> None:
         threads = choose_threads()  # before torch is imported: its OpenMP runtime reads the choice once
         if threads is not None and threads < usable_cores():
             busy = usable_cores() - threads
-            print(f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
-                  f"cores {'was' if busy == 1 else 'were'} busy at the start (OMP_NUM_THREADS=N chooses)", file=sys.stderr)  # fmt: skip
+            say_before_first_bar(  # once the inputs are checked: a refused command does not say it
+                f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
+                f"cores {'was' if busy == 1 else 'were'} busy at the start (OMP_NUM_THREADS=N chooses)"
+            )
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
