@@ -29,7 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pacs.outputs import claim_output_dir
+from pacs.outputs import MARKER, claim_output_dir
 from pacs.train.checkpointing.resume import read_segments
 from pacs.train.metrics import read_metrics
 
@@ -187,8 +187,9 @@ def plot_runs(
 
     run_dirs: training output directories, each with a `metrics.jsonl`.
     labels: legend entry per run (default: `run_labels`).
-    out_dir: claimed after every run is read (`pacs.outputs.claim_output_dir`; `overwrite` moves
-    previous plots there aside).
+    out_dir: claimed after every run is read (`pacs.outputs.claim_output_dir`): plots that `pacs
+    plot` drew there before (`holds_only_plots`) are drawn again in place; another previous output
+    is refused, or moved aside with `overwrite`.
     Metrics: `TRAINING_METRICS`, then `val/<source>/pass@1` for every source any run validated on
     (in percent). A metric that no run logged is skipped. Returns the written paths, in that order.
     smoothing: the training metrics' curves are `smoothed` with this weight (0: raw), with the raw
@@ -205,7 +206,7 @@ def plot_runs(
         if not (run_dir / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{run_dir} has no metrics.jsonl; pass directories that `pacs train` wrote")
         runs.append((label, read_metrics(run_dir), segment_marks(run_dir)))
-    claim_output_dir(Path(out_dir), "pacs plot", replace=overwrite)
+    claim_output_dir(Path(out_dir), "pacs plot", reuse=holds_only_plots(Path(out_dir)), replace=overwrite)
 
     logged = {key for _, rows, _ in runs for row in rows for key in row}
     validation_sources = sorted(match["source"] for key in logged if (match := VALIDATION_PASS_AT_1.match(key)))
@@ -228,6 +229,15 @@ def plot_runs(
         axes.legend()
         written.append(_save(figure, Path(out_dir) / metric_file_name(metric)))
     return written
+
+
+def holds_only_plots(directory: Path) -> bool:
+    """Whether `directory` is a folder `pacs plot` made that holds nothing but its PNG files."""
+    try:
+        made_by_plot = (directory / MARKER).read_text().strip() == "pacs plot"
+        return made_by_plot and all(entry.name == MARKER or entry.suffix == ".png" for entry in directory.iterdir())
+    except OSError:
+        return False
 
 
 def _mean_and_std_over_seeds(runs: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -127,3 +127,10 @@ def test_the_start_warns_when_the_disk_cannot_hold_the_checkpoints_the_settings_
     assert warning.startswith(f"the disk holding {tmp_path} has 4.0 MB free, and these settings keep up to 4 checkpoints")
     odd = load_config("builtin:demo", ["train.steps=9", "train.save_every=2"])  # 4 step checkpoints, final apart, 1 being written
     assert checkpoint_space_warning(odd, tmp_path, 1_000_000, free=5_999_999).split("keep up to ")[1].startswith("6 checkpoints")
+
+
+@pytest.mark.slow
+def test_the_pacs_loss_note_is_said_once_per_process(tmp_path, tiny_model_dir, capsys):
+    for name in ("first", "second"):
+        train(small_config(tmp_path / name, tiny_model_dir, *NO_VALIDATION, "train.steps=1"), show_progress=False)
+    assert capsys.readouterr().err.count("PACS's loss is a cross-entropy") <= 1

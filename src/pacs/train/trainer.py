@@ -145,6 +145,10 @@ class TrainResult:
     """The run had already done its `train.steps`: nothing was trained or written."""
 
 
+_said_once: set[str] = set()
+"""Notes this process has printed, which it does not print again."""
+
+
 def rollout_metrics(
     rewards: torch.Tensor, response_lengths: torch.Tensor, entropy_sums: torch.Tensor, group_size: int
 ) -> dict[str, float]:
@@ -364,7 +368,8 @@ class Trainer:
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics, checkpoint_time = 0, {}, {}
-        if config.algorithm.name == "pacs":
+        if config.algorithm.name == "pacs" and PACS_LOSS_NOTE not in _said_once:
+            _said_once.add(PACS_LOSS_NOTE)  # once per process: a comparison trains PACS several times
             self.console.print(PACS_LOSS_NOTE)
         try:
             steps = progress_bar(
