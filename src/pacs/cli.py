@@ -200,6 +200,7 @@ def _compare(args: argparse.Namespace) -> None:
         args.out,
         eval_n=args.eval_n,
         baseline=args.baseline,
+        unweighted_pacs=not args.without_unweighted_pacs,
         overrides=[*(PAPER_BASELINES if args.paper_baselines else []), *args.overrides],
     )
 
@@ -360,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="grpo, rloo, ppo update as the paper's verl baselines did (dual clip 3, verl's loss scale); "
         "default: as the config says. Only with pacs, grpo, rloo, ppo",
+    )
+    compare.add_argument(
+        "--without-unweighted-pacs",
+        action="store_true",
+        help="leave out 'pacs (no weighting)', the ablation trained beside pacs when pacs is compared (one run per seed less)",
     )
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
     compare.set_defaults(run=_compare)
