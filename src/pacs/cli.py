@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list
 
 def _train(args: argparse.Namespace) -> None:
     from pacs.config import load_config
+    from pacs.train.metrics import summary_lines
     from pacs.train.preflight import check_run_inputs
     from pacs.train.trainer import train
 
@@ -87,14 +88,26 @@ def _train(args: argparse.Namespace) -> None:
         check_run_inputs(config)
         if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):
             print(f"the previous run in {config.output_dir} is now {aside}")
+    start = time.perf_counter()
     result = train(config, allow_changes=args.allow_changes)
     if not result.is_writer:
         return
-    summary = {k: round(v, 4) for k, v in result.last_metrics.items() if k.startswith(("reward/", "val/", "loss"))}
-    print(f"finished {config.train.steps} steps; final checkpoint: {result.final_checkpoint}")
+    took = "" if result.finished_before else f" in {duration_text(time.perf_counter() - start)}"
+    print(f"finished {config.train.steps} steps{took}; final checkpoint: {result.final_checkpoint}")
     if result.skipped_updates:
         print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
-    print(json.dumps(summary, indent=2))
+    for line in summary_lines(Path(config.output_dir), config):
+        print(line)
+
+
+def duration_text(seconds: float) -> str:
+    """ "42 s", "3 min 12 s", "2 h 05 min"."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def _eval(args: argparse.Namespace) -> None:

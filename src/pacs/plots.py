@@ -5,7 +5,8 @@
   data source), every run on the same axes against step; `--smooth W` draws the training curves
   as TensorBoard's smoothing slider does (`smoothed`). Where a resumed run went on with other
   settings (`pacs train --allow-changes`), a dotted vertical line before the first step of each
-  new set, labelled with the keys that changed (`segment_marks`).
+  new set, labelled with the keys that changed (`segment_marks`). The loss figure of PACS runs
+  marks ln 2, where PACS's loss stays by design (`PACS_LOSS_LABEL`).
 - `plot_reward_curves`: one curve per method, the mean over seeds with a ± one standard deviation
   band (the paper's training-reward figure).
 - `plot_pass_at_k`: pass@k against k per method, mean ± std over seeds, k on a log2 axis.
@@ -19,6 +20,7 @@ and leaves the process's matplotlib backend and figure registry alone.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -40,6 +42,8 @@ TRAINING_METRICS = {
     "grad_norm": "gradient norm",
 }
 """metrics.jsonl key -> axis label, for the training metrics `plot_runs` draws (in this order)."""
+PACS_LOSS_LABEL = "PACS: ln 2 = 0.693, where its loss stays by design; learning shows in the reward and pass@k"
+"""Drawn on the loss figure of PACS runs, at ln 2 (`pacs.algos.pacs.LOSS_NOTE` says why)."""
 VALIDATION_PASS_AT_1 = re.compile(r"^val/(?P<source>.+)/pass@1$")
 """metrics.jsonl keys of validation pass@1, one per data source."""
 MARKER_MAX_POINTS = 60
@@ -156,6 +160,14 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     ]
 
 
+def _algorithm(run_dir: Path) -> str | None:
+    """The run's `algorithm.name` from its config.yaml, or None if it has no readable one."""
+    try:
+        return yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]["name"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
 def _algorithm_and_seed(run_dir: Path) -> str | None:
     """ "ALGORITHM, seed S" from the run's config.yaml, or None if it has no readable one."""
     try:
@@ -226,6 +238,10 @@ def plot_runs(
             else:
                 (line,) = axes.plot(steps, np.asarray(values) * scale, label=label, marker=_marker(len(steps)), markersize=3)
             _mark_segments(axes, marks, line.get_color())
+        if metric == "loss" and any(_algorithm(Path(run_dir)) == "pacs" for run_dir in run_dirs):
+            axes.axhline(math.log(2), color="gray", linestyle=":", linewidth=1)
+            axes.annotate(PACS_LOSS_LABEL, (0.01, math.log(2)), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                          textcoords="offset points", fontsize=7, color="gray", in_layout=False)  # fmt: skip
         axes.legend()
         written.append(_save(figure, Path(out_dir) / metric_file_name(metric)))
     return written
