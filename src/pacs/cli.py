@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import pacs
 from pacs import EVAL_SAMPLING
 from pacs.outputs import DiskFull, claim_output_dir, claim_output_file
+from pacs.progress import say_before_first_bar
 from pacs.threads import choose_threads, usable_cores
 from pacs.train.determinism import reproducible_math_environment
 
@@ -78,6 +79,7 @@ def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list
 
 def _train(args: argparse.Namespace) -> None:
     from pacs.config import load_config
+    from pacs.train.metrics import summary_lines
     from pacs.train.preflight import check_run_inputs
     from pacs.train.trainer import train
 
@@ -86,14 +88,26 @@ def _train(args: argparse.Namespace) -> None:
         check_run_inputs(config)
         if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):
             print(f"the previous run in {config.output_dir} is now {aside}")
+    start = time.perf_counter()
     result = train(config, allow_changes=args.allow_changes)
     if not result.is_writer:
         return
-    summary = {k: round(v, 4) for k, v in result.last_metrics.items() if k.startswith(("reward/", "val/", "loss"))}
-    print(f"finished {config.train.steps} steps; final checkpoint: {result.final_checkpoint}")
+    took = "" if result.finished_before else f" in {duration_text(time.perf_counter() - start)}"
+    print(f"finished {config.train.steps} steps{took}; final checkpoint: {result.final_checkpoint}")
     if result.skipped_updates:
         print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
-    print(json.dumps(summary, indent=2))
+    for line in summary_lines(Path(config.output_dir), config):
+        print(line)
+
+
+def duration_text(seconds: float) -> str:
+    """ "42 s", "3 min 12 s", "2 h 05 min"."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -199,6 +213,7 @@ def _compare(args: argparse.Namespace) -> None:
         args.out,
         eval_n=args.eval_n,
         baseline=args.baseline,
+        unweighted_pacs=not args.without_unweighted_pacs,
         overrides=[*(PAPER_BASELINES if args.paper_baselines else []), *args.overrides],
     )
 
@@ -360,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="grpo, rloo, ppo update as the paper's verl baselines did (dual clip 3, verl's loss scale); "
         "default: as the config says. Only with pacs, grpo, rloo, ppo",
     )
+    compare.add_argument(
+        "--without-unweighted-pacs",
+        action="store_true",
+        help="leave out 'pacs (no weighting)', the ablation trained beside pacs when pacs is compared (one run per seed less)",
+    )
     compare.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to every run")
     compare.set_defaults(run=_compare)
 
@@ -409,8 +429,10 @@ def main(argv: list[str] | None = None) -> None:
         threads = choose_threads()  # before torch is imported: its OpenMP runtime reads the choice once
         if threads is not None and threads < usable_cores():
             busy = usable_cores() - threads
-            print(f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
-                  f"cores {'was' if busy == 1 else 'were'} busy at the start (OMP_NUM_THREADS=N chooses)", file=sys.stderr)  # fmt: skip
+            say_before_first_bar(  # once the inputs are checked: a refused command does not say it
+                f"pacs {args.command}: computing with {threads} thread{'s' * (threads > 1)}: {busy} of {usable_cores()} "
+                f"cores {'was' if busy == 1 else 'were'} busy at the start (OMP_NUM_THREADS=N chooses)"
+            )
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()

@@ -113,12 +113,12 @@ class Method(NamedTuple):
     seed_offset: int = 0
 
 
-def _methods(algorithms: list[str]) -> dict[str, Method]:
+def _methods(algorithms: list[str], unweighted_pacs: bool = True) -> dict[str, Method]:
     """Each method compared, by label: every algorithm listed (its k-th listing labelled "NAME
     (run k)", trained with seeds offset by REPEAT_SEED_OFFSET·(k − 1); a variant "NAME[overrides]"
-    labelled "NAME [overrides]", with the same seeds), and PACS without class weighting beside PACS.
-    NAME is a built-in's (`ALGORITHM_CONFIGS`) or a user's section's import path, checked when its
-    config loads."""
+    labelled "NAME [overrides]", with the same seeds), and, with `unweighted_pacs`, PACS without
+    class weighting beside PACS. NAME is a built-in's (`ALGORITHM_CONFIGS`) or a user's section's
+    import path, checked when its config loads."""
     listed = [_variant(entry) for entry in algorithms]
     unknown = [name for name, _ in listed if name not in ALGORITHM_CONFIGS and ":" not in name]
     if unknown or not algorithms:
@@ -134,7 +134,7 @@ def _methods(algorithms: list[str]) -> dict[str, Method]:
         run = algorithms[:position].count(name) + 1
         label = name if run == 1 else f"{name} (run {run})"
         methods[label] = Method(name, [], REPEAT_SEED_OFFSET * (run - 1))
-    if "pacs" in algorithms:
+    if "pacs" in algorithms and unweighted_pacs:
         methods[PACS_WITHOUT_WEIGHTING] = Method("pacs", ["algorithm.weighting=none"])
     return methods
 
@@ -374,13 +374,14 @@ def run_comparison(
     overrides: list[str] = (),
     baseline: str | None = None,
     show_progress: bool = True,
+    unweighted_pacs: bool = True,
 ) -> dict:
-    """Train every method of `algorithms` (plus PACS without weighting when PACS is among them)
-    for every seed, evaluate, and write the comparison, each method's pass@k set against
+    """Train every method of `algorithms` (plus PACS without weighting when PACS is among them,
+    unless not `unweighted_pacs`) for every seed, evaluate, and write the comparison, each method's pass@k set against
     `baseline`'s (one of the methods, or "base model"; None: GRPO when it is compared, else the
     base model, so that `--algorithms pacs` alone is PACS against the model it started from);
     return what `comparison.json` holds."""
-    methods = _methods(algorithms)
+    methods = _methods(algorithms, unweighted_pacs)
     if baseline is None:
         baseline = "grpo" if "grpo" in methods else "base model"
     if baseline not in ["base model", *methods]:
@@ -428,6 +429,7 @@ def run_comparison(
             elif changes := _differences(stored["settings"], asdict(settings)):
                 console.print(f"{metrics_file} was evaluated with other settings ({'; '.join(changes)}): evaluating again")
             else:
+                console.print(f"{directory}: evaluated before with these settings, reused")
                 return stored["data_sources"]
         evaluate_model(
             **asdict(settings), processes=World.single(), out_dir=directory, overwrite=True, show_progress=show_progress
@@ -464,7 +466,9 @@ def run_comparison(
                     f"the old run is now {superseded}"
                 )
             final = run_dir / "checkpoints" / "final"
-            if not (final / "model.safetensors").is_file():
+            if (final / "model.safetensors").is_file():
+                console.print(f"{run_dir}: trained before with these settings, reused")
+            else:
                 train(run_config, show_progress=show_progress)
             evaluations[method].append(evaluate(str(final), run_dir / "eval", seed))
             reward_curves[method].append([(row["step"], row["reward/mean"]) for row in read_metrics(run_dir)])
@@ -496,7 +500,7 @@ def run_comparison(
     (out / "comparison.md").write_text(
         _markdown(results, seeds, config_source, eval_n, baseline, report["training_seed_offsets"])
     )
-    plot_reward_curves(reward_curves, out / "reward_curves.png")
+    written = [out / "comparison.md", out / "comparison.json", plot_reward_curves(reward_curves, out / "reward_curves.png")]
     for source, rows in results.items():
         table = {
             method: {int(k.split("@")[1]): (by_k["mean"], by_k["std"]) for k, by_k in summary["pass@k"].items()}
@@ -505,7 +509,9 @@ def run_comparison(
         }
         if table:
             figure = out / metric_file_name(f"pass_at_k_{source}")  # a data_source math/NAME makes no folder
-            plot_pass_at_k(table, figure, title=f"{source}: pass@k, mean ± std over seeds")
+            written.append(plot_pass_at_k(table, figure, title=f"{source}: pass@k, mean ± std over seeds"))
     console.print((out / "comparison.md").read_text())
-    console.print(f"done in {report['seconds']:.0f} s; {out / 'comparison.md'}, {out / 'comparison.json'}")
+    console.print(f"done in {report['seconds']:.0f} s; wrote:")
+    for path in written:
+        console.print(f"  {path}")
     return report

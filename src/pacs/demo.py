@@ -1,5 +1,6 @@
 """`pacs demo`: warm-start -> evaluate the base model -> PACS training -> evaluate the final
-model -> a before/after table and `report.json`. Runs on a laptop CPU in a few minutes."""
+model -> a before/after table, `report.json` and the training curves (`plots/`, `pacs.plots.plot_runs`).
+Runs on a laptop CPU in a few minutes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pacs.config import Config, load_config
 from pacs.distributed.world import World
 from pacs.eval.evaluate import evaluate_model
 from pacs.outputs import claim_output_dir
+from pacs.plots import plot_runs
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.preflight import check_run_inputs
 from pacs.train.trainer import train
@@ -86,5 +88,9 @@ def run_demo(seed: int = 0, out_dir: str = "runs/demo", overrides: list[str] = (
         "seconds": round(elapsed, 1),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"done in {elapsed:.0f} s; report: {out / 'report.json'}")
+    plots = plot_runs([result.output_dir], out / "plots")
+    console.print(
+        f"done in {elapsed:.0f} s; report: {out / 'report.json'}; training curves: {len(plots)} PNGs in {out / 'plots'}"
+    )
+    console.print(f"next: tensorboard --logdir {result.output_dir / 'tensorboard'}   (the training run's every metric)")
     return report

@@ -5,7 +5,8 @@
   data source), every run on the same axes against step; `--smooth W` draws the training curves
   as TensorBoard's smoothing slider does (`smoothed`). Where a resumed run went on with other
   settings (`pacs train --allow-changes`), a dotted vertical line before the first step of each
-  new set, labelled with the keys that changed (`segment_marks`).
+  new set, labelled with the keys that changed (`segment_marks`). The loss figure of PACS runs
+  marks ln 2, where PACS's loss stays by design (`PACS_LOSS_LABEL`).
 - `plot_reward_curves`: one curve per method, the mean over seeds with a ± one standard deviation
   band (the paper's training-reward figure).
 - `plot_pass_at_k`: pass@k against k per method, mean ± std over seeds, k on a log2 axis.
@@ -19,6 +20,7 @@ and leaves the process's matplotlib backend and figure registry alone.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pacs.outputs import claim_output_dir
+from pacs.outputs import MARKER, claim_output_dir
 from pacs.train.checkpointing.resume import read_segments
 from pacs.train.metrics import read_metrics
 
@@ -40,6 +42,8 @@ TRAINING_METRICS = {
     "grad_norm": "gradient norm",
 }
 """metrics.jsonl key -> axis label, for the training metrics `plot_runs` draws (in this order)."""
+PACS_LOSS_LABEL = "PACS: ln 2 = 0.693, where its loss stays by design; learning shows in the reward and pass@k"
+"""Drawn on the loss figure of PACS runs, at ln 2 (`pacs.algos.pacs.LOSS_NOTE` says why)."""
 VALIDATION_PASS_AT_1 = re.compile(r"^val/(?P<source>.+)/pass@1$")
 """metrics.jsonl keys of validation pass@1, one per data source."""
 MARKER_MAX_POINTS = 60
@@ -156,6 +160,14 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     ]
 
 
+def _algorithm(run_dir: Path) -> str | None:
+    """The run's `algorithm.name` from its config.yaml, or None if it has no readable one."""
+    try:
+        return yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]["name"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
 def _algorithm_and_seed(run_dir: Path) -> str | None:
     """ "ALGORITHM, seed S" from the run's config.yaml, or None if it has no readable one."""
     try:
@@ -187,8 +199,9 @@ def plot_runs(
 
     run_dirs: training output directories, each with a `metrics.jsonl`.
     labels: legend entry per run (default: `run_labels`).
-    out_dir: claimed after every run is read (`pacs.outputs.claim_output_dir`; `overwrite` moves
-    previous plots there aside).
+    out_dir: claimed after every run is read (`pacs.outputs.claim_output_dir`): plots that `pacs
+    plot` drew there before (`holds_only_plots`) are drawn again in place; another previous output
+    is refused, or moved aside with `overwrite`.
     Metrics: `TRAINING_METRICS`, then `val/<source>/pass@1` for every source any run validated on
     (in percent). A metric that no run logged is skipped. Returns the written paths, in that order.
     smoothing: the training metrics' curves are `smoothed` with this weight (0: raw), with the raw
@@ -205,7 +218,7 @@ def plot_runs(
         if not (run_dir / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{run_dir} has no metrics.jsonl; pass directories that `pacs train` wrote")
         runs.append((label, read_metrics(run_dir), segment_marks(run_dir)))
-    claim_output_dir(Path(out_dir), "pacs plot", replace=overwrite)
+    claim_output_dir(Path(out_dir), "pacs plot", reuse=holds_only_plots(Path(out_dir)), replace=overwrite)
 
     logged = {key for _, rows, _ in runs for row in rows for key in row}
     validation_sources = sorted(match["source"] for key in logged if (match := VALIDATION_PASS_AT_1.match(key)))
@@ -225,9 +238,22 @@ def plot_runs(
             else:
                 (line,) = axes.plot(steps, np.asarray(values) * scale, label=label, marker=_marker(len(steps)), markersize=3)
             _mark_segments(axes, marks, line.get_color())
+        if metric == "loss" and any(_algorithm(Path(run_dir)) == "pacs" for run_dir in run_dirs):
+            axes.axhline(math.log(2), color="gray", linestyle=":", linewidth=1)
+            axes.annotate(PACS_LOSS_LABEL, (0.01, math.log(2)), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                          textcoords="offset points", fontsize=7, color="gray", in_layout=False)  # fmt: skip
         axes.legend()
         written.append(_save(figure, Path(out_dir) / metric_file_name(metric)))
     return written
+
+
+def holds_only_plots(directory: Path) -> bool:
+    """Whether `directory` is a folder `pacs plot` made that holds nothing but its PNG files."""
+    try:
+        made_by_plot = (directory / MARKER).read_text().strip() == "pacs plot"
+        return made_by_plot and all(entry.name == MARKER or entry.suffix == ".png" for entry in directory.iterdir())
+    except OSError:
+        return False
 
 
 def _mean_and_std_over_seeds(runs: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,6 +7,9 @@ of them in the log, so the same tqdm object instead writes one plain line at eve
 
     training:  45% 45/100 [01:02<01:16, 1.38s/step, reward=0.41]
 
+A note that concerns the computing a command does, not its checks (the threads it computes with,
+`say_before_first_bar`), waits for the first bar: a command refused for its inputs never says it.
+
 This module imports nothing from pacs, so train and eval can both use it.
 """
 
@@ -28,6 +31,14 @@ _IN_NOTEBOOK = any(cls.__module__ == "tqdm.notebook" for cls in auto_tqdm.__mro_
 """Whether tqdm.auto chose the notebook widget (stderr is no terminal there, but the widget suits)."""
 
 
+_waiting_notes: list[str] = []
+
+
+def say_before_first_bar(note: str) -> None:
+    """Print `note` on stderr when this process's next progress bar starts (never, if none does)."""
+    _waiting_notes.append(note)
+
+
 def progress_bar(
     iterable: Iterable[Any] | None = None,
     *,
@@ -43,6 +54,8 @@ def progress_bar(
     otherwise (see the module docstring). Either supports iteration, ``update``,
     ``set_postfix`` and ``close``.
     """
+    while _waiting_notes:
+        print(_waiting_notes.pop(0), file=sys.stderr)
     options = dict(total=total, desc=desc, unit=unit, disable=disable, initial=initial)
     if sys.stderr.isatty() or _IN_NOTEBOOK:
         return auto_tqdm(iterable, **options)

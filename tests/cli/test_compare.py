@@ -263,3 +263,25 @@ def test_each_difference_says_what_its_seeds_can_detect_and_how_many_it_would_ne
     assert pass_at_1["seed_sd"] == pytest.approx(seed_sd)
     assert pass_at_1["detectable"] == pytest.approx(minimum_detectable_difference(seed_sd, 3))
     assert pass_at_1["seeds_needed"] == seeds_needed(float(np.mean(per_seed)), seed_sd)
+
+
+def test_a_rerun_says_what_it_reused_and_ends_listing_every_file_it_wrote(comparison, monkeypatch, capsys):
+    out, _ = comparison
+    monkeypatch.setattr("pacs.compare.train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    monkeypatch.setattr("pacs.compare.evaluate_model", lambda *a, **k: pytest.fail("a finished evaluation was redone"))
+    capsys.readouterr()
+    run_comparison("builtin:compare-demo", ALGORITHMS, [0], out, eval_n=4, overrides=TINY, show_progress=False)
+    said = capsys.readouterr().out
+    assert f"{out / 'pacs' / 'seed_0'}: trained before with these settings, reused" in said
+    assert f"{out / 'base' / 'seed_0'}: evaluated before with these settings, reused" in said
+    written = ["comparison.md", "comparison.json", "reward_curves.png", "pass_at_k_arithmetic.png"]
+    assert said.splitlines()[-5].endswith("wrote:")
+    assert said.splitlines()[-4:] == [f"  {out / name}" for name in written]
+
+
+def test_the_unweighted_pacs_ablation_can_be_left_out(tmp_path, capsys):
+    arguments = ["compare", "--config", "builtin:compare-demo", "--algorithms", "pacs,grpo", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit):
+        main([*arguments, "--without-unweighted-pacs", "--baseline", "pacs (no weighting)"])
+    assert "pass --baseline with one of: base model, pacs, grpo" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "out").exists()

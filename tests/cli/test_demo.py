@@ -22,3 +22,5 @@ def test_demo_reports_base_and_final_metrics_and_checkpoints(tmp_path, capsys):
     assert report["final_checkpoint"] == str(out / "train" / "checkpoints" / "final")
     printed = capsys.readouterr().out
     assert "base (warm-start)" in printed and "gain" in printed
+    assert (out / "plots" / "reward_mean.png").is_file() and (out / "plots" / "loss.png").is_file()
+    assert f"tensorboard --logdir {out / 'train' / 'tensorboard'}" in " ".join(printed.split())

@@ -145,11 +145,27 @@ def test_prepare_keeps_an_existing_file_unless_asked_then_moves_it_aside(tmp_pat
     assert out.read_bytes().startswith(b"PAR1")
 
 
-def test_plot_overwrite_moves_previous_plots_aside(tmp_path, monkeypatch):
+def test_plot_redraws_its_own_plots_in_place_without_overwrite(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = plot_run(tmp_path / "run")
     assert run(["plot", str(run_dir)]) == 0
+    first = (run_dir / "plots" / "reward_mean.png").stat().st_mtime_ns
+    (run_dir / "metrics.jsonl").write_text(
+        '{"step": 1, "reward/mean": 0.5, "loss": 0.1}\n{"step": 2, "reward/mean": 0.6, "loss": 0.1}\n'
+    )
+    assert run(["plot", str(run_dir)]) == 0
+    assert run(["plot", str(run_dir), "--overwrite"]) == 0
+    assert not any(path.name.startswith("plots.superseded") for path in run_dir.iterdir())
+    assert (run_dir / "plots" / "reward_mean.png").stat().st_mtime_ns != first
+
+
+def test_plot_overwrite_moves_a_plot_folder_holding_other_files_aside(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = plot_run(tmp_path / "run")
+    assert run(["plot", str(run_dir)]) == 0
+    (run_dir / "plots" / "notes.txt").write_text("mine\n")
     first = tree_hash(run_dir / "plots")
+    assert run(["plot", str(run_dir)]) == 2
     assert run(["plot", str(run_dir), "--overwrite"]) == 0
     assert tree_hash(run_dir / "plots.superseded") == first
     assert (run_dir / "plots" / "reward_mean.png").is_file()

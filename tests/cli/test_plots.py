@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib.image
@@ -194,3 +195,13 @@ def test_plot_runs_marks_where_a_resumed_run_changed_its_settings(tmp_path, monk
 
     assert {x for _, x in marked} == {3.5} and len(marked) == len(written)  # one mark in each figure
     assert set(texts) == {"changed: train.lr"}
+
+
+@pytest.mark.parametrize(("algorithm", "marked"), [("pacs", True), ("grpo", False)])
+def test_the_loss_figure_of_a_pacs_run_marks_ln_2(tmp_path, monkeypatch, algorithm, marked):
+    run = write_run(tmp_path / "run", training_rows(3))
+    (run / "config.yaml").write_text(f"seed: 0\nalgorithm:\n  name: {algorithm}\n")
+    lines = []
+    monkeypatch.setattr(Axes, "axhline", lambda axes, y, **style: lines.append((axes.get_title(), y)))
+    plot_runs([run], tmp_path / "plots")
+    assert lines == ([("loss", math.log(2))] if marked else [])

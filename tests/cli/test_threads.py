@@ -53,24 +53,44 @@ def test_once_torch_is_imported_it_is_too_late_and_nothing_is_set():
     assert "torch" in sys.modules and choose_threads(environment) is None and environment == {}
 
 
-@pytest.mark.skipif(usable_cores() < 2, reason="one core: one thread is all there is")
-def test_the_pacs_command_computes_with_one_thread_when_every_core_is_busy_and_says_so(tmp_path):
+def pacs_beside_busy_cores(tmp_path, *arguments: str) -> list[str]:
+    """The stderr lines of `pacs ARGUMENTS` while every core is kept busy, up to the first that
+    says how many threads it computes with (all of them when none does)."""
     environment = {
         key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
     }
     script = "import sys; from pacs.cli import main; main(sys.argv[1:])"
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cores())]
     command = subprocess.Popen(
-        [sys.executable, "-c", script, "plot", str(tmp_path / "none")], env=environment, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, *arguments], env=environment, stderr=subprocess.PIPE, text=True, cwd=tmp_path
     )
+    lines = []
     try:
-        first_line = command.stderr.readline().rstrip("\n")  # said before torch is imported
+        while line := command.stderr.readline():
+            lines.append(line.rstrip("\n"))
+            if "computing with" in line:
+                break
     finally:
         for process in [*busy, command]:
             process.kill()
             process.wait()
+    return lines
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: one thread is all there is")
+def test_the_pacs_command_computes_with_one_thread_when_every_core_is_busy_and_says_so(tmp_path):
+    lines = pacs_beside_busy_cores(
+        tmp_path, "eval", "--model", "builtin:tiny", "--data", "builtin:arithmetic?size=2", "--n", "1", "--out", "out"
+    )
     cores = usable_cores()
-    assert first_line == (
-        f"pacs plot: computing with 1 thread: {cores - 1} of {cores} cores {'was' if cores == 2 else 'were'} busy at the start "
+    assert lines[-1] == (
+        f"pacs eval: computing with 1 thread: {cores - 1} of {cores} cores {'was' if cores == 2 else 'were'} busy at the start "
         "(OMP_NUM_THREADS=N chooses)"
     )
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: one thread is all there is")
+def test_a_command_refused_for_its_inputs_says_only_why(tmp_path):
+    lines = pacs_beside_busy_cores(tmp_path, "train", "--config", "builtin:demo", "train.stpes=3")
+    assert lines[0].startswith("pacs train: error:") and "did you mean 'steps'?" in lines[1]
+    assert not any("computing with" in line for line in lines)

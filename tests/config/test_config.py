@@ -340,3 +340,8 @@ def test_pacs_refuses_the_token_level_naming_the_key_and_the_valid_level():
 def test_rollout_is_options_that_cannot_work_are_refused_by_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_an_error_without_a_config_file_says_no_config_was_given():
+    with pytest.raises(ConfigError, match=r"^invalid configuration \(no --config given: the defaults and the overrides\):"):
+        load_config(None, ["train.stpes=3"])

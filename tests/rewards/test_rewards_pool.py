@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pacs.rewards import BatchScores, ScoringPool
+from pacs.rewards.pool import QUOTED_RESPONSE_CHARS
 
 PLUGIN_MODULE = "pacs_test_pool_plugin"
 PLUGIN_SOURCE = '''
@@ -210,6 +211,18 @@ def test_a_score_outside_zero_one_is_rejected(plugin: str) -> None:
     with ScoringPool(f"{plugin}:too_high", num_workers=1) as pool:
         with pytest.raises(ValueError, match=r"extra_info index 0 must be in \[0, 1\], got 1.5"):
             pool.score(rows(1), ["x"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_reward_error_quotes_a_bounded_part_of_the_response(plugin: str, workers: int) -> None:
+    response = "Let me think. " + "x" * 5000 + " So the answer is \\boxed{42}"
+    with ScoringPool(f"{plugin}:raise_key_error", num_workers=workers) as pool:
+        with pytest.raises(ValueError) as raised:
+            pool.score(rows(1), [response])
+    quoted = str(raised.value).split("(response: ", 1)[1]
+    assert quoted.startswith("'Let me think. xxx") and quoted.endswith("So the answer is \\\\boxed{42}')")
+    assert f"…[{len(response) - QUOTED_RESPONSE_CHARS} characters]…" in quoted
+    assert len(quoted) < QUOTED_RESPONSE_CHARS + 50
 
 
 def test_the_pool_scores_normally_after_a_reward_function_error(plugin: str) -> None:

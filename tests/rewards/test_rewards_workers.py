@@ -352,3 +352,13 @@ def test_a_worker_past_its_memory_limit_counts_as_crashed(plugin: str) -> None:
     with TimeLimitedWorkers(f"{plugin}:allocate_mib", num_workers=1, memory_limit_mib=256) as workers:
         outcome = workers.run([(768,), (16,)], timeout_s=5)
     assert outcome.results == [NO_RESULT, 16 << 20] and outcome.crashed == 1
+
+
+def test_the_fork_server_ends_in_silence_when_its_caller_hung_up():
+    script = (
+        "import socket, pacs.rewards.workers as workers; caller, server = socket.socketpair(); caller.close(); "
+        "workers._serve_forks({'function_spec': 'pacs.rewards.registry:default_compute_score', 'memory_limit_mib': None}, "
+        "server.fileno())"
+    )
+    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (ended.returncode, ended.stderr) == (0, "")

@@ -127,3 +127,38 @@ def test_the_start_warns_when_the_disk_cannot_hold_the_checkpoints_the_settings_
     assert warning.startswith(f"the disk holding {tmp_path} has 4.0 MB free, and these settings keep up to 4 checkpoints")
     odd = load_config("builtin:demo", ["train.steps=9", "train.save_every=2"])  # 4 step checkpoints, final apart, 1 being written
     assert checkpoint_space_warning(odd, tmp_path, 1_000_000, free=5_999_999).split("keep up to ")[1].startswith("6 checkpoints")
+
+
+@pytest.mark.slow
+def test_the_pacs_loss_note_is_said_once_per_process(tmp_path, tiny_model_dir, capsys):
+    for name in ("first", "second"):
+        train(small_config(tmp_path / name, tiny_model_dir, *NO_VALIDATION, "train.steps=1"), show_progress=False)
+    assert capsys.readouterr().err.count("PACS's loss is a cross-entropy") <= 1
+
+
+@pytest.mark.slow
+def test_pacs_train_ends_with_what_changed_and_the_commands_that_show_the_rest(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "run"
+    settings = [
+        f"output_dir={out}",
+        f"model.path={tiny_model_dir}",
+        "data.train=builtin:arithmetic?size=64",
+        "data.val=builtin:arithmetic?size=8",
+    ]
+    settings += [
+        "train.steps=2",
+        "train.eval_every=1",
+        "train.batch_size=8",
+        "train.mini_batch_size=4",
+        "rollout.n=4",
+        "eval.n=2",
+    ]
+    assert run(["train", "--config", "builtin:demo", *settings, "reward.num_workers=0"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(rf"finished 2 steps in \d+ s; final checkpoint: {out / 'checkpoints' / 'final'}", printed[0])
+    assert re.fullmatch(r"training reward \(mean\): [\d.]+ at step 1 -> [\d.]+ at step 2", printed[1])
+    assert re.fullmatch(r"validation arithmetic/pass@1: [\d.]+% at step 1 -> [\d.]+% at step 2", printed[2])
+    assert printed[3:] == [
+        f"next: pacs plot {out}   (PNG curves into {out / 'plots'})",
+        f"      tensorboard --logdir {out / 'tensorboard'}",
+    ]

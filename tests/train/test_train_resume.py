@@ -11,6 +11,7 @@ from test_train_loop import small_config, weights
 from torchrun_jobs import tensorboard_steps
 
 from pacs.config import ConfigError
+from pacs.outputs import claim_output_dir
 from pacs.train.checkpointing import state as checkpoint_module
 from pacs.train.checkpointing.folders import MANIFEST, checkpoints_newest_first
 from pacs.train.checkpointing.resume import RESTART_COUNT, SEGMENTS, Launch, read_segments, run_start
@@ -235,3 +236,29 @@ def test_a_flipped_bit_in_the_newest_checkpoints_is_found_and_the_previous_one_r
         assert f"{run / 'checkpoints' / name} is damaged (model.safetensors does not hold the bytes" in said
     assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1)" in said
     assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]
+
+
+def stopped_run(run, metrics_lines: str):
+    """The folder a `pacs train` run leaves when it stops without a checkpoint (a reward function
+    that raised, a Ctrl-C): its marker, config.yaml, metrics.jsonl and TensorBoard folder."""
+    claim_output_dir(run, "pacs train")
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.jsonl").write_text(metrics_lines)
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"")
+
+
+def test_a_run_that_stopped_before_its_first_step_ended_starts_again_in_place(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "run"
+    stopped_run(run, "")
+    train(small_config(run, tiny_model_dir, *NO_VALIDATION, "train.steps=1", "train.save_every=0"), show_progress=False)
+    assert f"{run} holds a run that stopped before its first step ended: starting it again there" in capsys.readouterr().err
+    assert [row["step"] for row in read_metrics(run)] == [1]
+    assert not (tmp_path / "run.superseded").exists()
+
+
+def test_a_run_that_finished_steps_but_no_checkpoint_is_refused_saying_it_cannot_be_resumed(tmp_path):
+    run = tmp_path / "run"
+    stopped_run(run, '{"step": 1, "loss": 0.7}\n{"step": 2, "loss": 0.7}\n')
+    with pytest.raises(ConfigError, match=r"finished 2 steps but wrote no checkpoint .* cannot be resumed; pass --overwrite"):
+        train(small_config(run, "builtin:tiny", *NO_VALIDATION, "train.steps=3"), show_progress=False)

@@ -114,12 +114,13 @@ def load_config(source: str | None, overrides: Sequence[str] = (), *, algorithm:
     apply_overrides(data, list(overrides))
     if algorithm is not None:
         data["algorithm"] = _options_of(algorithm, data.get("algorithm") or {})
-    config = build_config(data, source or "defaults")
+    described = source or "no --config given: the defaults and the overrides"
+    config = build_config(data, described)
     if config.reward.function is not None:
         try:
             import_function(config.reward.function)
         except ValueError as error:
-            raise ConfigError(f"invalid configuration ({source or 'defaults'}):\n  reward.function: {error}") from None
+            raise ConfigError(f"invalid configuration ({described}):\n  reward.function: {error}") from None
     return config
 
 

@@ -107,6 +107,20 @@ class ScoringWatch:
         )
 
 
+QUOTED_RESPONSE_CHARS = 160
+"""At most this many characters of a response are quoted in a reward function's error: its start
+and its end (where answers are), the middle elided with the count of characters left out."""
+
+
+def quoted_response(response: str) -> str:
+    """`response` as Python writes a string, at most `QUOTED_RESPONSE_CHARS` of it: the first and
+    last halves of that many, "…[N characters]…" between them."""
+    if len(response) <= QUOTED_RESPONSE_CHARS:
+        return repr(response)
+    half = QUOTED_RESPONSE_CHARS // 2
+    return f"{response[:half]!r}…[{len(response) - 2 * half} characters]…{response[-half:]!r}"
+
+
 class ScoringPool:
     """Worker processes that score (row, response) pairs, each call limited to ``timeout_s``.
 
@@ -169,16 +183,18 @@ class ScoringPool:
         return self.function_spec or "default_compute_score"
 
     def _function_error(self, call: RewardCall, error_text: str) -> ValueError:
-        data_source, _, _, extra_info = call
+        data_source, response, _, extra_info = call
         where = _describe_row(data_source, extra_info)
-        return ValueError(f"Reward function {self.function_name} raised for {where}: {error_text}")
+        return ValueError(
+            f"Reward function {self.function_name} raised for {where}: {error_text} (response: {quoted_response(response)})"
+        )
 
     def _checked(self, result: object, call: RewardCall) -> float:
-        """`_checked_score`, its refusal naming the function."""
+        """`_checked_score`, its refusal naming the function and quoting the response."""
         try:
             return _checked_score(result, call[0], call[3])
         except ValueError as error:
-            raise ValueError(f"Reward function {self.function_name}: {error}") from None
+            raise ValueError(f"Reward function {self.function_name}: {error} (response: {quoted_response(call[1])})") from None
 
     def _score_in_process(self, call: RewardCall) -> float:
         try:

@@ -472,6 +472,15 @@ def _decode_answer(payload: bytes) -> list:
 
 
 def _serve_forks(settings: dict, control_fd: int) -> None:
+    """The fork server (`_serve_forks_until_told`), ending in silence when its caller hangs up
+    mid-reply: a caller stopped by Ctrl-C says so itself, and a traceback from here would bury it."""
+    try:
+        _serve_forks_until_told(settings, control_fd)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _serve_forks_until_told(settings: dict, control_fd: int) -> None:
     """The fork server: import the function, then fork workers and stop them on request until the
     caller says ``exit`` or hangs up; then kill every worker's group and exit.
 

@@ -116,6 +116,29 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
+def summary_lines(output_dir: Path, config: Config) -> list[str]:
+    """What a finished run says at its end, for people: the training reward at its first and last
+    logged step, each data source's validation pass@1 at the first and last step it was
+    validated, then the commands that show the rest (`pacs plot`, TensorBoard)."""
+    rows = read_metrics(output_dir) if (output_dir / "metrics.jsonl").is_file() else []
+    lines = []
+
+    def first_and_last(key: str, label: str, shown: str) -> None:
+        points = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
+        if points:
+            (first_step, first), (last_step, last) = points[0], points[-1]
+            change = f" -> {shown.format(last)} at step {last_step}" if last_step != first_step else ""
+            lines.append(f"{label}: {shown.format(first)} at step {first_step}{change}")
+
+    first_and_last("reward/mean", "training reward (mean)", "{:.3f}")
+    for key in sorted({key for row in rows for key in row if key.startswith("val/") and key.endswith("/pass@1")}):
+        first_and_last(key, f"validation {key.removeprefix('val/')}", "{:.1%}")
+    lines.append(f"next: pacs plot {output_dir}   (PNG curves into {output_dir / 'plots'})")
+    if "tensorboard" in config.train.report_to:
+        lines.append(f"      tensorboard --logdir {output_dir / 'tensorboard'}")
+    return lines
+
+
 def _complete_lines(path: Path) -> list[str]:
     """The lines of a metrics file, without a last line cut short by a killed process (it can only
     describe a step after the checkpoint being resumed); any other unreadable line is an error."""

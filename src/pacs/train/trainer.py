@@ -145,6 +145,10 @@ class TrainResult:
     """The run had already done its `train.steps`: nothing was trained or written."""
 
 
+_said_once: set[str] = set()
+"""Notes this process has printed, which it does not print again."""
+
+
 def rollout_metrics(
     rewards: torch.Tensor, response_lengths: torch.Tensor, entropy_sums: torch.Tensor, group_size: int
 ) -> dict[str, float]:
@@ -375,8 +379,10 @@ class Trainer:
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
         skipped_updates, metrics, checkpoint_time = 0, {}, {}
-        if self.algorithm.startup_note is not None:
-            self.console.print(self.algorithm.startup_note)
+        note = self.algorithm.startup_note
+        if note is not None and note not in _said_once:
+            _said_once.add(note)  # once per process: a comparison trains the same algorithm several times
+            self.console.print(note)
         try:
             steps = progress_bar(
                 range(self.start_step + 1, config.train.steps + 1),

@@ -41,7 +41,7 @@ from pacs.config import Config, ConfigError, dump_config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
 from pacs.models.lora import ADAPTER_DIR
-from pacs.outputs import check_unlocked, claim_output_dir, lock_run, replace_file
+from pacs.outputs import MARKER, RUN_LOCK, check_unlocked, claim_output_dir, lock_run, replace_file
 from pacs.train.checkpointing.folders import (
     FINAL,
     FoundCheckpoint,
@@ -152,7 +152,17 @@ def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None],
             f"from step {start.step + 1} (recorded in {output_dir / SEGMENTS}, marked by pacs plot), or choose another "
             "output_dir"
         )
-    claim_output_dir(output_dir, "pacs train", reuse=config.resume == "auto" or past.restarts > 0)
+    reuse = config.resume == "auto" or past.restarts > 0
+    if not reuse and start.checkpoint is None and (left := steps_without_checkpoint(output_dir)) is not None:
+        if left:
+            raise ConfigError(
+                f"{output_dir} holds a run that finished {left} step{'s' * (left > 1)} but wrote no checkpoint "
+                "(train.save_every=0 saves only at the end), so it cannot be resumed; pass --overwrite to move it aside "
+                "and start over, or choose another output_dir"
+            )
+        reuse = True
+        start.notes.append(f"{output_dir} holds a run that stopped before its first step ended: starting it again there")
+    claim_output_dir(output_dir, "pacs train", reuse=reuse)
     lock = lock_run(output_dir)
     if lock is not None:
         keep_lock(lock)
@@ -166,6 +176,38 @@ def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None],
         )
     dump_config(config, output_dir / "config.yaml")
     return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname())
+
+
+STOPPED_RUN_ENTRIES = {
+    "config.yaml",
+    "metrics.jsonl",
+    "tensorboard",
+    "checkpoints",
+    "rollouts",
+    "wandb",
+    "mlruns",
+    RUN_LOCK,
+    MARKER,
+}
+"""What a `pacs train` run that stopped without a checkpoint may leave in its output_dir."""
+
+
+def steps_without_checkpoint(output_dir: Path) -> int | None:
+    """How many steps the run in `output_dir` finished, when it is a `pacs train` run that
+    stopped with no checkpoint (0: it stopped before its first step ended, so it can start again
+    in place); None for anything else (no folder, another command's, files of other kinds)."""
+    try:
+        made_by_train = (output_dir / MARKER).read_text().strip() == "pacs train"
+        entries = {entry.name for entry in output_dir.iterdir()}
+    except OSError:
+        return None
+    if not made_by_train or not entries <= STOPPED_RUN_ENTRIES or checkpoints_newest_first(output_dir / "checkpoints"):
+        return None
+    try:
+        lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    return sum(1 for line in lines if line.strip())
 
 
 def read_saved_config(output_dir: Path) -> dict | None:
