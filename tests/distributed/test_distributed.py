@@ -33,6 +33,8 @@ DDP_CASES = FSDP_CASES + [f"{name}:{LOSS_AGG_MODES[(i + 1) % len(LOSS_AGG_MODES)
 """Each algorithm with two loss aggregations, the aggregations taken in turn (not every pair: each
 case costs seconds in the one launch); FSDP takes each algorithm with its first."""
 LORA_CASES = ["pacs:token-mean:lora", "ppo:seq-mean-token-sum-norm:lora"]
+PACKED_CASES = ["pacs:token-mean:packed", "ppo:seq-mean-token-sum-norm:packed", "grpo:seq-mean-token-sum:lora:packed"]
+"""Padding-free update passes, compared with one process's padded ones."""
 LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:seq-mean-token-sum", "ppo:seq-mean-token-mean"]
 
 
@@ -55,9 +57,11 @@ def two_process_weights(narrow_model_dir, tmp_path_factory):
         "ddp",
         *DDP_CASES,
         *LORA_CASES,
+        *PACKED_CASES,
         "fsdp",
         *FSDP_CASES,
         *LORA_CASES,
+        *PACKED_CASES,
         "ddp-local-totals",
         *LOCAL_TOTALS_CASES,
         "--checks",
@@ -132,6 +136,16 @@ def test_two_processes_update_lora_adapters_exactly_like_one(case, strategy, two
     assert moved  # the step trained the adapters (B starts at 0)
     got = load_file(str(two_process_weights / strategy / f"{case}.safetensors"))
     assert max_difference(got, expected) <= EXACT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("case", PACKED_CASES)
+def test_two_processes_with_padding_free_passes_update_exactly_like_one_with_padded_ones(
+    case, strategy, two_process_weights, one_process_weights
+):
+    got = load_file(str(two_process_weights / strategy / f"{case}.safetensors"))
+    assert max_difference(got, one_process_weights(case.removesuffix(":packed"))) <= EXACT
 
 
 @pytest.mark.slow

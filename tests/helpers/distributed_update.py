@@ -14,7 +14,8 @@ A MODE is a strategy, "ddp" or "fsdp", or "ddp-local-totals": DDP with each rank
 by its own rows and tokens instead of the global mini-batch's (the mistake the exactness tests
 must catch).
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
-every linear projection; the reference is the policy with its adapters disabled); "NAME/" before
+every linear projection; the reference is the policy with its adapters disabled), ":packed" after
+either for padding-free update passes (`UpdateSettings.padding_free`); "NAME/" before
 either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
 `--checks OUT.json` then runs `distributed_checks.observe` on the model in MODEL_DIR, in the same
 launch, and writes what it saw to OUT.json; after `World.close`, rank 0 writes beside it
@@ -91,13 +92,13 @@ def local_batch(world: World, vocab_size: int) -> PolicyBatch:
 
 
 def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora]", KL and entropy terms on): the full
+    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora][:packed]", KL and entropy terms on): the full
     weights after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None
     elsewhere, and the metrics of the critic's and the policy's updates."""
     model_name, _, case = case.rpartition("/")
     model_dir = str(Path(model_dir) / model_name)
     name, loss_agg, *variant = case.split(":")
-    lora = variant == ["lora"]
+    lora, padding_free = "lora" in variant, "packed" in variant
     options = ALGORITHM_CONFIGS[name](loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01)
     algorithm = options.build(group_size=GROUP_SIZE, horizon=8)
     torch.manual_seed(0)
@@ -114,7 +115,11 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
         critic = wrap_model(world, critic)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-2)
     settings = UpdateSettings(
-        mini_batch_size=MINI_BATCH_PROMPTS // world.world_size, micro_batch_size=MICRO_BATCH_SIZE, epochs=2, grad_clip=0.5
+        mini_batch_size=MINI_BATCH_PROMPTS // world.world_size,
+        micro_batch_size=MICRO_BATCH_SIZE,
+        epochs=2,
+        grad_clip=0.5,
+        padding_free=padding_free,
     )
     batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
     if lora:
