@@ -103,3 +103,13 @@ def test_a_built_in_is_registered_once_under_a_name_without_a_colon():
     with pytest.raises(ValueError, match="a built-in's name must be a new name without ':', got 'grpo'"):
         register_algorithm(ALGORITHM_CONFIGS["grpo"])
     assert all(section.model_fields["name"].default == name for name, section in ALGORITHM_CONFIGS.items())
+
+
+def test_pacs_compare_takes_a_users_algorithm_with_the_options_it_has():
+    """`pacs compare --algorithms pacs,my_algorithm:ReinforceConfig` loads each method's config with
+    `algorithm=` (`pacs.compare`): the recipe's pacs options are left out of the user's, and its own
+    options come as overrides of its variant (`my_algorithm:ReinforceConfig[algorithm.baseline=none]`)."""
+    algorithm = load_config(
+        "builtin:compare-demo", ["algorithm.baseline=none"], algorithm="my_algorithm:ReinforceConfig"
+    ).algorithm
+    assert (type(algorithm).__name__, algorithm.baseline) == ("ReinforceConfig", "none")
