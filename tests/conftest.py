@@ -77,8 +77,16 @@ def warm_model_dir() -> Path:
     return warm_started_tiny(0, show_progress=False)
 
 
+SLOW_FIXTURES = {"two_process_weights"}
+"""Fixtures that take seconds or more to make (a torchrun job): every test that uses one is slow."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `warm_model` every test that uses the warm-started model, directly or through a fixture."""
+    """Mark `warm_model` every test that uses the warm-started model, and `slow` every test that
+    uses one of `SLOW_FIXTURES`, directly or through a fixture."""
     for item in items:
-        if "warm_model_dir" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "warm_model_dir" in fixtures:
             item.add_marker(pytest.mark.warm_model)
+        if fixtures & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
