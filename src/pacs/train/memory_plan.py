@@ -480,7 +480,7 @@ def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB, overrides:
         GATHERED_PART: update["gathered"],
         ACTIVATIONS: update["activations"],
     }
-    if config.algorithm.name == "ppo":
+    if trains_a_critic(config):
         kept[CRITIC], policy_update = ppo_update(config, hf_config, world, batch, fake, kept, policy_update, notes)
     phases = {
         "old log-probs": {**kept, GATHERED_PART: old["gathered"], ACTIVATIONS: old["activations"]},
@@ -819,13 +819,18 @@ def main() -> None:
         print("\n" + markdown(plans))
 
 
+def trains_a_critic(config: Config) -> bool:
+    """Whether the run's algorithm needs a critic's values (PPO's, or a user's algorithm's)."""
+    return "values" in config.algorithm.build(config.rollout.n, config.data.max_response_length).needs
+
+
 def simulation_key(config: Config) -> tuple:
     """What the simulated memory depends on."""
     return (
         config.model.model_dump_json(),
         config.data.max_prompt_length,
         config.data.max_response_length,
-        config.algorithm.name == "ppo",
+        trains_a_critic(config),
         config.algorithm.kl_coef > 0,
         config.rollout.engine,
         config.rollout.vllm.model_dump_json(),
