@@ -9,12 +9,15 @@ import pytest
 import torch
 from batches import policy_batch
 from exact_float64 import GradientRecordingAdamW, normalise_float64_in_float64
+from mixed_rewards import MIXED_GROUPS
+from safetensors.torch import load_file
 
-from pacs.config import ALGORITHM_CONFIGS
+from pacs.config import ALGORITHM_CONFIGS, load_config
 from pacs.distributed.world import World
 from pacs.models.loading import load_causal_lm
 from pacs.train import logprobs as logprobs_module
 from pacs.train.logprobs import fill_rollout_logprobs, packed_bins, response_logprobs
+from pacs.train.trainer import train
 from pacs.train.update import UpdateSettings, update_policy
 
 GROUP_SIZE = 4
@@ -121,3 +124,37 @@ def test_every_algorithms_updates_are_the_padded_ones(model, options, micro_batc
     assert packed_metrics.keys() == metrics.keys()
     for name, value in metrics.items():
         assert packed_metrics[name] == pytest.approx(value, abs=1e-10), name
+
+
+@pytest.mark.slow
+def test_a_run_with_padding_free_passes_trains_the_weights_of_the_padded_run(tmp_path, tiny_model_dir, monkeypatch):
+    packings = []
+    original = logprobs_module.packed_bins
+    monkeypatch.setattr(logprobs_module, "packed_bins", lambda *args: packings.append(args) or original(*args))
+
+    def final_weights(name: str, padding_free: bool) -> dict[str, torch.Tensor]:
+        overrides = [
+            f"output_dir={tmp_path / name}",
+            f"model.path={tiny_model_dir}",
+            "model.dtype=float64",
+            "data.val=null",
+            "train.steps=2",
+            "train.batch_size=4",
+            "train.mini_batch_size=2",
+            "train.micro_batch_size=3",
+            "rollout.n=4",
+            "data.max_response_length=6",
+            "train.report_to=[]",
+            *MIXED_GROUPS,
+            f"train.padding_free={str(padding_free).lower()}",
+        ]
+        result = train(load_config("builtin:demo", overrides), show_progress=False)
+        return load_file(result.final_checkpoint / "model.safetensors")
+
+    packed = final_weights("packed", True)
+    packed_passes = len(packings)
+    padded = final_weights("padded", False)
+    assert packed_passes > 0 and len(packings) == packed_passes  # the switch, and only it, packs the update's passes
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    assert max((padded[name] - initial[name]).abs().max().item() for name in initial) > 1e-4
+    assert max((packed[name] - padded[name]).abs().max().item() for name in packed) < 1e-9
