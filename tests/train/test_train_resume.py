@@ -14,7 +14,7 @@ from pacs.config import ConfigError
 from pacs.outputs import claim_output_dir
 from pacs.train.checkpointing import state as checkpoint_module
 from pacs.train.checkpointing.folders import MANIFEST, checkpoints_newest_first
-from pacs.train.checkpointing.resume import RESTART_COUNT, SEGMENTS, Launch, read_segments, run_start
+from pacs.train.checkpointing.resume import RESTART_COUNT, SEGMENTS, JobHistory, read_segments, run_start
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
 
@@ -137,7 +137,7 @@ def test_every_checkpoint_damaged_is_refused_naming_each(tmp_path):
     with pytest.raises(
         ConfigError, match=r"no checkpoint .* can be resumed: .*final is damaged \(model.safetensors is missing\)"
     ):
-        run_start(config, Launch())
+        run_start(config, JobHistory())
 
 
 def test_a_restarted_process_resumes_without_resume_auto(tmp_path, warm_model_dir, monkeypatch, capsys):
@@ -157,7 +157,7 @@ def test_a_node_that_recorded_a_newer_checkpoint_than_rank_0_has_refuses_the_sta
     record = {"step": 4, "checkpoint": "step_4", "written_on": "node-a", "recorded": "2026-11-25 10:00:00 +0000"}
     config = small_config(run, "builtin:tiny", "resume=auto")
     with pytest.raises(ConfigError, match=r"node 1 \(host b\), rank 1 recorded .*step_4 \(step 4\) in place on host node-a"):
-        run_start(config, Launch([("node 0 (host a), rank 0", None), ("node 1 (host b), rank 1", record)]))
+        run_start(config, JobHistory([("node 0 (host a), rank 0", None), ("node 1 (host b), rank 1", record)]))
 
 
 def test_checkpoints_are_found_newest_first_and_whole(tmp_path, warm_model_dir):
@@ -176,7 +176,7 @@ def test_extending_a_run_with_a_decaying_schedule_says_which_rates_its_first_ste
     final.mkdir(parents=True)
     (final / MANIFEST).write_text('{"format": 1, "step": 3, "files": {}}')
     config = small_config(tmp_path / "run", "builtin:tiny", "resume=auto", "train.steps=5", "train.lr_schedule=linear")
-    start = run_start(config, Launch())
+    start = run_start(config, JobHistory())
     assert (start.checkpoint, start.step, start.finished) == (final, 3, False)
     assert start.notes == [
         f"{tmp_path / 'run'} finished 3 steps; extending it to 5: train.lr_schedule=linear follows the 5 steps from "
@@ -190,7 +190,7 @@ def test_a_checkpoint_past_train_steps_is_refused_naming_the_steps_that_would_co
     (step / MANIFEST).write_text('{"format": 1, "step": 6, "files": {}}')
     config = small_config(tmp_path / "run", "builtin:tiny", "resume=auto", "train.steps=5")
     with pytest.raises(ConfigError, match=r"step_6 is at step 6, past train.steps=5; pass train.steps=6 or more"):
-        run_start(config, Launch())
+        run_start(config, JobHistory())
 
 
 def test_a_resume_that_changes_the_optimisation_is_refused_unless_allowed_then_recorded(tmp_path, tiny_model_dir, capsys):

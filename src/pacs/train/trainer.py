@@ -78,7 +78,7 @@ from pacs.train.checkpointing.folders import (
 from pacs.train.checkpointing.resume import (
     RunStart,
     claim_for_node_record,
-    launch,
+    job_history,
     open_run,
     record_checkpoint,
     records_checkpoints,
@@ -219,16 +219,22 @@ def begin(config: Config, world: World, allow_changes: bool = False) -> tuple[Ru
             raise ConfigError(str(error)) from None
     # rank 0 checks every input in open_run (before it writes); the other ranks, their own disks' here
     run_on_every_rank(world, lambda: None if world.is_writer else check_node_inputs(config), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
-    past = launch(world, Path(config.output_dir))
-    locks: list[IO[str]] = []
-    start = run_on_rank0(world, lambda: open_run(config, past, locks.append, allow_changes=allow_changes))
+    past = job_history(world, Path(config.output_dir))
+    opened: tuple[RunStart, IO[str] | None] | None = None
+
+    def open_on_rank0() -> RunStart:
+        nonlocal opened
+        opened = open_run(config, past, allow_changes=allow_changes)
+        return opened[0]  # the run lock stays with rank 0: a file it holds open, not sent
+
+    start = run_on_rank0(world, open_on_rank0)
     console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
     for note in start.notes:
         console.print(note)
     if not start.finished:
         output_dir = Path(config.output_dir)
         run_on_every_rank(world, lambda: claim_for_node_record(world, output_dir), how_to_fix=NODE_INPUTS_HOW_TO_FIX)
-    return start, locks[0] if locks else None
+    return start, opened[1] if opened is not None else None
 
 
 def finished_result(config: Config, world: World, start: RunStart) -> TrainResult:

@@ -30,7 +30,6 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -110,8 +109,8 @@ def restarts() -> int:
 
 
 @dataclass(frozen=True)
-class Launch:
-    """What every process knows of the job's past, gathered for rank 0's decision (`launch`)."""
+class JobHistory:
+    """What every process knows of the job's past, gathered for rank 0's decision (`job_history`)."""
 
     node_records: list[tuple[str, dict | None]] = field(default_factory=list)
     """(`World.place`, its `NODE_RECORD` or None) of every node's first process."""
@@ -119,28 +118,29 @@ class Launch:
     """The most restarts any node's torchrun agent counts (`restarts`)."""
 
 
-def launch(world: World, output_dir: Path) -> Launch:
-    """Every process's view of the job's past, on every rank (`Launch`)."""
+def job_history(world: World, output_dir: Path) -> JobHistory:
+    """Every process's view of the job's past, on every rank (`JobHistory`)."""
     if world.world_size == 1:
-        return Launch(restarts=restarts())
+        return JobHistory(restarts=restarts())
     record = read_node_record(output_dir) if world.local_rank == 0 else None
     views = gather_objects(world, (world.place, world.local_rank == 0, record, restarts()))
-    return Launch([(place, record) for place, first, record, _ in views if first], max(count for *_, count in views))
+    return JobHistory([(place, record) for place, first, record, _ in views if first], max(count for *_, count in views))
 
 
-def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None], *, allow_changes: bool = False) -> RunStart:
+def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -> tuple[RunStart, IO[str] | None]:
     """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
     decided (`run_start`), a resume's changed settings refused unless `allow_changes`
     (`setting_changes`), then, unless it is finished, `output_dir` claimed
-    (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken and handed
-    to `keep_lock` (held until the run ends), what a killed save left removed, allowed changes
-    recorded (`SEGMENTS`), `config.yaml` written."""
+    (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken (returned
+    beside the start, held until the run ends; None for a finished run or where locks are not
+    supported), what a killed save left removed, allowed changes recorded (`SEGMENTS`),
+    `config.yaml` written."""
     check_run_inputs(config)
     if Path(config.output_dir).is_dir():
         check_unlocked(config.output_dir)  # before what its checkpoints say: they are being written
     start = run_start(config, past)
     if start.finished:
-        return start
+        return start, None
     output_dir = Path(config.output_dir)
     saved = read_saved_config(output_dir) if start.checkpoint is not None else None
     changes = setting_changes(saved, config) if saved is not None else {}
@@ -164,8 +164,6 @@ def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None],
         start.notes.append(f"{output_dir} holds a run that stopped before its first step ended: starting it again there")
     claim_output_dir(output_dir, "pacs train", reuse=reuse)
     lock = lock_run(output_dir)
-    if lock is not None:
-        keep_lock(lock)
     notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
     if changes:
         record_segment(output_dir, start.step, saved, config, changes)
@@ -175,7 +173,7 @@ def open_run(config: Config, past: Launch, keep_lock: Callable[[IO[str]], None],
             + f"), recorded in {output_dir / SEGMENTS}"
         )
     dump_config(config, output_dir / "config.yaml")
-    return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname())
+    return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname()), lock
 
 
 STOPPED_RUN_ENTRIES = {
@@ -261,7 +259,7 @@ def record_segment(output_dir: Path, step: int, saved: dict, config: Config, cha
     replace_file(output_dir / SEGMENTS, "".join(json.dumps(segment, default=str) + "\n" for segment in segments))
 
 
-def run_start(config: Config, past: Launch) -> RunStart:
+def run_start(config: Config, past: JobHistory) -> RunStart:
     """Where the run in `config.output_dir` starts, from what rank 0 finds on its disk and what
     the other processes know (`past`; see the module's table); raises `ConfigError` for the
     refusals. Reads only."""
