@@ -26,6 +26,7 @@ from pacs.cli import after_interrupt, build_parser
 from pacs.config import load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.plots import METHOD_COLOURS, plot_pass_at_k, plot_reward_curves, plot_runs, run_labels
+from pacs.train import trainer as trainer_module
 from pacs.train.checkpointing.state import save_checkpoint
 from pacs.train.metrics import read_metrics
 
@@ -145,7 +146,8 @@ def test_every_option_of_every_command_has_help_and_shows_only_real_defaults():
 
 
 @pytest.mark.parametrize(("algorithm", "noted"), [("pacs", True), ("grpo", False)])
-def test_pacs_runs_say_once_what_a_loss_near_ln_2_means(tmp_path, tiny_model_dir, capsys, algorithm, noted):
+def test_pacs_runs_say_once_what_a_loss_near_ln_2_means(tmp_path, tiny_model_dir, capsys, monkeypatch, algorithm, noted):
+    monkeypatch.setattr(trainer_module, "_said_once", set())  # as in a fresh process: earlier runs here said it
     arguments = ["train", f"output_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}", *TINY_RUN,
                  "data.val=null", "train.steps=1", f"algorithm.name={algorithm}"]  # fmt: skip
     assert run(arguments) == 0
