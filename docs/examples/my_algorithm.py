@@ -22,8 +22,8 @@ class Reinforce(AlgorithmBase):
 
     startup_note = "note: REINFORCE with a group baseline (my_algorithm.py)"
 
-    def __init__(self, group_size: int, *, horizon: int, baseline: str = "group_mean"):
-        super().__init__(group_size, horizon=horizon)
+    def __init__(self, group_size: int, *, max_response_length: int, baseline: str = "group_mean"):
+        super().__init__(group_size, max_response_length=max_response_length)
         self.baseline = baseline
 
     def prepare_step(self, batch, sum_over_ranks=None):

@@ -31,9 +31,14 @@ class OnlyTheRequiredParts(AlgorithmBase):
 
 
 def test_an_algorithm_that_writes_only_the_required_parts_gets_safe_defaults_for_the_rest():
-    algorithm = OnlyTheRequiredParts(4, horizon=8)
+    algorithm = OnlyTheRequiredParts(4, max_response_length=8)
     batch = {"rewards": torch.ones(8), "response_mask": torch.ones(8, 3), "old_logprobs": torch.zeros(8, 3)}
-    assert (algorithm.group_size, algorithm.horizon, algorithm.needs, algorithm.startup_note) == (4, 8, frozenset(), None)
+    assert (algorithm.group_size, algorithm.max_response_length, algorithm.needs, algorithm.startup_note) == (
+        4,
+        8,
+        frozenset(),
+        None,
+    )
     assert algorithm.first_update_may_supply_old_logprobs is False  # the trainer computes every old log-prob first
     assert algorithm.prepare_step(batch) == {} and algorithm.metric_weights(batch) == {}
     assert algorithm.rollout_is_levels == ROLLOUT_IS_LEVELS
@@ -63,7 +68,7 @@ def test_the_example_algorithms_micro_batches_sum_to_its_formulas_gradient(my_al
     logprobs = (
         batch["old_logprobs"] - 0.1 * torch.rand(rows, positions, generator=generator, dtype=torch.float64)
     ).requires_grad_()
-    algorithm = my_algorithm.Reinforce(group_size, horizon=positions, baseline=baseline)
+    algorithm = my_algorithm.Reinforce(group_size, max_response_length=positions, baseline=baseline)
     batch.update(algorithm.prepare_step(batch))
     row_terms, metrics = algorithm.prepare_update(batch, lambda: logprobs.detach(), policy_is_rollout_policy=False)
 
@@ -83,7 +88,7 @@ def test_the_example_algorithms_micro_batches_sum_to_its_formulas_gradient(my_al
 def test_the_example_algorithm_normalises_a_share_by_the_whole_mini_batch(my_algorithm):
     """With N processes each holds a share; dividing by the global row count makes the shares'
     gradients sum to the mini-batch's."""
-    algorithm = my_algorithm.Reinforce(2, horizon=2)
+    algorithm = my_algorithm.Reinforce(2, max_response_length=2)
     share = {"rewards": torch.tensor([1.0, 0.0]), "response_mask": torch.ones(2, 2), "old_logprobs": torch.zeros(2, 2)}
     share.update(algorithm.prepare_step(share))
     whole, _ = algorithm.prepare_update(share, None, True)

@@ -114,7 +114,7 @@ def gradient(loss, tensor):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_the_loss_and_gradient_at_any_micro_batch_size_are_the_papers(name, micro_batch_size):
     batch = make_batch(SHIFT[name])
-    loss, metrics = plugin_loss(ALGORITHMS[name](GROUP_SIZE, horizon=HORIZON), batch, micro_batch_size)
+    loss, metrics = plugin_loss(ALGORITHMS[name](GROUP_SIZE, max_response_length=HORIZON), batch, micro_batch_size)
     expected = reference_loss(name, batch["logprobs"], batch)
     torch.testing.assert_close(loss, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(gradient(loss, batch["logprobs"]), gradient(expected, batch["logprobs"]), atol=1e-12, rtol=0)
@@ -152,21 +152,21 @@ def one_token_pair(ratio: float) -> dict[str, torch.Tensor]:
 def test_dapo_clips_higher_than_grpo():
     """A token of a positive advantage at ratio 1.25 still gets DAPO's gradient (ε_high = 0.28), not GRPO's (0.2)."""
     batch = one_token_pair(1.25)
-    for algorithm, moves in ((DAPO(2, horizon=1), True), (GRPO(2, horizon=1), False)):
+    for algorithm, moves in ((DAPO(2, max_response_length=1), True), (GRPO(2, max_response_length=1), False)):
         loss, _ = plugin_loss(algorithm, batch, 2)
         assert (gradient(loss, batch["logprobs"])[0, 0] != 0) == moves
 
 
 def test_dr_grpo_advantages_are_group_centred_rewards_without_the_std():
     rows = {"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64), "response_mask": torch.ones(4, 2)}
-    advantages = DrGRPO(4, horizon=2).prepare_step(rows)["advantages"]
+    advantages = DrGRPO(4, max_response_length=2).prepare_step(rows)["advantages"]
     torch.testing.assert_close(advantages, torch.tensor([0.75, -0.25, -0.25, -0.25], dtype=torch.float64))
 
 
 def test_gspo_weighs_every_token_of_a_response_alike():
     """∇ of an unclipped response: −A s / |o| · Σ_t ∇log π, the same for each of its tokens."""
     batch = make_batch(1e-5)
-    loss, _ = plugin_loss(GSPO(GROUP_SIZE, horizon=HORIZON), batch, 5)
+    loss, _ = plugin_loss(GSPO(GROUP_SIZE, max_response_length=HORIZON), batch, 5)
     grad, mask = gradient(loss, batch["logprobs"]), batch["response_mask"].bool()
     for row in range(len(mask)):
         tokens = grad[row][mask[row]]
@@ -177,7 +177,7 @@ def test_gspo_weighs_every_token_of_a_response_alike():
 def test_cispo_keeps_the_gradient_of_tokens_beyond_the_cap():
     """PPO's clip zeroes the gradient of a ratio-10 token with A > 0; CISPO weighs it by the cap (5)."""
     batch = one_token_pair(10.0)
-    loss, metrics = plugin_loss(CISPO(2, horizon=1), batch, 2)
+    loss, metrics = plugin_loss(CISPO(2, max_response_length=1), batch, 2)
     advantage = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert gradient(loss, batch["logprobs"])[0, 0].item() == pytest.approx(-5.0 * advantage / 2, rel=1e-12)
     assert metrics["actor/clip_fraction"] == 0.5
@@ -185,7 +185,7 @@ def test_cispo_keeps_the_gradient_of_tokens_beyond_the_cap():
 
 def test_cispo_refuses_a_dual_clip():
     with pytest.raises(ValueError, match="CISPO has no dual clip"):
-        CISPO(4, horizon=8, dual_clip=3.0)
+        CISPO(4, max_response_length=8, dual_clip=3.0)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -193,7 +193,7 @@ def test_the_first_update_reports_the_loss_before_any_old_log_prob_is_computed(n
     """On a step's first update the trainer has no old log-probs yet (it takes them from that
     update's forward pass); the reported loss is still the loss at θ = θ_old."""
     batch = make_batch(SHIFT[name])
-    algorithm = ALGORITHMS[name](GROUP_SIZE, horizon=HORIZON)
+    algorithm = ALGORITHMS[name](GROUP_SIZE, max_response_length=HORIZON)
     old = batch["old_logprobs"]
     step = {"response_mask": batch["response_mask"], "rewards": batch["rewards"]}
     step.update(algorithm.prepare_step(step))
@@ -217,14 +217,14 @@ def test_overlong_shaping_changes_the_rewards_that_group_baselines_compare():
     """Two correct answers, one 10 tokens long: with shaping it is the worse of the two."""
     mask = (torch.arange(10) < torch.tensor([3, 10, 3, 3])[:, None]).double()
     rows = {"rewards": torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64), "response_mask": mask}
-    shaped = DrGRPO(4, horizon=10, overlong_buffer=4).prepare_step(rows)["advantages"]
+    shaped = DrGRPO(4, max_response_length=10, overlong_buffer=4).prepare_step(rows)["advantages"]
     torch.testing.assert_close(shaped, torch.tensor([0.75, -0.25, -0.25, -0.25], dtype=torch.float64))
     assert shaped[1] < shaped[0]
 
 
 def test_ppo_puts_the_shaped_reward_on_the_last_token():
     mask = (torch.arange(4) < torch.tensor([4, 2])[:, None]).double()
-    algorithm = PPO(1, horizon=4, overlong_buffer=2, overlong_penalty=0.5)
+    algorithm = PPO(1, max_response_length=4, overlong_buffer=2, overlong_penalty=0.5)
     token_rewards = algorithm.token_rewards({"rewards": torch.tensor([1.0, 1.0], dtype=torch.float64), "response_mask": mask})
     torch.testing.assert_close(token_rewards[:, [3, 1]].diagonal(), torch.tensor([0.5, 1.0], dtype=torch.float64))
 
@@ -232,14 +232,14 @@ def test_ppo_puts_the_shaped_reward_on_the_last_token():
 def test_pacs_keeps_the_shaped_label_between_0_and_1():
     """A correct answer at the limit becomes a soft label 1 − p; an incorrect one stays 0 (not −p)."""
     mask = (torch.arange(4) < torch.tensor([4, 4, 1, 1])[:, None]).double()
-    algorithm = PACS(4, horizon=4, overlong_buffer=2, overlong_penalty=0.6)
+    algorithm = PACS(4, max_response_length=4, overlong_buffer=2, overlong_penalty=0.6)
     labels = algorithm.labels({"rewards": torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64), "response_mask": mask})
     torch.testing.assert_close(labels, torch.tensor([0.4, 0.0, 1.0, 0.0], dtype=torch.float64))
 
 
 def test_an_overlong_buffer_beyond_the_maximum_length_is_refused():
     with pytest.raises(ValueError, match="overlong_buffer=20 must not exceed the maximum response length"):
-        GRPO(4, horizon=16, overlong_buffer=20)
+        GRPO(4, max_response_length=16, overlong_buffer=20)
 
 
 def test_mixed_groups_are_those_whose_rewards_differ():

@@ -65,7 +65,7 @@ def reference_kl(logprob, ref_logprob, estimator):
     return torch.exp(-log_ratio) + log_ratio - 1
 
 
-def reference_aggregate(row_sums, row_counts, mode, num_rows, num_tokens, horizon):
+def reference_aggregate(row_sums, row_counts, mode, num_rows, num_tokens, max_response_length):
     """row_sums[i] = Σ_t m ℓ of row i; the mini-batch loss of `mode`."""
     if mode == "token-mean":
         return sum(row_sums) / num_tokens
@@ -73,10 +73,10 @@ def reference_aggregate(row_sums, row_counts, mode, num_rows, num_tokens, horizo
         return sum(row_sums) / num_rows
     if mode == "seq-mean-token-mean":
         return sum(total / max(count, 1) for total, count in zip(row_sums, row_counts)) / num_rows
-    return sum(row_sums) / (num_rows * horizon)
+    return sum(row_sums) / (num_rows * max_response_length)
 
 
-def reference_aggregate_loss(per_token_loss, response_mask, mode, horizon=HORIZON):
+def reference_aggregate_loss(per_token_loss, response_mask, mode, max_response_length=HORIZON):
     row_sums, row_counts = [], []
     for row in range(per_token_loss.shape[0]):
         total, count = per_token_loss.new_zeros(()), 0
@@ -87,7 +87,7 @@ def reference_aggregate_loss(per_token_loss, response_mask, mode, horizon=HORIZO
         row_sums.append(total)
         row_counts.append(count)
     batch_size = per_token_loss.shape[0]
-    return reference_aggregate(row_sums, row_counts, mode, batch_size, sum(row_counts), horizon)
+    return reference_aggregate(row_sums, row_counts, mode, batch_size, sum(row_counts), max_response_length)
 
 
 def reference_policy_loss(logprobs, rows, entropy, *, options, with_entropy=True):
@@ -295,7 +295,7 @@ def test_surrogate_padding_values_change_neither_loss_nor_gradient(padding_value
 def test_aggregation_matches_reference(mode):
     batch = make_batch()
     per_token = batch["logprobs"] * batch["values"]
-    loss = aggregate_loss(per_token, batch["response_mask"], mode, horizon=HORIZON)
+    loss = aggregate_loss(per_token, batch["response_mask"], mode, max_response_length=HORIZON)
     expected = reference_aggregate_loss(per_token, batch["response_mask"], mode)
     torch.testing.assert_close(loss, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(grads(loss, batch["logprobs"]), grads(expected, batch["logprobs"]), atol=1e-12, rtol=0)
@@ -307,8 +307,8 @@ def test_micro_batch_shares_sum_to_the_mini_batch_loss(mode, micro_batch_size):
     batch = make_batch()
     mask = batch["response_mask"]
     per_token = batch["logprobs"] * batch["values"]
-    totals = {"num_rows": mask.shape[0], "num_tokens": float(mask.sum()), "horizon": HORIZON}
-    whole = aggregate_loss(per_token, mask, mode, horizon=HORIZON)
+    totals = {"num_rows": mask.shape[0], "num_tokens": float(mask.sum()), "max_response_length": HORIZON}
+    whole = aggregate_loss(per_token, mask, mode, max_response_length=HORIZON)
     shares = sum(
         aggregate_loss(micro["per_token"], micro["response_mask"], mode, **totals)
         for _, micro in micro_batches({"per_token": per_token, "response_mask": mask}, micro_batch_size)
@@ -320,7 +320,7 @@ def test_micro_batch_shares_sum_to_the_mini_batch_loss(mode, micro_batch_size):
 def test_seq_mean_token_sum_norm_divides_by_the_horizon_not_the_padded_width():
     per_token = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    loss = aggregate_loss(per_token, mask, "seq-mean-token-sum-norm", horizon=100)
+    loss = aggregate_loss(per_token, mask, "seq-mean-token-sum-norm", max_response_length=100)
     torch.testing.assert_close(loss, torch.tensor(7.0 / (2 * 100)))
 
 
@@ -379,7 +379,7 @@ def test_plugin_micro_batches_give_the_mini_batch_loss_and_gradient(algorithm_cl
     micro-batch losses equal the reference mini-batch loss in value and gradient."""
     batch = make_batch()
     logprobs, entropy = batch["logprobs"], batch["entropy"]
-    algorithm = algorithm_class(GROUP_SIZE, horizon=HORIZON, **options)
+    algorithm = algorithm_class(GROUP_SIZE, max_response_length=HORIZON, **options)
     step = {name: batch[name] for name in ("old_logprobs", "response_mask", "rewards", "ref_logprobs", "values")}
     step.update(algorithm.prepare_step(step))
     rows = slice(GROUP_SIZE, 3 * GROUP_SIZE)
@@ -400,7 +400,7 @@ def test_plugin_micro_batches_give_the_mini_batch_loss_and_gradient(algorithm_cl
 
 def test_first_update_after_a_rollout_needs_no_logprob_pass():
     batch = make_batch()
-    algorithm = GRPO(GROUP_SIZE, horizon=HORIZON)
+    algorithm = GRPO(GROUP_SIZE, max_response_length=HORIZON)
     rows = {name: batch[name] for name in ("old_logprobs", "response_mask", "rewards")}
     rows.update(algorithm.prepare_step(rows))
 
@@ -417,7 +417,7 @@ def test_first_update_after_a_rollout_needs_no_logprob_pass():
 def test_plugin_reports_the_fraction_of_groups_with_mixed_rewards():
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
     rows = {"rewards": rewards, "old_logprobs": torch.zeros(8, 2), "response_mask": torch.ones(8, 2)}
-    algorithm = GRPO(GROUP_SIZE, horizon=HORIZON)
+    algorithm = GRPO(GROUP_SIZE, max_response_length=HORIZON)
     rows.update(algorithm.prepare_step(rows))
     _, metrics = algorithm.prepare_update(rows, lambda: rows["old_logprobs"], True)
     assert metrics["groups/mixed_fraction"] == 0.5
@@ -434,7 +434,7 @@ def test_plugin_reports_the_fraction_of_groups_with_mixed_rewards():
     ],
 )
 def test_needs_lists_only_the_tensors_the_options_use(options, needs):
-    assert GRPO(GROUP_SIZE, horizon=HORIZON, **options).needs == frozenset(needs)
+    assert GRPO(GROUP_SIZE, max_response_length=HORIZON, **options).needs == frozenset(needs)
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -452,12 +452,12 @@ def test_needs_lists_only_the_tensors_the_options_use(options, needs):
         (dict(dual_clip=1.0), r"dual_clip must be None or a finite number > 1"),
         (dict(kl_coef=-0.1), r"kl_coef must be a finite number >= 0"),
         (dict(eps=0.0), r"eps must be a finite number > 0 \(added to the group's reward std\), got 0.0"),
-        (dict(horizon=0), r"horizon must be a positive integer \(the maximum response length\), got 0"),
+        (dict(max_response_length=0), r"max_response_length must be a positive integer \(the maximum response length\), got 0"),
     ],
 )
 def test_invalid_options_are_rejected_naming_the_value_and_what_is_valid(options, message):
     with pytest.raises(ValueError, match=message):
-        GRPO(GROUP_SIZE, **{"horizon": HORIZON, **options})
+        GRPO(GROUP_SIZE, **{"max_response_length": HORIZON, **options})
 
 
 @pytest.mark.parametrize("clip_low", [0.0, -0.2])
@@ -480,7 +480,7 @@ def test_unknown_kl_estimator_is_rejected():
 
 
 def test_seq_mean_token_sum_norm_without_horizon_is_rejected():
-    with pytest.raises(ValueError, match=r"'seq-mean-token-sum-norm' needs horizon, the maximum response length"):
+    with pytest.raises(ValueError, match=r"'seq-mean-token-sum-norm' needs max_response_length, the maximum response length"):
         aggregate_loss(torch.zeros(2, 3), torch.ones(2, 3), "seq-mean-token-sum-norm")
 
 
@@ -491,6 +491,6 @@ def test_unknown_loss_aggregation_is_rejected():
 
 def test_grpo_rejects_groups_of_one():
     with pytest.raises(ValueError, match=r"GRPO needs group_size >= 2 \(responses per prompt, rollout.n\), got 1"):
-        GRPO(1, horizon=HORIZON)
+        GRPO(1, max_response_length=HORIZON)
     with pytest.raises(ValueError, match=r"GRPO's group-relative advantage needs group_size >= 2"):
         grpo_advantages(torch.zeros(3), 1)

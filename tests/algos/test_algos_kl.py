@@ -91,10 +91,10 @@ def test_k1_and_k3_values_are_unbiased_for_kl_from_policy_to_reference(estimator
 # --- k1 is refused as a penalty --------------------------------------------------------------
 
 ALGORITHMS = {
-    "PACS": lambda **options: PACS(GROUP_SIZE, horizon=HORIZON, **options),
-    "GRPO": lambda **options: GRPO(GROUP_SIZE, horizon=HORIZON, **options),
-    "RLOO": lambda **options: RLOO(GROUP_SIZE, horizon=HORIZON, **options),
-    "PPO": lambda **options: PPO(GROUP_SIZE, horizon=HORIZON, **options),
+    "PACS": lambda **options: PACS(GROUP_SIZE, max_response_length=HORIZON, **options),
+    "GRPO": lambda **options: GRPO(GROUP_SIZE, max_response_length=HORIZON, **options),
+    "RLOO": lambda **options: RLOO(GROUP_SIZE, max_response_length=HORIZON, **options),
+    "PPO": lambda **options: PPO(GROUP_SIZE, max_response_length=HORIZON, **options),
 }
 
 
@@ -214,7 +214,7 @@ def test_kl_in_reward_subtracts_the_rollout_k1_from_every_tokens_reward_before_g
     mask = rollouts["response_mask"]
     token_rewards = outcome_token_rewards(rollouts["rewards"], mask) - reward_k1(rollouts, 0.1)
     expected_advantages, expected_returns = gae_advantages(token_rewards, rollouts["values"], mask)
-    terms = PPO(GROUP_SIZE, horizon=HORIZON, kl_coef=0.1, kl_estimator="k1", kl_in_reward=True).prepare_step(rollouts)
+    terms = PPO(GROUP_SIZE, max_response_length=HORIZON, kl_coef=0.1, kl_estimator="k1", kl_in_reward=True).prepare_step(rollouts)
     torch.testing.assert_close(terms["advantages"], expected_advantages, atol=1e-12, rtol=0)
     torch.testing.assert_close(terms["returns"], expected_returns, atol=1e-12, rtol=0)
 

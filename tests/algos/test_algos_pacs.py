@@ -479,7 +479,7 @@ def overlong_group_advantages(weighting: str, overlong_buffer: int) -> torch.Ten
     response_mask = (torch.arange(10)[None, :] < lengths[:, None]).double()
     rewards = torch.tensor([1, 1, 1, 1, 1, 1, 1, 0], dtype=torch.float64)
     minibatch = {"old_logprobs": torch.zeros(8, 10, dtype=torch.float64), "response_mask": response_mask, "rewards": rewards}
-    algorithm = PACS(8, weighting=weighting, horizon=10, overlong_buffer=overlong_buffer)
+    algorithm = PACS(8, weighting=weighting, max_response_length=10, overlong_buffer=overlong_buffer)
     row_terms, _ = algorithm.prepare_update(minibatch, None, True)
     return -8 * row_terms["proxy_grad"]
 

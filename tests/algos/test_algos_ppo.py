@@ -216,13 +216,13 @@ def test_explained_variance_of_float32_returns_that_vary_matches_its_formula():
 
 
 def test_ppo_needs_the_critic_values_and_whatever_its_options_use():
-    assert PPO(2, horizon=HORIZON).needs == {"values"}
-    assert PPO(2, horizon=HORIZON, kl_coef=0.1, entropy_coef=0.01).needs == {"values", "ref_logprobs", "entropy"}
+    assert PPO(2, max_response_length=HORIZON).needs == {"values"}
+    assert PPO(2, max_response_length=HORIZON, kl_coef=0.1, entropy_coef=0.01).needs == {"values", "ref_logprobs", "entropy"}
 
 
 def test_ppo_step_terms_are_the_whitened_gae_and_returns_of_the_outcome_rewards():
     rewards, values, mask = make_rollouts()
-    algorithm = PPO(2, horizon=HORIZON, gamma=0.9, lam=0.95)
+    algorithm = PPO(2, max_response_length=HORIZON, gamma=0.9, lam=0.95)
     step_terms = algorithm.prepare_step({"rewards": rewards, "values": values, "response_mask": mask})
     expected = gae_advantages(outcome_token_rewards(rewards, mask), values, mask, gamma=0.9, lam=0.95)
     assert torch.equal(step_terms["advantages"], expected[0])
@@ -233,7 +233,7 @@ def test_ppo_step_terms_are_the_whitened_gae_and_returns_of_the_outcome_rewards(
 @pytest.mark.parametrize("critic_loss_agg", ["token-mean", "seq-mean-token-sum-norm"])
 def test_critic_micro_batch_shares_sum_to_the_mini_batch_value_loss(critic_loss_agg, micro_batch_size):
     rewards, old_values, mask = make_rollouts()
-    algorithm = PPO(2, horizon=HORIZON, value_clip=0.2, critic_loss_agg=critic_loss_agg)
+    algorithm = PPO(2, max_response_length=HORIZON, value_clip=0.2, critic_loss_agg=critic_loss_agg)
     minibatch = {"rewards": rewards, "values": old_values, "response_mask": mask}
     minibatch.update(algorithm.prepare_step(minibatch))
     values = updated_values(old_values)
@@ -246,7 +246,7 @@ def test_critic_micro_batch_shares_sum_to_the_mini_batch_value_loss(critic_loss_
         micro_row_terms = {name: value[rows] for name, value in row_terms.items()}
         total = total + algorithm.critic_micro_batch_loss(values[rows, :width], micro, micro_row_terms)
     per_token = reference_value_loss(values, old_values, minibatch["returns"], mask, 0.2)
-    expected = aggregate_loss(per_token, mask, critic_loss_agg, horizon=HORIZON)
+    expected = aggregate_loss(per_token, mask, critic_loss_agg, max_response_length=HORIZON)
     torch.testing.assert_close(total, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(
         torch.autograd.grad(total, values, retain_graph=True), torch.autograd.grad(expected, values), atol=1e-12, rtol=0
@@ -270,7 +270,7 @@ def test_critic_micro_batch_shares_sum_to_the_mini_batch_value_loss(critic_loss_
 )
 def test_invalid_ppo_options_are_rejected(options, message):
     with pytest.raises(ValueError, match=message):
-        PPO(2, horizon=HORIZON, **options)
+        PPO(2, max_response_length=HORIZON, **options)
 
 
 def test_gae_rejects_mismatched_shapes():

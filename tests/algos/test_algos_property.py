@@ -101,7 +101,7 @@ def test_on_policy_pacs_plugin_gradient_is_beta_times_the_rloo_plugin_gradient(b
     L_RLOO on-policy (ρ = 1, ∇ρ = ∇log π)."""
     batch = make_on_policy_batch()
     pacs = plugin_gradient(PACS(GROUP_SIZE, beta=beta, weighting="none"), *batch)
-    rloo = plugin_gradient(RLOO(GROUP_SIZE, horizon=NUM_TOKENS, loss_agg="seq-mean-token-sum"), *batch)
+    rloo = plugin_gradient(RLOO(GROUP_SIZE, max_response_length=NUM_TOKENS, loss_agg="seq-mean-token-sum"), *batch)
     (expected,) = torch.autograd.grad(reference_rloo_loss(batch[0], batch[2], batch[3], GROUP_SIZE), batch[0])
     torch.testing.assert_close(rloo, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(pacs, beta * rloo, atol=1e-12, rtol=0)

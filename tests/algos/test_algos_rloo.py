@@ -53,7 +53,7 @@ def test_rloo_advantages_carry_no_gradient():
 
 def test_rloo_plugin_step_terms_are_the_leave_one_out_advantages():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    step_terms = RLOO(3, horizon=8).prepare_step({"rewards": rewards})
+    step_terms = RLOO(3, max_response_length=8).prepare_step({"rewards": rewards})
     assert torch.equal(step_terms["advantages"], rloo_advantages(rewards, 3))
 
 
@@ -61,7 +61,7 @@ def test_groups_of_one_are_rejected():
     with pytest.raises(ValueError, match=r"RLOO's leave-one-out baseline needs group_size >= 2 .*rollout.n.*got 1"):
         rloo_advantages(torch.zeros(4), 1)
     with pytest.raises(ValueError, match=r"RLOO needs group_size >= 2"):
-        RLOO(1, horizon=8)
+        RLOO(1, max_response_length=8)
 
 
 def test_batch_not_multiple_of_group_size_is_rejected():

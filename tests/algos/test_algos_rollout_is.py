@@ -174,7 +174,7 @@ def test_a_response_masked_above_the_cap_or_below_the_floor_gets_coefficient_zer
 def test_the_policy_gradient_scales_each_tokens_surrogate_by_its_tokens_or_its_responses_weight(mode, level):
     batch = mismatched_batch()
     options = {"rollout_is_cap": CAP, "rollout_is_mode": mode, "rollout_is_level": level}
-    corrected, plain = GRPO(GROUP_SIZE, horizon=TOKENS, **options), GRPO(GROUP_SIZE, horizon=TOKENS)
+    corrected, plain = GRPO(GROUP_SIZE, max_response_length=TOKENS, **options), GRPO(GROUP_SIZE, max_response_length=TOKENS)
     generator = torch.Generator().manual_seed(1)
     logprobs = batch["old_logprobs"] + 0.05 * torch.randn(batch["old_logprobs"].shape, generator=generator, dtype=torch.float64)
     losses = {}
@@ -262,7 +262,7 @@ def test_pacs_refuses_the_token_level_naming_the_valid_one():
 )
 def test_options_that_do_not_fit_together_are_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
-        GRPO(GROUP_SIZE, horizon=TOKENS, **options)
+        GRPO(GROUP_SIZE, max_response_length=TOKENS, **options)
 
 
 def test_the_geometric_mean_level_is_the_per_token_mean_of_the_log_ratio_of_each_response():

@@ -168,7 +168,7 @@ def calibrated_scales(per_token_losses_at_scale) -> list[float]:
 
 
 def paper_algorithm(config: Config):
-    return config.algorithm.build(group_size=config.rollout.n, horizon=WIDTH)
+    return config.algorithm.build(group_size=config.rollout.n, max_response_length=WIDTH)
 
 
 def pacs_step_terms(algorithm) -> dict[str, torch.Tensor]:

@@ -26,8 +26,8 @@ def test_an_import_path_picks_the_users_section_with_its_own_typed_options():
         "my_algorithm:ReinforceConfig",
         "none",
     )
-    built = algorithm.build(group_size=4, horizon=16)
-    assert (type(built).__name__, built.baseline, built.group_size, built.horizon) == ("Reinforce", "none", 4, 16)
+    built = algorithm.build(group_size=4, max_response_length=16)
+    assert (type(built).__name__, built.baseline, built.group_size, built.max_response_length) == ("Reinforce", "none", 4, 16)
 
 
 def test_a_users_section_is_written_and_read_back_whole(tmp_path):

@@ -241,10 +241,10 @@ def test_an_algorithm_section_without_a_name_is_pacs(tmp_path):
 
 def test_each_algorithm_is_built_from_its_own_section_with_every_option():
     algorithm = load_config(None, ["algorithm.name=grpo", "algorithm.clip_low=0.1", "algorithm.norm_by_std=false"]).algorithm
-    built = algorithm.build(group_size=4, horizon=8)
-    assert (type(built).__name__, built.clip_low, built.norm_by_std, built.horizon) == ("GRPO", 0.1, False, 8)
+    built = algorithm.build(group_size=4, max_response_length=8)
+    assert (type(built).__name__, built.clip_low, built.norm_by_std, built.max_response_length) == ("GRPO", 0.1, False, 8)
     for name, section in ALGORITHM_CONFIGS.items():
-        assert type(section().build(group_size=4, horizon=8)) is section.builds
+        assert type(section().build(group_size=4, max_response_length=8)) is section.builds
         assert section.builds.__module__ == f"pacs.algos.{name}"
 
 
@@ -309,9 +309,9 @@ def test_the_mask_modes_options_reach_the_algorithm():
         "algorithm.rollout_is_floor=0.5",
     ]
     grpo = load_config(None, [*vllm_mask, "algorithm.name=grpo", "algorithm.rollout_is_level=sequence"]).algorithm.build(
-        4, horizon=8
+        4, max_response_length=8
     )
-    pacs = load_config(None, vllm_mask).algorithm.build(4, horizon=8)
+    pacs = load_config(None, vllm_mask).algorithm.build(4, max_response_length=8)
     assert (grpo.rollout_is_mode, grpo.rollout_is_level, grpo.rollout_is_floor) == ("mask", "sequence", 0.5)
     assert (pacs.rollout_is_mode, pacs.rollout_is_floor) == ("mask", 0.5)
 

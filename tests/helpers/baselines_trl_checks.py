@@ -62,7 +62,7 @@ def trl_loss(case: dict, batch: dict, advantages: torch.Tensor, logprobs: torch.
 def compare(name: str, case: dict) -> dict:
     batch = rollout(SHIFTS[name])
     logprobs = batch["current"].clone().requires_grad_(True)
-    advantages, pacs_value, metrics = pacs_plugin_loss(case["pacs"](N, horizon=HORIZON), batch, logprobs)
+    advantages, pacs_value, metrics = pacs_plugin_loss(case["pacs"](N, max_response_length=HORIZON), batch, logprobs)
     (pacs_grad,) = torch.autograd.grad(pacs_value, logprobs)
     trl_logprobs = batch["current"].clone().requires_grad_(True)
     trl_value = trl_loss(case, batch, advantages.detach(), trl_logprobs)

@@ -72,7 +72,7 @@ def verl_loss(case: dict, batch: dict, log_prob: torch.Tensor) -> tuple[torch.Te
 def pacs_loss(case: dict, batch: dict, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """pacs's advantages (B,) and its plug-in's loss on the whole batch; the fraction of tokens
     (GSPO: responses) clipped in `case["clip_fraction"]`."""
-    advantages, loss, metrics = pacs_plugin_loss(case["pacs"](N, horizon=HORIZON), batch, logprobs)
+    advantages, loss, metrics = pacs_plugin_loss(case["pacs"](N, max_response_length=HORIZON), batch, logprobs)
     case["clip_fraction"] = metrics["actor/clip_fraction"]
     return advantages, loss
 

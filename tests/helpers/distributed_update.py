@@ -100,7 +100,7 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
     name, loss_agg, *variant = case.split(":")
     lora, padding_free = "lora" in variant, "packed" in variant
     options = ALGORITHM_CONFIGS[name](loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01)
-    algorithm = options.build(group_size=GROUP_SIZE, horizon=8)
+    algorithm = options.build(group_size=GROUP_SIZE, max_response_length=8)
     torch.manual_seed(0)
     model = load_causal_lm(model_dir, dtype="float64")
     reference = None if lora else copy.deepcopy(model).eval()

@@ -30,8 +30,8 @@ class BuildsNotAnAlgorithm(BaseAlgorithmConfig):
 class Minimal(AlgorithmBase):
     """Writes only what the protocol requires."""
 
-    def __init__(self, group_size: int, *, horizon: int, limit: int = 1):
-        super().__init__(group_size, horizon=horizon)
+    def __init__(self, group_size: int, *, max_response_length: int, limit: int = 1):
+        super().__init__(group_size, max_response_length=max_response_length)
         if limit > group_size:
             raise ValueError(f"limit={limit} exceeds the group size {group_size}")
 

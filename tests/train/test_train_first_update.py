@@ -76,7 +76,7 @@ def updated(model, batch, algorithm, rows_without_old_logprobs: int, micro_batch
 @pytest.mark.parametrize("micro_batch_size", [3, 8])
 @pytest.mark.parametrize("options", ALGORITHMS.values(), ids=ALGORITHMS.keys())
 def test_the_first_update_without_a_rollout_pass_equals_the_long_way(model, options, micro_batch_size):
-    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, horizon=6)
+    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, max_response_length=6)
     long_way = step_batch(model, algorithm)
     fill_rollout_logprobs(model, long_way, slice(None), micro_batch_size=5, temperature=1.0)
     shortcut = step_batch(model, algorithm)
@@ -131,7 +131,7 @@ def test_under_the_sampler_correction_the_first_update_gives_the_same_losses_and
     """The first mini-batch's correction weights come from its update's own forward pass
     (π_old = π_θ there): every update's gradient, the metrics and the logged weights equal the
     long way's, where every row's old log-probs and weights came first."""
-    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, horizon=6)
+    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, max_response_length=6)
     assert algorithm.first_update_may_supply_old_logprobs
     long_way = sampler_corrected_batch(model, algorithm, shortcut=False)
     shortcut = sampler_corrected_batch(model, algorithm, shortcut=True)
@@ -161,7 +161,7 @@ def test_under_the_sampler_correction_the_first_update_gives_the_same_losses_and
 
 
 def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
-    algorithm = PacsConfig().build(group_size=GROUP_SIZE, horizon=6)
+    algorithm = PacsConfig().build(group_size=GROUP_SIZE, max_response_length=6)
     batch = step_batch(model, algorithm)
     calls = []
     original = update_module.response_logprobs_no_grad
@@ -176,7 +176,7 @@ def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
 
 
 def test_more_rows_than_one_update_are_refused(model):
-    algorithm = PacsConfig().build(group_size=GROUP_SIZE, horizon=6)
+    algorithm = PacsConfig().build(group_size=GROUP_SIZE, max_response_length=6)
     batch = step_batch(model, algorithm)
     settings = UpdateSettings(mini_batch_size=2, micro_batch_size=5, epochs=1, grad_clip=1.0)
     with pytest.raises(ValueError, match="exceeds one update's 8 rows"):
@@ -184,7 +184,7 @@ def test_more_rows_than_one_update_are_refused(model):
 
 
 def test_the_first_updates_rows_show_the_algorithm_no_old_logprobs_until_its_forward_gives_them(model):
-    batch = step_batch(model, PacsConfig().build(group_size=GROUP_SIZE, horizon=6))
+    batch = step_batch(model, PacsConfig().build(group_size=GROUP_SIZE, max_response_length=6))
     first_update = FirstUpdateOldLogprobs(batch, FIRST_UPDATE_ROWS, rows_per_update=FIRST_UPDATE_ROWS)
     first, second = slice(0, FIRST_UPDATE_ROWS), slice(FIRST_UPDATE_ROWS, 2 * FIRST_UPDATE_ROWS)
     assert "old_logprobs" not in first_update.algorithm_inputs(batch.rows(first), first)

@@ -103,7 +103,7 @@ def test_a_packed_pass_is_one_forward_over_fewer_rows_than_the_batch_without_a_m
 @pytest.mark.parametrize("micro_batch_size", [3, 16])
 @pytest.mark.parametrize("options", ALGORITHMS.values(), ids=ALGORITHMS.keys())
 def test_every_algorithms_updates_are_the_padded_ones(model, options, micro_batch_size):
-    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, horizon=6)
+    algorithm = ALGORITHM_CONFIGS[options["name"]](**options).build(group_size=GROUP_SIZE, max_response_length=6)
     batch = ragged_batch(model.config.vocab_size)
     fill_rollout_logprobs(model, batch, slice(None), micro_batch_size=5, temperature=1.0)
     batch.row_terms.update(algorithm.prepare_step(batch.tensors()))

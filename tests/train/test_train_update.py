@@ -152,7 +152,7 @@ def test_pacs_with_kl_and_entropy_gives_the_same_update_at_any_micro_batch_size(
     model, batch = setup
     regularised = copy.deepcopy(batch)
     regularised.row_terms["ref_logprobs"] = regularised.old_logprobs - 0.1
-    options = {"kl_coef": 0.5, "entropy_coef": 0.1, "horizon": 8}
+    options = {"kl_coef": 0.5, "entropy_coef": 0.1, "max_response_length": 8}
     whole = run_trainer_update(model, regularised, 16, **options)
     split = run_trainer_update(model, regularised, 3, **options)
     plain = run_trainer_update(model, batch, 16)

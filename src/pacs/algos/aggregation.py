@@ -25,7 +25,7 @@ def aggregation_weights(
     *,
     num_rows: int | None = None,
     num_tokens: float | None = None,
-    horizon: int | None = None,
+    max_response_length: int | None = None,
 ) -> torch.Tensor:
     """Per-row weights w with which a loss mode aggregates per-token losses: L = Σ_i w_i Σ_t m_it ℓ_it.
 
@@ -37,29 +37,29 @@ def aggregation_weights(
         token-mean:               w_i = 1 / num_tokens
         seq-mean-token-sum:       w_i = 1 / num_rows
         seq-mean-token-mean:      w_i = 1 / (num_rows · max(Σ_t m_it, 1))
-        seq-mean-token-sum-norm:  w_i = 1 / (num_rows · horizon)
+        seq-mean-token-sum-norm:  w_i = 1 / (num_rows · max_response_length)
 
     ``seq-mean-token-sum-norm`` is Dr. GRPO's unbiased aggregation (Liu et al. 2025, arXiv
     2503.20783; verl's name, used by the paper's GRPO baseline): token sums divided by a constant,
     the maximum response length, so that no response's tokens are up- or down-weighted by its
     length. verl divides by the padded width of each micro-batch tensor instead, which varies with
     the batch's longest response (and here with how the trainer trims padding per micro-batch), so
-    the same tokens would get different weights in different batches; the constant ``horizon``
-    keeps the weight a fixed 1 / (num_rows · horizon), as Dr. GRPO intends.
+    the same tokens would get different weights in different batches; the constant ``max_response_length``
+    keeps the weight a fixed 1 / (num_rows · max_response_length), as Dr. GRPO intends.
 
     Args:
         response_mask: (b, T) response mask of the rows to weight (float, int or bool).
         mode: one of ``LOSS_AGG_MODES``.
         num_rows: rows in the whole mini-batch; None: b (these rows are the mini-batch).
         num_tokens: response tokens in the whole mini-batch, > 0; None: the mask's sum, at least 1.
-        horizon: the maximum response length, required by ``seq-mean-token-sum-norm``.
+        max_response_length: the maximum response length, required by ``seq-mean-token-sum-norm``.
 
     Returns:
         (b,) weights, float64 for a float64 mask and float32 otherwise, no gradient.
 
     Raises:
         ValueError: unknown ``mode``, ``response_mask`` not 2-D, non-positive ``num_rows``,
-            ``num_tokens`` or ``horizon``, or a missing ``horizon`` for ``seq-mean-token-sum-norm``.
+            ``num_tokens`` or ``max_response_length``, or a missing ``max_response_length`` for ``seq-mean-token-sum-norm``.
     """
     check_choice("loss_agg", mode, LOSS_AGG_MODES)
     if response_mask.dim() != 2:
@@ -81,12 +81,12 @@ def aggregation_weights(
         return ones / num_rows
     if mode == "seq-mean-token-mean":
         return 1 / (num_rows * token_counts.clamp(min=1))
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+    if isinstance(max_response_length, bool) or not isinstance(max_response_length, int) or max_response_length < 1:
         raise ValueError(
-            f"loss_agg 'seq-mean-token-sum-norm' needs horizon, the maximum response length, as a "
-            f"positive integer; got {horizon!r}"
+            f"loss_agg 'seq-mean-token-sum-norm' needs max_response_length, the maximum response length, as a "
+            f"positive integer; got {max_response_length!r}"
         )
-    return ones / (num_rows * horizon)
+    return ones / (num_rows * max_response_length)
 
 
 def weighted_token_sum(per_token: torch.Tensor, response_mask: torch.Tensor, row_weights: torch.Tensor) -> torch.Tensor:
@@ -112,7 +112,7 @@ def aggregate_loss(
     *,
     num_rows: int | None = None,
     num_tokens: float | None = None,
-    horizon: int | None = None,
+    max_response_length: int | None = None,
 ) -> torch.Tensor:
     """These rows' share of a mini-batch loss under loss aggregation ``mode``.
 
@@ -125,7 +125,7 @@ def aggregate_loss(
         per_token_loss: (b, T) per-token losses ℓ.
         response_mask: (b, T) 1 at response tokens, 0 at padding (float, int or bool).
         mode: one of ``LOSS_AGG_MODES``.
-        num_rows, num_tokens, horizon: see ``aggregation_weights``.
+        num_rows, num_tokens, max_response_length: see ``aggregation_weights``.
 
     Returns:
         0-dim loss, differentiable w.r.t. ``per_token_loss``.
@@ -134,5 +134,7 @@ def aggregate_loss(
         ValueError: as ``aggregation_weights``, or shapes that differ.
     """
     check_same_shape(per_token_loss=per_token_loss, response_mask=response_mask)
-    weights = aggregation_weights(response_mask, mode, num_rows=num_rows, num_tokens=num_tokens, horizon=horizon)
+    weights = aggregation_weights(
+        response_mask, mode, num_rows=num_rows, num_tokens=num_tokens, max_response_length=max_response_length
+    )
     return weighted_token_sum(per_token_loss, response_mask, weights)

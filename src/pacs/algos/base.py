@@ -181,7 +181,7 @@ class AlgorithmBase:
     """The protocol's optional parts, with defaults: a subclass writes `prepare_update` and
     `micro_batch_loss`, and overrides what else it needs (`needs`, `prepare_step`, ...).
 
-    ``AlgorithmBase(group_size, *, horizon)``: responses per prompt n, and the longest response R
+    ``AlgorithmBase(group_size, *, max_response_length)``: responses per prompt n, and the longest response R
     (``pacs.algos.aggregation``'s seq-mean-token-sum-norm divides by it). The options every algorithm
     section holds (`pacs.config.BaseAlgorithmConfig`: kl_coef, entropy_coef, loss_agg, rollout_is_*,
     overlong_*) reach the constructor only when it takes them as keywords: one that does not takes
@@ -195,8 +195,8 @@ class AlgorithmBase:
     """Levels of the sampler correction, for one whose constructor takes `rollout_is_cap`."""
     startup_note: str | None = None
 
-    def __init__(self, group_size: int, *, horizon: int):
-        self.group_size, self.horizon = group_size, horizon
+    def __init__(self, group_size: int, *, max_response_length: int):
+        self.group_size, self.max_response_length = group_size, max_response_length
 
     def prepare_step(self, batch: Tensors, sum_over_ranks: SumOverRanks | None = None) -> dict[str, torch.Tensor]:
         """No step terms."""

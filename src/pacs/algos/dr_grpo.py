@@ -9,7 +9,7 @@ answers are punished less per token, short right ones rewarded more). Dr. GRPO d
     ρ_it = π_θ(o_it) / π_old(o_it)
     ℓ_it = max(−A_i ρ_it, −A_i clip(ρ_it, 1 − ε_low, 1 + ε_high))
     L    = 1 / (B · L_max) · Σ_i Σ_t m_it ℓ_it       seq-mean-token-sum-norm: a constant divisor,
-                                                     L_max the maximum response length (``horizon``)
+                                                     L_max the maximum response length (``max_response_length``)
 
 j runs over the group of i (rows ``[g*n, (g+1)*n)`` answer prompt g), B is the mini-batch's rows,
 m the response mask. The paper's code divides the token sum by the generation budget, as TRL's

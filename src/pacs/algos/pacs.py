@@ -486,7 +486,7 @@ class PACS:
 
     Optional, off by default as for every algorithm: a KL penalty to the frozen reference policy
     and an entropy bonus, added per token and aggregated by `loss_agg` (see
-    `aggregation.aggregation_weights`; `horizon` is the maximum response length):
+    `aggregation.aggregation_weights`):
 
         L_total = L + Σ_i v_i Σ_t m_it (kl_coef · k_it − entropy_coef · H_it)
 
@@ -515,7 +515,7 @@ class PACS:
         kl_estimator: str = "k3",
         entropy_coef: float = 0.0,
         loss_agg: str = "seq-mean-token-sum-norm",
-        horizon: int | None = None,
+        max_response_length: int | None = None,
         rollout_is_cap: float | None = None,
         rollout_is_mode: str = "truncate",
         rollout_is_level: str = "sequence",
@@ -528,7 +528,7 @@ class PACS:
         check_choice("pacs_reference", pacs_reference, REFERENCES)
         if pacs_reference == "fixed" and proxy != "logratio":
             raise ValueError(f"pacs_reference='fixed' with proxy={proxy!r}: only the logratio proxy has a reference policy")
-        check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
+        check_overlong_shaping(overlong_buffer, overlong_penalty, max_response_length)
         check_rollout_is(rollout_is_cap, rollout_is_mode, rollout_is_level, rollout_is_floor, levels=self.rollout_is_levels)
         check_choice("estimator", estimator, ESTIMATORS)
         check_choice("weighting", weighting, WEIGHTINGS)
@@ -540,7 +540,7 @@ class PACS:
         self.group_size = group_size
         self.beta, self.proxy, self.estimator, self.weighting = beta, proxy, estimator, weighting
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
-        self.loss_agg, self.horizon = loss_agg, horizon
+        self.loss_agg, self.max_response_length = loss_agg, max_response_length
         self.rollout_is_cap, self.rollout_is_mode, self.rollout_is_floor = rollout_is_cap, rollout_is_mode, rollout_is_floor
         self.rollout_is_level = rollout_is_level
         self.spread_floor = beta * GRPO_SPREAD_FLOOR
@@ -604,7 +604,11 @@ class PACS:
         if not self.overlong_buffer:
             return rewards
         shaped = shaped_rewards(
-            rewards, rows["response_mask"], max_length=self.horizon, buffer=self.overlong_buffer, penalty=self.overlong_penalty
+            rewards,
+            rows["response_mask"],
+            max_length=self.max_response_length,
+            buffer=self.overlong_buffer,
+            penalty=self.overlong_penalty,
         )
         return shaped.clamp(0, 1).to(rewards.dtype)
 
@@ -650,7 +654,7 @@ class PACS:
                 self.loss_agg,
                 num_rows=totals.num_rows,
                 num_tokens=totals.num_tokens,
-                horizon=self.horizon,
+                max_response_length=self.max_response_length,
             )
         return row_terms, metrics
 

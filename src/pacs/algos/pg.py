@@ -91,7 +91,7 @@ class ClippedPolicyGradient:
 
     Args:
         group_size: responses per prompt n.
-        horizon: the maximum response length (``seq-mean-token-sum-norm`` divides by it).
+        max_response_length: the maximum response length (``seq-mean-token-sum-norm`` divides by it).
         clip_low, clip_high: ε_low in (0, 1] and ε_high > 0 of the clip range [1 − ε_low, 1 + ε_high].
         dual_clip: c > 1, or None.
         loss_agg: one of ``LOSS_AGG_MODES``; the default is the paper's GRPO baseline (Dr. GRPO).
@@ -113,7 +113,7 @@ class ClippedPolicyGradient:
             product of its tokens').
         rollout_is_floor: F in (0, 1], the bottom of mask mode's kept range; None: 1/C.
         overlong_buffer: L_cache >= 0 of DAPO's overlong reward shaping (0: off; see the module
-            docstring), at most ``horizon``.
+            docstring), at most ``max_response_length``.
         overlong_penalty: p >= 0, the shaping's largest penalty.
     """
 
@@ -132,7 +132,7 @@ class ClippedPolicyGradient:
         self,
         group_size: int,
         *,
-        horizon: int,
+        max_response_length: int,
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
@@ -151,11 +151,13 @@ class ClippedPolicyGradient:
     ):
         check_group_size(group_size, self.min_group_size, type(self).__name__)
         check_rollout_is(rollout_is_cap, rollout_is_mode, rollout_is_level, rollout_is_floor, levels=self.rollout_is_levels)
-        check_overlong_shaping(overlong_buffer, overlong_penalty, horizon)
+        check_overlong_shaping(overlong_buffer, overlong_penalty, max_response_length)
         check_clip_range(clip_low, clip_high, dual_clip)
         check_choice("loss_agg", loss_agg, LOSS_AGG_MODES)
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon must be a positive integer (the maximum response length), got {horizon!r}")
+        if isinstance(max_response_length, bool) or not isinstance(max_response_length, int) or max_response_length < 1:
+            raise ValueError(
+                f"max_response_length must be a positive integer (the maximum response length), got {max_response_length!r}"
+            )
         for name, coef in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
             if not (math.isfinite(coef) and coef >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (0 switches the term off), got {coef!r}")
@@ -164,7 +166,7 @@ class ClippedPolicyGradient:
         if kl_in_reward and not kl_coef > 0:
             raise ValueError(f"kl_in_reward needs kl_coef > 0 (the weight of the reward's KL penalty), got {kl_coef!r}")
         check_kl_penalty(kl_coef, kl_estimator, in_reward=kl_in_reward)
-        self.group_size, self.horizon = group_size, horizon
+        self.group_size, self.max_response_length = group_size, max_response_length
         self.loss_scale, self.kl_in_reward = loss_scale, kl_in_reward
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
         self.loss_agg, self.kl_estimator = loss_agg, kl_estimator
@@ -224,7 +226,7 @@ class ClippedPolicyGradient:
         if not self.overlong_buffer:
             return batch["rewards"]
         return shaped_rewards(
-            batch["rewards"], batch["response_mask"], max_length=self.horizon, buffer=self.overlong_buffer,
+            batch["rewards"], batch["response_mask"], max_length=self.max_response_length, buffer=self.overlong_buffer,
             penalty=self.overlong_penalty,
         )  # fmt: skip
 
@@ -327,11 +329,15 @@ class ClippedPolicyGradient:
             rows = {**minibatch, "old_logprobs": logprobs}
         totals = totals or MiniBatchTotals.of(mask)
         loss_weight = self.loss_scale * aggregation_weights(
-            mask, self.loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
+            mask,
+            self.loss_agg,
+            num_rows=totals.num_rows,
+            num_tokens=totals.num_tokens,
+            max_response_length=self.max_response_length,
         )
         with torch.no_grad():
             per_token, metrics = self._policy_loss(logprobs, rows)
-            own_weights = self.loss_scale * aggregation_weights(mask, self.loss_agg, horizon=self.horizon)
+            own_weights = self.loss_scale * aggregation_weights(mask, self.loss_agg, max_response_length=self.max_response_length)
             loss = weighted_token_sum(per_token, mask, own_weights)
         advantages = minibatch["advantages"]
         if advantages.dim() == 1:

@@ -263,7 +263,11 @@ class PPO(ClippedPolicyGradient):
         mask = minibatch["response_mask"]
         totals = totals or MiniBatchTotals.of(mask)
         weights = self.critic_loss_scale * aggregation_weights(
-            mask, self.critic_loss_agg, num_rows=totals.num_rows, num_tokens=totals.num_tokens, horizon=self.horizon
+            mask,
+            self.critic_loss_agg,
+            num_rows=totals.num_rows,
+            num_tokens=totals.num_tokens,
+            max_response_length=self.max_response_length,
         )
         return {"loss_weight": weights}
 

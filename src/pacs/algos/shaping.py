@@ -10,17 +10,17 @@ import math
 import torch
 
 
-def check_overlong_shaping(buffer: int, penalty: float, horizon: int | None) -> None:
+def check_overlong_shaping(buffer: int, penalty: float, max_response_length: int | None) -> None:
     """Raise ValueError unless DAPO's overlong shaping (``overlong_penalty``) can be computed:
-    ``buffer`` an integer in [0, horizon] (0: off), ``penalty`` a finite number >= 0, and the
-    maximum response length ``horizon`` known when ``buffer`` > 0."""
+    ``buffer`` an integer in [0, max_response_length] (0: off), ``penalty`` a finite number >= 0, and the
+    maximum response length ``max_response_length`` known when ``buffer`` > 0."""
     if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
         raise ValueError(f"overlong_buffer must be an integer >= 0 (response tokens; 0: no shaping), got {buffer!r}")
     if not (math.isfinite(penalty) and penalty >= 0):
         raise ValueError(f"overlong_penalty must be a finite number >= 0, got {penalty!r}")
-    if buffer and (horizon is None or buffer > horizon):
+    if buffer and (max_response_length is None or buffer > max_response_length):
         raise ValueError(
-            f"overlong_buffer={buffer} must not exceed the maximum response length (horizon={horizon!r}): "
+            f"overlong_buffer={buffer} must not exceed the maximum response length (max_response_length={max_response_length!r}): "
             "the penalty grows over the last overlong_buffer tokens before it"
         )
 

@@ -62,7 +62,7 @@ class BaseAlgorithmConfig(Section):
 
     builds: ClassVar[Callable[..., Algorithm]]
     """The algorithm class (`pacs.algos.base.Algorithm`) that this section configures, called as
-    ``builds(group_size, horizon=..., **options)``."""
+    ``builds(group_size, max_response_length=..., **options)``."""
 
     name: str
     """The algorithm: a built-in's name, or `package.module:Class`, a user's section; each takes the
@@ -103,14 +103,14 @@ class BaseAlgorithmConfig(Section):
     """The largest overlong penalty, reached at the maximum length (DAPO's rewards are ±1: 0.5 here
     gives its relative penalty on 0/1 rewards)."""
 
-    def build(self, group_size: int, horizon: int) -> Algorithm:
-        """The algorithm, for groups of `group_size` responses of at most `horizon` tokens, given
+    def build(self, group_size: int, max_response_length: int) -> Algorithm:
+        """The algorithm, for groups of `group_size` responses of at most `max_response_length` tokens, given
         every option its constructor takes (`constructor_keywords`)."""
         options = self.model_dump(exclude={"name"})
         taken = constructor_keywords(self.builds)
         if taken is not None:
             options = {key: value for key, value in options.items() if key in taken}
-        return self.builds(group_size, horizon=horizon, **options)
+        return self.builds(group_size, max_response_length=max_response_length, **options)
 
     def uses_reference(self) -> bool:
         """Whether the algorithm computes log-probs of the reference model (the KL penalty's)."""
@@ -391,7 +391,7 @@ PLUGIN_TAG = "package.module:Class"
 
 
 def constructor_keywords(algorithm_class: Callable[..., Algorithm]) -> set[str] | None:
-    """The names of the parameters of `algorithm_class(group_size, horizon=..., **options)`: the
+    """The names of the parameters of `algorithm_class(group_size, max_response_length=..., **options)`: the
     options of a section it takes; None when it takes ``**options`` (every option)."""
     parameters = inspect.signature(algorithm_class).parameters.values()
     if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):

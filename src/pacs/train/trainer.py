@@ -297,7 +297,7 @@ class Trainer:
         group = generation_group(config, world)  # checked in `begin`
         console = Console(stderr=True, soft_wrap=True, quiet=not world.is_writer)
         seed_everything(config.seed)
-        algorithm = config.algorithm.build(group_size=config.rollout.n, horizon=config.data.max_response_length)
+        algorithm = config.algorithm.build(group_size=config.rollout.n, max_response_length=config.data.max_response_length)
         policy = load_policy(config, world, resume_from, console)
         critic = load_critic(config, world, resume_from) if "values" in algorithm.needs else None
         needs_reference = "ref_logprobs" in algorithm.needs and config.model.lora_rank == 0
