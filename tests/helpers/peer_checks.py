@@ -16,7 +16,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def run_in_peer_venv(name: str, checks: str, arguments: list[str], out: Path) -> dict:
-    """Run tests/`checks` with `arguments` and `out` in the peer venv `name` (`peer_venvs.PEERS`),
+    """Run tests/helpers/`checks` with `arguments` and `out` in the peer venv `name` (`peer_venvs.PEERS`),
     built on first use (`make test` builds it before the suite): the JSON it wrote. A venv that
     cannot be built (no package index) fails the test, saying so."""
     try:
@@ -24,7 +24,7 @@ def run_in_peer_venv(name: str, checks: str, arguments: list[str], out: Path) ->
     except PeerVenvError as error:
         pytest.fail(f"the {name} venv {PEER_VENVS / name} could not be built (it needs the package index):\n{error}")
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY / "src"), "OMP_NUM_THREADS": "1"}
-    script = REPOSITORY / "tests" / checks
+    script = Path(__file__).resolve().parent / checks
     done = subprocess.run([str(python), str(script), *arguments, str(out)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, f"{checks} failed in {python}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return json.loads(out.read_text())
