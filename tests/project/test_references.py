@@ -98,4 +98,4 @@ def test_a_name_that_does_not_exist_is_caught() -> None:
     assert resolves("pacs.algos.masks.masked_mean")
     assert resolves("pacs.config.run.Config.algorithm")
     assert not resolves("pacs.algos.core.masked_mean")
-    assert not resolves("pacs.algos.masks.truncated_is_weights")
+    assert not resolves("pacs.algos.masks.no_such_helper")
