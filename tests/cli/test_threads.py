@@ -77,6 +77,7 @@ def pacs_beside_busy_cores(tmp_path, *arguments: str) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: one thread is all there is")
 def test_the_pacs_command_computes_with_one_thread_when_every_core_is_busy_and_says_so(tmp_path):
     lines = pacs_beside_busy_cores(
@@ -89,6 +90,7 @@ def test_the_pacs_command_computes_with_one_thread_when_every_core_is_busy_and_s
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(usable_cores() < 2, reason="one core: one thread is all there is")
 def test_a_command_refused_for_its_inputs_says_only_why(tmp_path):
     lines = pacs_beside_busy_cores(tmp_path, "train", "--config", "builtin:demo", "train.stpes=3")

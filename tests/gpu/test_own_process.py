@@ -11,6 +11,7 @@ OWN_PROCESS = "PACS_TEST_OWN_PROCESS"
 """tests/gpu/conftest.py's variable: the node id whose body a child pytest runs."""
 
 
+@pytest.mark.slow
 @pytest.mark.own_process
 def test_a_test_marked_own_process_runs_its_body_in_a_pytest_process_of_its_own(request):
     assert os.environ.get(OWN_PROCESS) == request.node.nodeid

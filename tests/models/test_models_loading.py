@@ -91,6 +91,7 @@ def test_unreachable_hub_id_not_in_cache_fails_fast_with_advice(unreachable_hub_
     assert ("HF_HUB_OFFLINE" if offline else "Connection refused") in output
 
 
+@pytest.mark.slow
 def test_hub_model_in_local_cache_loads_when_hub_is_unreachable(unreachable_hub_reports) -> None:
     _, reports = unreachable_hub_reports
     assert reports[CACHED].startswith("LOADED Qwen2ForCausalLM vocab=101"), reports[CACHED]

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 TENSORS, NUMEL = 8, 16 * 2**20
 """Eight float32 tensors of 64 MiB each (above glibc's largest mmap threshold, so each is its own
 mapping, returned to the system when freed)."""
@@ -38,6 +40,7 @@ print(json.dumps({"above": peak - before, "firsts": firsts}))
 """.replace("TENSORS", str(TENSORS)).replace("NUMEL", str(NUMEL))
 
 
+@pytest.mark.slow
 def test_the_first_push_holds_the_model_about_once_in_host_memory_not_twice():
     done = subprocess.run([sys.executable, "-c", PUSH], capture_output=True, text=True, check=True)
     measured = json.loads(done.stdout.splitlines()[-1])
