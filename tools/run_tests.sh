@@ -12,7 +12,7 @@
 # - Every worker runs one thread per process: torch's threads slow down badly when they outnumber
 #   free cores.
 set -u
-: "${BIN:?BIN, the main venv's bin folder}" "${VLLM_VENV:?VLLM_VENV, the vLLM venv}" "${PYTEST_WORKERS:=4}"
+: "${BIN:?BIN, the bin folder of the main venv}" "${VLLM_VENV:?VLLM_VENV, the vLLM venv}" "${PYTEST_WORKERS:=4}"
 VLLM_TESTS=tests/rollout/test_rollout_vllm.py
 
 cache=$(mktemp -d)
