@@ -68,6 +68,7 @@ LINTED := src tests benchmarks tools
 lint: install
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	for script in tools/*.sh .ci/run; do bash -n $$script || exit 1; done
 
 typecheck: install
 	$(BIN)/mypy
