@@ -182,7 +182,9 @@ def sampler_correction_sums(
         check_same_shape(weights=weights, delta=delta)
         log_ratios, applied = delta[is_response], weights.double()[is_response]
     k3 = torch.where(is_response, delta.exp() - delta - 1, 0.0)
-    truncated = (applied >= cap).sum()
+    truncated = (
+        applied >= float(torch.tensor(cap, dtype=weights.dtype))
+    ).sum()  # C as the weights hold it (min(ρ, C) in float32)
     masked = (applied == 0).sum()
     sums: list[int | torch.Tensor] = [
         applied.numel(),
