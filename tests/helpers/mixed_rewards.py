@@ -20,3 +20,17 @@ def alternating_score(data_source, solution_str, ground_truth, extra_info=None) 
 
 MIXED_GROUPS = ["reward.function=mixed_rewards:alternating_score", "reward.num_workers=0"]
 """Overrides that give every group of an even `rollout.n` both outcomes (see the module docstring)."""
+EXACT_TWO_STEPS = [
+    "model.dtype=float64",
+    "data.val=null",
+    "train.steps=2",
+    "train.batch_size=4",
+    "train.mini_batch_size=2",
+    "train.micro_batch_size=3",
+    "rollout.n=4",
+    "data.max_response_length=6",
+    "train.report_to=[]",
+    *MIXED_GROUPS,
+]
+"""A two-step float64 run with a micro-batch that splits groups, whose weights a run by another path
+(a shortcut, a packing) must reach exactly."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 from batches import policy_batch
 from exact_float64 import GradientRecordingAdamW
-from mixed_rewards import MIXED_GROUPS
+from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 
 from pacs.config import ALGORITHM_CONFIGS, PacsConfig, load_config
@@ -221,16 +221,7 @@ def test_the_switch_back_to_the_plain_path_trains_the_same_weights(tmp_path, tin
         overrides = [
             f"output_dir={tmp_path / name}",
             f"model.path={tiny_model_dir}",
-            "model.dtype=float64",
-            "data.val=null",
-            "train.steps=2",
-            "train.batch_size=4",
-            "train.mini_batch_size=2",
-            "train.micro_batch_size=3",
-            "rollout.n=4",
-            "data.max_response_length=6",
-            "train.report_to=[]",
-            *MIXED_GROUPS,
+            *EXACT_TWO_STEPS,
             *switch,
         ]
         result = train(load_config("builtin:demo", overrides), show_progress=False)

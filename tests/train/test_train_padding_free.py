@@ -9,7 +9,7 @@ import pytest
 import torch
 from batches import policy_batch
 from exact_float64 import GradientRecordingAdamW, normalise_float64_in_float64
-from mixed_rewards import MIXED_GROUPS
+from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 
 from pacs.config import ALGORITHM_CONFIGS, load_config
@@ -136,16 +136,7 @@ def test_a_run_with_padding_free_passes_trains_the_weights_of_the_padded_run(tmp
         overrides = [
             f"output_dir={tmp_path / name}",
             f"model.path={tiny_model_dir}",
-            "model.dtype=float64",
-            "data.val=null",
-            "train.steps=2",
-            "train.batch_size=4",
-            "train.mini_batch_size=2",
-            "train.micro_batch_size=3",
-            "rollout.n=4",
-            "data.max_response_length=6",
-            "train.report_to=[]",
-            *MIXED_GROUPS,
+            *EXACT_TWO_STEPS,
             f"train.padding_free={str(padding_free).lower()}",
         ]
         result = train(load_config("builtin:demo", overrides), show_progress=False)
