@@ -150,19 +150,26 @@ _said_once: set[str] = set()
 
 
 def rollout_metrics(
-    rewards: torch.Tensor, response_lengths: torch.Tensor, entropy_sums: torch.Tensor, group_size: int
+    rewards: torch.Tensor,
+    response_lengths: torch.Tensor,
+    entropy_sums: torch.Tensor,
+    group_size: int,
+    model_token_counts: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """What a step's rollouts look like: mean reward, fraction of groups with mixed outcomes,
-    response lengths, and the rollout policy's entropy averaged over every response token.
+    response lengths (a tool's output included), and the rollout policy's entropy averaged over
+    every token the model sampled.
 
-    rewards, response_lengths, entropy_sums: (B,) per response, entropy summed over its tokens.
+    rewards, response_lengths, entropy_sums: (B,) per response, entropy summed over the model's
+    tokens; model_token_counts: (B,) the model's tokens of each response (None: all of them).
     """
+    entropy_tokens = response_lengths if model_token_counts is None else model_token_counts
     return {
         "reward/mean": float(rewards.mean()),
         "reward/groups_mixed_fraction": mixed_group_fraction(rewards, group_size),
         "response_length/mean": float(response_lengths.mean()),
         "response_length/max": float(response_lengths.max()),
-        "actor/entropy": float(entropy_sums.sum() / response_lengths.sum().clamp(min=1)),
+        "actor/entropy": float(entropy_sums.sum() / entropy_tokens.sum().clamp(min=1)),
     }
 
 
@@ -475,7 +482,7 @@ class Trainer:
         weights (`Algorithm.rollout_is_terms`; step terms only when they were known before)."""
         if "sampler_logprobs" not in batch.row_terms:
             return {}
-        sampler_logprobs, old_logprobs, mask = batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask
+        sampler_logprobs, old_logprobs, mask = batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.loss_mask
         metrics = sampler_mismatch(self.world, sampler_logprobs, old_logprobs, mask)
         cap = self.config.algorithm.rollout_is_cap
         if cap is not None:
@@ -823,15 +830,16 @@ def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_siz
         [
             batch.rewards,
             batch.response_mask.sum(dim=1),
-            (batch.entropy * batch.response_mask).sum(dim=1),
+            (batch.entropy * batch.loss_mask).sum(dim=1),
             batch.prompt_mask.sum(dim=1).to(batch.rewards.dtype),
+            batch.loss_mask.sum(dim=1),
         ],
         dim=1,
     )
-    rewards, lengths, entropy, prompt_lengths = gather_rows(world, per_row.double()).unbind(dim=1)
+    rewards, lengths, entropy, prompt_lengths, model_tokens = gather_rows(world, per_row.double()).unbind(dim=1)
     timeouts, crashes = sum_over_ranks(world, torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
     return {
-        **rollout_metrics(rewards, lengths, entropy, group_size),
+        **rollout_metrics(rewards, lengths, entropy, group_size, model_tokens),
         "reward/timeouts": timeouts,
         "reward/crashes": crashes,
         "throughput/tokens_per_s": float(lengths.sum() + prompt_lengths.sum()) / step_seconds,
