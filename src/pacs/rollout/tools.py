@@ -4,7 +4,7 @@ cannot hurt the trainer.
 A tool is a function of one string (the model's call: a program) returning a string (what the
 model reads back). `rollout.tools` names it:
 
-- ``"python"`` (`PYTHON_TOOL`): the built-in. It runs the model's program as a script and returns
+- ``"python"`` (`pacs.plugins.PYTHON_TOOL`): the built-in. It runs the model's program as a script and returns
   what the program prints; a program that raises returns what it printed, then the exception's
   last traceback line (``"NameError: name 'x' is not defined"``), as Qwen2.5-Math's executor does.
 - ``"package.module:function"``: a user's own tool, a plain function ``tool(text: str) -> str``
@@ -39,11 +39,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pacs.plugins import import_function
+from pacs.plugins import PYTHON_TOOL, import_function
 from pacs.rewards.workers import NO_RESULT, TimeLimitedWorkers, check_timeout_s, exception_text
 
-PYTHON_TOOL = "python"
-"""`rollout.tools` value of the built-in sandboxed Python tool."""
 TOOL_CALL_SPEC = "pacs.rollout.tools:tool_call"
 """The function the tool workers run (`tool_call`)."""
 REFUSED_EVENTS = frozenset(

@@ -64,6 +64,7 @@ from pacs.rollout.base import (
     SamplingParams,
     rank_seed,
 )
+from pacs.rollout.multiturn import ToolCallingEngine, tool_calling_engine, tool_metrics
 from pacs.train.async_generator import (
     RolloutPipeline,
     in_flight_to_resume,
@@ -326,6 +327,8 @@ class Trainer:
         ):
             console.print(f"warning: {warning}")
         engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
+        if config.rollout.tools is not None:
+            engine = tool_calling_engine(engine, policy.tokenizer, config.rollout)
         pipeline = None
         if config.rollout.max_staleness:
             pipeline = start_pipeline(
@@ -449,6 +452,7 @@ class Trainer:
         with times.phase("weight_sync"):
             self.sync_engine_weights()
         sample, sampling_metrics = self.scored_rollouts(step, times)
+        sampling_metrics.update(self.tool_use(times))
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
@@ -474,6 +478,15 @@ class Trainer:
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
         return metrics
+
+    def tool_use(self, times: PhaseTimes) -> dict[str, float]:
+        """With rollout.tools, the step's tool use over every rank (`tool_metrics`), the seconds
+        the tool ran counted as the phase "tool" rather than "generate"; {} without tools."""
+        if not isinstance(self.engine, ToolCallingEngine):
+            return {}
+        stats = self.engine.take_stats()
+        times.count_inside("tool", stats.tool_seconds, within="generate")
+        return tool_metrics(stats, functools.partial(sum_over_ranks, self.world))
 
     def sampler_metrics(self, batch: PolicyBatch) -> dict[str, float]:
         """With a sampler of its own (vLLM), how far it is from the trainer (`sampler_mismatch`),
@@ -736,6 +749,8 @@ class Trainer:
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
+        if isinstance(self.engine, ToolCallingEngine):
+            self.engine.take_stats()  # validation's tool use is not the next step's
         shares = gather_objects(world, share.without_records() if group.is_leader else None)
         result = EvalResult.merge([share for share in shares if share is not None])
         metrics = {f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()}
