@@ -59,13 +59,12 @@ def output_block(turn_text: str, output: str) -> str:
 def tool_call_end(token_ids: Sequence[int], tokenizer) -> tuple[int, str] | None:
     """(k, program): the first k tokens of a turn's `token_ids` run through the token that
     completes the closing fence of its first python block, and that block's program; None when no
-    block closes. Tokens are decoded one at a time to find the fence (a fence is ASCII, which no
-    token split of a multi-byte character contains), then the k tokens together for the program."""
-    text = ""
-    for position, token_id in enumerate(token_ids):
-        piece = tokenizer.decode([token_id])
-        text += piece
-        if "`" in piece and TIR_CALL.search(text):
+    block closes. Only a token whose vocabulary string holds a backtick can complete a fence (a
+    backtick is itself in byte-level BPE and SentencePiece vocabularies), so the turn's prefix is
+    decoded, whole, at those tokens only."""
+    pieces = tokenizer.convert_ids_to_tokens(list(token_ids))
+    for position, piece in enumerate(pieces):
+        if piece is not None and "`" in piece:
             match = TIR_CALL.search(tokenizer.decode(list(token_ids[: position + 1])))
             if match:
                 return position + 1, match.group(1)
