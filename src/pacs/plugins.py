@@ -10,6 +10,9 @@ import sys
 from collections.abc import Callable
 
 FUNCTION_SPEC_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+PYTHON_TOOL = "python"
+"""`rollout.tools` naming the built-in sandboxed Python tool (`pacs.rollout.tools`) rather than a
+user's tool ``"package.module:function"``."""
 
 
 def check_function_spec(spec: object, kind: str = "function") -> str:

@@ -11,11 +11,17 @@ from pacs.train.batch import PolicyBatch
 
 
 def policy_batch(
-    prompts: Sequence[torch.Tensor], responses: Sequence[torch.Tensor], rewards: Sequence[float], dtype=torch.float64
+    prompts: Sequence[torch.Tensor],
+    responses: Sequence[torch.Tensor],
+    rewards: Sequence[float],
+    dtype=torch.float64,
+    model_tokens: Sequence[torch.Tensor] | None = None,
 ) -> PolicyBatch:
     """Row i = prompts[i] (left-padded) followed by responses[i] (right-padded), with rewards[i];
-    masks and rewards in `dtype`, old log-probs zero."""
+    masks and rewards in `dtype`, old log-probs zero. `model_tokens[i]`: 1 where responses[i]'s
+    token is the model's, 0 where it is a tool's output (None: every token is the model's)."""
     response_mask = pad_rows([torch.ones(len(response), dtype=dtype) for response in responses], 0, left=False)
+    model_token_mask = None if model_tokens is None else pad_rows([row.to(dtype) for row in model_tokens], 0, left=False)
     return PolicyBatch(
         prompt_ids=pad_rows(list(prompts), 0, left=True),
         prompt_mask=pad_rows([torch.ones_like(prompt) for prompt in prompts], 0, left=True),
@@ -24,4 +30,5 @@ def policy_batch(
         rewards=torch.tensor(list(rewards), dtype=dtype),
         old_logprobs=torch.zeros_like(response_mask),
         entropy=torch.zeros_like(response_mask),
+        model_token_mask=model_token_mask,
     )

@@ -15,7 +15,8 @@ by its own rows and tokens instead of the global mini-batch's (the mistake the e
 must catch).
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
 every linear projection; the reference is the policy with its adapters disabled), ":packed" after
-either for padding-free update passes (`UpdateSettings.padding_free`); "NAME/" before
+either for padding-free update passes (`UpdateSettings.padding_free`), ":tools" for responses that
+hold a tool's output (`tool_tokens`); "NAME/" before
 either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
 `--checks OUT.json` then runs `distributed_checks.observe` on the model in MODEL_DIR, in the same
 launch, and writes what it saw to OUT.json; after `World.close`, rank 0 writes beside it
@@ -82,17 +83,30 @@ def global_rollouts(vocab_size: int) -> list[tuple[torch.Tensor, torch.Tensor, f
     return rows
 
 
-def local_batch(world: World, vocab_size: int) -> PolicyBatch:
-    """This rank's share of the global batch: whole groups, in the trainer's order."""
+def tool_tokens(response_length: int) -> torch.Tensor:
+    """1 where a response's token is the model's, 0 where it is a tool's output: tokens 1 and 2 of
+    a response of 4 or more, and the last token of one of 6 or more (a response cut in a tool's output)."""
+    model_tokens = torch.ones(response_length)
+    if response_length >= 4:
+        model_tokens[1:3] = 0
+    if response_length >= 6:
+        model_tokens[-1] = 0
+    return model_tokens
+
+
+def local_batch(world: World, vocab_size: int, *, with_tools: bool = False) -> PolicyBatch:
+    """This rank's share of the global batch: whole groups, in the trainer's order; with tool
+    tokens (`tool_tokens`) when `with_tools`."""
     rows = global_rollouts(vocab_size)
     prompts = world.shard_prompts(list(range(PROMPTS)), MINI_BATCH_PROMPTS)
     mine = [rows[p * GROUP_SIZE + j] for p in prompts for j in range(GROUP_SIZE)]
     prompts, responses, rewards = zip(*mine)
-    return policy_batch(prompts, responses, rewards)
+    model_tokens = [tool_tokens(len(response)) for response in responses] if with_tools else None
+    return policy_batch(prompts, responses, rewards, model_tokens=model_tokens)
 
 
 def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora][:packed]", KL and entropy terms on): the full
+    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora][:tools][:packed]", KL and entropy terms on): the full
     weights after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None
     elsewhere, and the metrics of the critic's and the policy's updates."""
     model_name, _, case = case.rpartition("/")
@@ -107,7 +121,7 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
     if lora:
         model = add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
     critic = load_value_model(model_dir, dtype="float64") if "values" in algorithm.needs else None
-    batch = local_batch(world, model.config.vocab_size).to(world.device)
+    batch = local_batch(world, model.config.vocab_size, with_tools="tools" in variant).to(world.device)
 
     model = wrap_model(world, model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

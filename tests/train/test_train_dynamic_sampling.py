@@ -4,6 +4,8 @@ trainer's own use of it runs in tests/train/test_train_loop.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from pacs.distributed.world import World
@@ -77,3 +79,17 @@ def test_scoring_failures_count_every_round():
     rounds = [[(1, 1)], [(1, 1)], [(0, 1)]]
     sample, _ = sample_mixed_groups(drawing(rounds), World.single(), group_size=GROUP_SIZE, groups=1, max_rounds=5)
     assert sample.scored.timed_out == 0 + 1 + 2
+
+
+def test_the_tool_tokens_of_the_kept_groups_stay_marked_after_padding():
+    def with_tool_token(draw: Draw) -> Draw:
+        model_tokens = torch.ones_like(draw.rollouts.response_mask)
+        model_tokens[:, 1] = 0
+        return dataclasses.replace(draw, rollouts=dataclasses.replace(draw.rollouts, model_token_mask=model_tokens))
+
+    made = iter(
+        with_tool_token(made_up_draw(number, rewards, response_width=3 + number))
+        for number, rewards in enumerate([[(0, 0), (1, 0)], [(0, 1), (1, 1)]])
+    )
+    sample, _ = sample_mixed_groups(lambda: next(made), World.single(), group_size=GROUP_SIZE, groups=2, max_rounds=5)
+    assert sample.rollouts.model_token_mask.tolist() == [[1, 0, 1, 0], [1, 0, 1, 0], [1, 0, 1, 1], [1, 0, 1, 1]]

@@ -17,7 +17,7 @@ algorithm's mini-batch loss, whatever the micro-batch size and however groups ar
 Tensors arrive as a `Mapping[str, Tensor]` with these keys (B rows, R response positions):
 
     old_logprobs   (B, R)  log-probs under the rollout policy
-    response_mask  (B, R)  1.0 on response tokens
+    response_mask  (B, R)  1.0 on response tokens the model sampled (0.0 on padding and on a tool's output)
     rewards        (B,)    verifier outcome in [0, 1]
     ref_logprobs   (B, R)  log-probs under the frozen reference model  (if "ref_logprobs" in needs)
     values         (B, R)  the critic's values of the rollout states    (if "values" in needs)

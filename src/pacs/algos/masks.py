@@ -5,7 +5,9 @@ Notation used across the package:
 - ``B``: number of responses in a batch; ``T``: number of response token positions.
 - ``n`` (``group_size``): responses sampled per prompt; rows ``[g*n, (g+1)*n)`` of a batch share
   prompt ``g``, so a batch holds ``G = B // n`` groups.
-- ``response_mask``: 1 at response tokens, 0 at padding.
+- ``response_mask``: 1 at response tokens, 0 at padding. In a multi-turn response the trainer also
+  puts 0 at a tool's output (`pacs.train.batch.PolicyBatch.loss_mask`): every sum, mean and token
+  count of an algorithm then runs over the tokens the model sampled.
 
 Masked reductions:
 

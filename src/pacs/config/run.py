@@ -64,6 +64,7 @@ class Config(Section):
         problems += self.algorithm.problems(self)
         problems += self._sampling_and_reference_problems()
         problems += self._staleness_problems()
+        problems += self._tool_problems()
         if self.model.lora_rank > 0 and isinstance(self.model.lora_target_modules, list) and not self.model.lora_target_modules:
             problems.append(
                 "model.lora_target_modules=[] adapts nothing; use 'all-linear' or name modules such as [q_proj, v_proj]"
@@ -123,6 +124,24 @@ class Config(Section):
                 f"rollout.max_staleness={staleness} with rollout.vllm.tensor_parallel_size="
                 f"{self.rollout.vllm.tensor_parallel_size}: each training process has one generator process of its "
                 "own; set tensor_parallel_size=1"
+            )
+        return problems
+
+    def _tool_problems(self) -> list[str]:
+        """What multi-turn rollouts (rollout.tools) do not run with yet."""
+        tools = self.rollout.tools
+        if tools is None:
+            return []
+        problems = []
+        if self.rollout.engine != "hf":
+            problems.append(
+                f"rollout.tools={tools!r} with rollout.engine={self.rollout.engine!r}: multi-turn rollouts run on the "
+                "transformers engine only so far; set rollout.engine=hf"
+            )
+        if self.rollout.max_staleness:
+            problems.append(
+                f"rollout.tools={tools!r} with rollout.max_staleness={self.rollout.max_staleness}: the generator "
+                "process of asynchronous generation does not call tools; set rollout.max_staleness=0"
             )
         return problems
 

@@ -13,6 +13,7 @@ from pydantic import (
 
 from pacs import EVAL_SAMPLING
 from pacs.config.base import Section
+from pacs.plugins import PYTHON_TOOL, check_function_spec
 
 ASYNC_IS_CAP = 2.0
 """`algorithm.rollout_is_cap` of a run with rollout.max_staleness >= 1 that sets none: the truncation
@@ -133,6 +134,38 @@ class RolloutConfig(Section):
     updates; a batch is trained at most k policy versions after the one that sampled it, with the
     sampler correction (`algorithm.rollout_is_cap`, 2 unless set) between the two
     (`pacs.train.async_generator`). Validation generates in the training process, with transformers."""
+    tools: str | None = None
+    """A tool the model calls while it answers (multi-turn rollouts in Qwen2.5-Math's
+    tool-integrated format, `pacs.rollout.multiturn`, docs/tools.md): `python`, the built-in
+    sandboxed Python tool, or `package.module:function`, a function of the call's text returning
+    the tool's output text. None: single-turn responses."""
+    max_turns: int = Field(4, ge=1)
+    """With `tools`: the most turns the model generates per response (so at most max_turns − 1
+    tool calls); the last turn's python blocks are not run."""
+    tool_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
+    """With `tools`: wall-clock limit of one tool call; a call past it is stopped and its output
+    says so."""
+    tool_max_output_chars: int = Field(512, ge=1)
+    """With `tools`: the most characters of a call's output the model reads back (the rest is
+    left out, with a note saying how many)."""
+    tool_workers: int = Field(2, ge=1)
+    """With `tools`: worker processes that run tool calls in parallel."""
+    tool_memory_limit_mib: int | None = Field(1024, ge=1)
+    """With `tools`: how far each tool worker may grow its address space, in MiB (None: no limit);
+    a program past it gets a MemoryError as its output."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_is_python_or_a_function(cls, tools: str | None) -> str | None:
+        if tools is None or tools == PYTHON_TOOL:
+            return tools
+        try:
+            return check_function_spec(tools, "tool")
+        except ValueError:
+            raise ValueError(
+                f"{tools!r} is neither {PYTHON_TOOL!r} (the built-in sandboxed Python tool) nor a tool function "
+                "written 'package.module:function'"
+            ) from None
 
 
 class TrainConfig(Section):

@@ -135,11 +135,13 @@ class CallError(Exception):
 
 @dataclass
 class CallResults:
-    """Results in call order; ``NO_RESULT`` for each call that timed out or whose worker crashed."""
+    """Results in call order; ``NO_RESULT`` for each call that timed out or whose worker crashed
+    (``timed_out_calls``: the indices of those that timed out)."""
 
     results: list[object]
     timed_out: int = 0
     crashed: int = 0
+    timed_out_calls: set[int] = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -275,7 +277,7 @@ class TimeLimitedWorkers:
             self._collect(worker, outcome, pending, timeout_s)  # an answer may be waiting, unread
             if worker in self._workers and worker.assigned and time.monotonic() >= worker.deadline:
                 outcome.timed_out += 1
-                worker.assigned.popleft()
+                outcome.timed_out_calls.add(worker.assigned.popleft())
                 self._replace(worker, pending)
 
     def _start(self) -> None:

@@ -49,6 +49,9 @@ class Rollouts:
     response_texts: B decoded responses, special tokens removed
     response_logprobs: (B, R) log-probability of each response token under the sampling
                        distribution (0.0 at padding), when `SamplingParams.return_logprobs`; else None
+    model_token_mask: (B, R) 1 on the response tokens the model sampled, 0 on a tool's output
+                      inserted into the response (`pacs.rollout.multiturn`) and on padding; None:
+                      every response token is the model's (single-turn rollouts)
     """
 
     prompt_ids: torch.Tensor
@@ -58,13 +61,14 @@ class Rollouts:
     response_texts: list[str]
     group_size: int
     response_logprobs: torch.Tensor | None = None
+    model_token_mask: torch.Tensor | None = None
 
     def rows(self, start: int, stop: int) -> Rollouts:
         """Rows [start, stop) (whole groups), their padding trimmed to their own longest prompt and response."""
         prompt_mask, response_mask = self.prompt_mask[start:stop], self.response_mask[start:stop]
         prompt_from = self.prompt_ids.shape[1] - int(prompt_mask.sum(dim=1).max())
         response_to = int(response_mask.sum(dim=1).max())
-        logprobs = self.response_logprobs
+        logprobs, model_tokens = self.response_logprobs, self.model_token_mask
         return Rollouts(
             prompt_ids=self.prompt_ids[start:stop, prompt_from:],
             prompt_mask=prompt_mask[:, prompt_from:],
@@ -73,6 +77,7 @@ class Rollouts:
             response_texts=self.response_texts[start:stop],
             group_size=self.group_size,
             response_logprobs=None if logprobs is None else logprobs[start:stop, :response_to],
+            model_token_mask=None if model_tokens is None else model_tokens[start:stop, :response_to],
         )
 
 

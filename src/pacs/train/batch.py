@@ -1,6 +1,13 @@
 """A step's rollouts as training tensors (`PolicyBatch`): rows of [left-padded prompt |
 right-padded response], with the per-row terms the step fills in (old log-probs, the algorithm's
 step terms).
+
+A response may hold a tool's output (multi-turn rollouts, `pacs.rollout.multiturn`): those tokens
+are in the sequence the policy attends to (`response_mask`), but the model did not sample them, so
+no algorithm scores them. Every algorithm sees one mask, `loss_mask = response_mask ·
+model_token_mask`, under the name "response_mask" (`tensors`): its log-probs, losses, KL, entropy,
+token counts and PACS's r̂ all sum over the model's own tokens only. Single-turn batches have no
+tool tokens and `loss_mask` is `response_mask` itself.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ class PolicyBatch:
     row_terms:     per-row (B,) or per-token (B, R) tensors that an algorithm adds (advantages,
                    reference log-probs, values, ...); "sampler_logprobs" (B, R) from the start when
                    the engine returned its own log-probs (`Rollouts.response_logprobs`)
+    model_token_mask: (B, R) 1.0 on the response tokens the model sampled, 0.0 on a tool's output
+                   (`Rollouts.model_token_mask`); None: every response token is the model's
     """
 
     prompt_ids: torch.Tensor
@@ -37,6 +46,7 @@ class PolicyBatch:
     old_logprobs: torch.Tensor
     entropy: torch.Tensor
     row_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    model_token_mask: torch.Tensor | None = None
 
     @classmethod
     def from_rollouts(cls, rollouts: Rollouts, rewards: torch.Tensor, dtype: torch.dtype) -> PolicyBatch:
@@ -50,14 +60,21 @@ class PolicyBatch:
             old_logprobs=not_computed(mask),
             entropy=not_computed(mask),
             row_terms={} if rollouts.response_logprobs is None else {"sampler_logprobs": rollouts.response_logprobs.to(dtype)},
+            model_token_mask=None if rollouts.model_token_mask is None else rollouts.model_token_mask.to(dtype),
         )
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """(B, R) response_mask · model_token_mask: 1.0 on the tokens the model sampled, the only
+        ones any algorithm scores (`response_mask` itself when there are no tool tokens)."""
+        return self.response_mask if self.model_token_mask is None else self.response_mask * self.model_token_mask
+
     def rows(self, index: torch.Tensor | slice) -> PolicyBatch:
         """The selected rows, with columns that are padding in every selected row trimmed."""
-        selected = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "row_terms"}
+        selected = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name not in _OPTIONAL_FIELDS}
         prompt_start = int(selected["prompt_mask"].any(dim=0).long().argmax())
         response_width = int(selected["response_mask"].any(dim=0).sum())
         return replace(
@@ -73,21 +90,31 @@ class PolicyBatch:
                 name: value[index][:, :response_width] if value.dim() == 2 else value[index]
                 for name, value in self.row_terms.items()
             },
+            model_token_mask=None if self.model_token_mask is None else self.model_token_mask[index][:, :response_width],
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """What an algorithm sees (`pacs.algos.base`): old_logprobs, response_mask, rewards and
-        every row term."""
+        """What an algorithm sees (`pacs.algos.base`): old_logprobs, the `loss_mask` as
+        "response_mask", rewards and every row term."""
         return {
             "old_logprobs": self.old_logprobs,
-            "response_mask": self.response_mask,
+            "response_mask": self.loss_mask,
             "rewards": self.rewards,
             **self.row_terms,
         }
 
     def to(self, device: torch.device) -> PolicyBatch:
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "row_terms"}
-        return replace(self, **moved, row_terms={k: v.to(device) for k, v in self.row_terms.items()})
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name not in _OPTIONAL_FIELDS}
+        return replace(
+            self,
+            **moved,
+            row_terms={k: v.to(device) for k, v in self.row_terms.items()},
+            model_token_mask=None if self.model_token_mask is None else self.model_token_mask.to(device),
+        )
+
+
+_OPTIONAL_FIELDS = ("row_terms", "model_token_mask")
+"""The fields of `PolicyBatch` that are not one tensor of B rows each."""
 
 
 def not_computed(response_mask: torch.Tensor) -> torch.Tensor:

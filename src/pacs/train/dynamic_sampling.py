@@ -91,6 +91,7 @@ def _group_rollouts(rollouts: Rollouts, group: int, group_size: int) -> Rollouts
         response_texts=rollouts.response_texts[rows],
         group_size=group_size,
         response_logprobs=None if rollouts.response_logprobs is None else rollouts.response_logprobs[rows],
+        model_token_mask=None if rollouts.model_token_mask is None else rollouts.model_token_mask[rows],
     )
 
 
@@ -114,4 +115,5 @@ def _concatenated(parts: Sequence[Rollouts]) -> Rollouts:
         response_logprobs=None
         if parts[0].response_logprobs is None
         else stacked("response_logprobs", response_width, left=False),
+        model_token_mask=None if parts[0].model_token_mask is None else stacked("model_token_mask", response_width, left=False),
     )

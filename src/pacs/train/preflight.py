@@ -24,6 +24,7 @@ from pacs.config import Config, ConfigError
 from pacs.data.loading import load_rows
 from pacs.models.loading import check_model_reachable
 from pacs.outputs import unusable_inputs
+from pacs.plugins import PYTHON_TOOL, import_function
 from pacs.rewards import load_reward_function
 from pacs.rewards.checks import check_scoring
 from pacs.rollout.vllm import check_vllm_usable
@@ -63,6 +64,8 @@ def _node_input_checks(config: Config, rows_by_spec: dict[str, list[dict]]) -> l
             checks.append((key, read))
     if config.reward.function is not None:
         checks.append(("reward.function", lambda: load_reward_function(config.reward.function)))
+    if config.rollout.tools not in (None, PYTHON_TOOL):
+        checks.append(("rollout.tools", lambda: import_function(config.rollout.tools, "tool")))
     if config.rollout.engine == "vllm":
         checks.append(("rollout.engine", check_vllm_usable))
     return checks

@@ -45,6 +45,12 @@ class PhaseTimes:
                 torch.cuda.synchronize(self.device)
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    def count_inside(self, name: str, seconds: float, within: str) -> None:
+        """`seconds` of the phase `within` were spent in the phase `name` (the tool's calls during
+        "generate"): count them in `name` instead."""
+        self.seconds[within] = self.seconds.get(within, 0.0) - seconds
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def metrics(self) -> dict[str, float]:
         """`time/<phase>_s` for every phase that ran, `time/step_s` since construction and
         `time/other_s` = step − Σ phases (batching, step terms, collectives between phases)."""

@@ -64,6 +64,7 @@ from pacs.rollout.base import (
     SamplingParams,
     rank_seed,
 )
+from pacs.rollout.multiturn import ToolCallingEngine, tool_calling_engine, tool_metrics
 from pacs.train.async_generator import (
     RolloutPipeline,
     in_flight_to_resume,
@@ -150,19 +151,26 @@ _said_once: set[str] = set()
 
 
 def rollout_metrics(
-    rewards: torch.Tensor, response_lengths: torch.Tensor, entropy_sums: torch.Tensor, group_size: int
+    rewards: torch.Tensor,
+    response_lengths: torch.Tensor,
+    entropy_sums: torch.Tensor,
+    group_size: int,
+    model_token_counts: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """What a step's rollouts look like: mean reward, fraction of groups with mixed outcomes,
-    response lengths, and the rollout policy's entropy averaged over every response token.
+    response lengths (a tool's output included), and the rollout policy's entropy averaged over
+    every token the model sampled.
 
-    rewards, response_lengths, entropy_sums: (B,) per response, entropy summed over its tokens.
+    rewards, response_lengths, entropy_sums: (B,) per response, entropy summed over the model's
+    tokens; model_token_counts: (B,) the model's tokens of each response (None: all of them).
     """
+    entropy_tokens = response_lengths if model_token_counts is None else model_token_counts
     return {
         "reward/mean": float(rewards.mean()),
         "reward/groups_mixed_fraction": mixed_group_fraction(rewards, group_size),
         "response_length/mean": float(response_lengths.mean()),
         "response_length/max": float(response_lengths.max()),
-        "actor/entropy": float(entropy_sums.sum() / response_lengths.sum().clamp(min=1)),
+        "actor/entropy": float(entropy_sums.sum() / entropy_tokens.sum().clamp(min=1)),
     }
 
 
@@ -319,6 +327,8 @@ class Trainer:
         ):
             console.print(f"warning: {warning}")
         engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
+        if config.rollout.tools is not None:
+            engine = tool_calling_engine(engine, policy.tokenizer, config.rollout)
         pipeline = None
         if config.rollout.max_staleness:
             pipeline = start_pipeline(
@@ -442,6 +452,7 @@ class Trainer:
         with times.phase("weight_sync"):
             self.sync_engine_weights()
         sample, sampling_metrics = self.scored_rollouts(step, times)
+        sampling_metrics.update(self.tool_use(times))
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
@@ -468,6 +479,15 @@ class Trainer:
             metrics.update(self.policy.sizes)
         return metrics
 
+    def tool_use(self, times: PhaseTimes) -> dict[str, float]:
+        """With rollout.tools, the step's tool use over every rank (`tool_metrics`), the seconds
+        the tool ran counted as the phase "tool" rather than "generate"; {} without tools."""
+        if not isinstance(self.engine, ToolCallingEngine):
+            return {}
+        stats = self.engine.take_stats()
+        times.count_inside("tool", stats.tool_seconds, within="generate")
+        return tool_metrics(stats, functools.partial(sum_over_ranks, self.world))
+
     def sampler_metrics(self, batch: PolicyBatch) -> dict[str, float]:
         """With a sampler of its own (vLLM), how far it is from the trainer (`sampler_mismatch`),
         and with `algorithm.rollout_is_cap` what the correction did (`sampler_correction`); the
@@ -475,7 +495,7 @@ class Trainer:
         weights (`Algorithm.rollout_is_terms`; step terms only when they were known before)."""
         if "sampler_logprobs" not in batch.row_terms:
             return {}
-        sampler_logprobs, old_logprobs, mask = batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.response_mask
+        sampler_logprobs, old_logprobs, mask = batch.row_terms["sampler_logprobs"], batch.old_logprobs, batch.loss_mask
         metrics = sampler_mismatch(self.world, sampler_logprobs, old_logprobs, mask)
         cap = self.config.algorithm.rollout_is_cap
         if cap is not None:
@@ -729,6 +749,8 @@ class Trainer:
                 sequences_per_call=config.rollout.generation_batch_size,
                 show_progress=False,
             )
+        if isinstance(self.engine, ToolCallingEngine):
+            self.engine.take_stats()  # validation's tool use is not the next step's
         shares = gather_objects(world, share.without_records() if group.is_leader else None)
         result = EvalResult.merge([share for share in shares if share is not None])
         metrics = {f"val/{source}/{name}": value for source, metrics in result.metrics.items() for name, value in metrics.items()}
@@ -823,15 +845,16 @@ def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_siz
         [
             batch.rewards,
             batch.response_mask.sum(dim=1),
-            (batch.entropy * batch.response_mask).sum(dim=1),
+            (batch.entropy * batch.loss_mask).sum(dim=1),
             batch.prompt_mask.sum(dim=1).to(batch.rewards.dtype),
+            batch.loss_mask.sum(dim=1),
         ],
         dim=1,
     )
-    rewards, lengths, entropy, prompt_lengths = gather_rows(world, per_row.double()).unbind(dim=1)
+    rewards, lengths, entropy, prompt_lengths, model_tokens = gather_rows(world, per_row.double()).unbind(dim=1)
     timeouts, crashes = sum_over_ranks(world, torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
     return {
-        **rollout_metrics(rewards, lengths, entropy, group_size),
+        **rollout_metrics(rewards, lengths, entropy, group_size, model_tokens),
         "reward/timeouts": timeouts,
         "reward/crashes": crashes,
         "throughput/tokens_per_s": float(lengths.sum() + prompt_lengths.sum()) / step_seconds,

@@ -144,8 +144,9 @@ def _over_ranks(world: World, metrics: dict[str, float], weights: dict[str, floa
 
 
 def global_totals(minibatch: PolicyBatch, world: World) -> MiniBatchTotals:
-    """Rows and response tokens of the global mini-batch whose share `minibatch` is."""
-    counts = sum_over_ranks(world, torch.tensor([len(minibatch), float(minibatch.response_mask.sum())], dtype=torch.float64))
+    """Rows and scored response tokens (`PolicyBatch.loss_mask`: no tool output) of the global
+    mini-batch whose share `minibatch` is."""
+    counts = sum_over_ranks(world, torch.tensor([len(minibatch), float(minibatch.loss_mask.sum())], dtype=torch.float64))
     return MiniBatchTotals(num_rows=int(counts[0]), num_tokens=max(float(counts[1]), 1.0))
 
 

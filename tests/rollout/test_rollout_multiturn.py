@@ -1,0 +1,158 @@
+"""Specification of multi-turn rollouts in Qwen2.5-Math's tool-integrated format
+(`pacs.rollout.multiturn`): turns cut at a python block's closing fence, the tool's output appended
+as tokens marked 0, the model's own tokens kept as sampled, the turn and length limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
+from pacs.rollout.hf import TransformersEngine
+from pacs.rollout.multiturn import ToolCallingEngine, output_block, tool_call_end
+from pacs.rollout.tools import PYTHON_TOOL, ToolRunner
+
+END = "<|end|>"
+CORPUS = ["Let me compute.\n```python\nprint(6 * 7)\n```\n```output\n42\n```\nThe answer is 42.", "x = 12345 * 6789\n"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A byte-level BPE tokenizer with multi-character tokens ("```", "python", " me")."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend.train_from_iterator(
+        CORPUS * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|pad|>", END], initial_alphabet=alphabet)
+    )
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=END, pad_token="<|pad|>")
+
+
+@pytest.fixture(scope="module")
+def python_tool():
+    with ToolRunner(PYTHON_TOOL, num_workers=1, timeout_s=2.0, memory_limit_mib=512, max_output_chars=100) as runner:
+        yield runner
+
+
+class ScriptedEngine:
+    """Answers its c-th `generate` with `turns[c]`: one text per row (n rows per prompt), the
+    end-of-sequence token where a text ends with END. Keeps every call's prompts."""
+
+    holds_own_weights = False
+    has_weights = True
+
+    def __init__(self, tokenizer, turns: list[list[str]]):
+        self.tokenizer, self.turns, self.prompts = tokenizer, turns, []
+
+    def generate(self, prompt_token_ids, params: SamplingParams) -> Rollouts:
+        texts = self.turns[len(self.prompts)]
+        self.prompts.append([list(prompt) for prompt in prompt_token_ids])
+        prompts = [torch.tensor(prompt) for prompt in prompt_token_ids for _ in range(params.n)]
+        responses = [torch.tensor(self.tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+        return rollouts_from_rows(prompts, responses, None, self.tokenizer, params.n)
+
+
+def encoded(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_a_call_is_cut_at_its_closing_fence_and_the_output_is_appended_as_tool_tokens(tokenizer, python_tool):
+    first = "Let me compute.\n```python\nprint(6 * 7)\n```\n```output\n41\n```\nlater text"
+    engine = ScriptedEngine(tokenizer, [[first], ["The answer is 42." + END]])
+    rollouts = ToolCallingEngine(engine, tokenizer, python_tool, max_turns=4).generate(
+        [encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=200)
+    )
+    turn = encoded(tokenizer, first)[: len(encoded(tokenizer, "Let me compute.\n```python\nprint(6 * 7)\n```"))]
+    block = encoded(tokenizer, "\n```output\n42\n```\n")
+    answer = encoded(tokenizer, "The answer is 42." + END)
+    assert rollouts.response_ids[0].tolist() == turn + block + answer
+    assert rollouts.model_token_mask[0].tolist() == [1] * len(turn) + [0] * len(block) + [1] * len(answer)
+    assert engine.prompts[1] == [encoded(tokenizer, "Q:") + turn + block]
+    assert rollouts.response_texts == ["Let me compute.\n```python\nprint(6 * 7)\n```\n```output\n42\n```\nThe answer is 42."]
+
+
+def test_the_models_tokens_are_kept_as_sampled_not_encoded_again(tokenizer, python_tool):
+    """ "```" sampled as three "`" tokens stays three tokens, though encoding the text gives one."""
+    backtick = encoded(tokenizer, "`")
+    assert len(backtick) == 1 and len(encoded(tokenizer, "```")) == 1
+    sampled = encoded(tokenizer, "```python\nprint(1)\n") + backtick * 3 + encoded(tokenizer, END)
+
+    class SampledEngine(ScriptedEngine):
+        def generate(self, prompt_token_ids, params):
+            self.prompts.append(prompt_token_ids)
+            row = sampled if len(self.prompts) == 1 else encoded(self.tokenizer, END)
+            return rollouts_from_rows([torch.tensor(prompt_token_ids[0])], [torch.tensor(row)], None, self.tokenizer, 1)
+
+    rollouts = ToolCallingEngine(SampledEngine(tokenizer, []), tokenizer, python_tool, max_turns=4).generate(
+        [encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=200)
+    )
+    turn_length = len(sampled) - 1
+    assert rollouts.response_ids[0, :turn_length].tolist() == sampled[:-1]
+    assert rollouts.response_texts[0].startswith("```python\nprint(1)\n```\n```output\n1\n```\n")
+
+
+def test_every_row_of_a_group_takes_its_own_turns_and_errors_are_counted(tokenizer, python_tool):
+    turns = [
+        ["```python\nprint(1 / 0)\n```", "No tool." + END, "```python\nprint(2)\n```"],
+        ["```python\nprint(3)\n```", "Two." + END],
+        ["Three." + END],
+    ]
+    engine = ToolCallingEngine(ScriptedEngine(tokenizer, turns), tokenizer, python_tool, max_turns=4)
+    rollouts = engine.generate([encoded(tokenizer, "Q:")], SamplingParams(n=3, max_new_tokens=200))
+    assert rollouts.response_texts == [
+        "```python\nprint(1 / 0)\n```\n```output\nZeroDivisionError: division by zero\n```\n```python\nprint(3)\n```\n```output\n3\n```\nThree.",
+        "No tool.",
+        "```python\nprint(2)\n```\n```output\n2\n```\nTwo.",
+    ]
+    assert (engine.last_stats.calls, engine.last_stats.errors, engine.last_stats.turns) == ([2, 0, 1], [1, 0, 0], [3, 1, 2])
+    assert rollouts.model_token_mask.shape == rollouts.response_mask.shape
+    assert rollouts.model_token_mask[1].tolist() == rollouts.response_mask[1].tolist()
+
+
+def test_the_last_turn_is_not_stopped_at_a_block_and_its_block_is_not_run(tokenizer, python_tool):
+    turns = [["```python\nprint(1)\n```"], ["```python\nprint(2)\n```\nDone." + END]]
+    engine = ToolCallingEngine(ScriptedEngine(tokenizer, turns), tokenizer, python_tool, max_turns=2)
+    rollouts = engine.generate([encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=200))
+    assert rollouts.response_texts == ["```python\nprint(1)\n```\n```output\n1\n```\n```python\nprint(2)\n```\nDone."]
+    assert engine.last_stats.calls == [1] and engine.last_stats.turns == [2]
+
+
+def test_a_tool_output_past_the_length_limit_is_cut_there_and_ends_the_response(tokenizer, python_tool):
+    call = "```python\nprint('a' * 50)\n```"
+    engine = ScriptedEngine(tokenizer, [[call]])
+    limit = len(encoded(tokenizer, call)) + 10
+    rollouts = ToolCallingEngine(engine, tokenizer, python_tool, max_turns=4).generate(
+        [encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=limit)
+    )
+    assert rollouts.response_ids.shape[1] == limit and len(engine.prompts) == 1
+    assert rollouts.model_token_mask[0, -10:].tolist() == [0] * 10
+
+
+def test_a_turn_ends_at_the_token_that_completes_the_first_closing_fence(tokenizer):
+    ids = encoded(tokenizer, "a\n```python\nx = 1\n```\n```python\ny\n```")
+    end, program = tool_call_end(ids, tokenizer)
+    assert tokenizer.decode(ids[:end]) == "a\n```python\nx = 1\n```"
+    assert program == "x = 1\n"
+    assert tool_call_end(encoded(tokenizer, "```python\nx = 1\n``"), tokenizer) is None
+
+
+def test_the_output_block_strings():
+    assert output_block("```", "42\n") == "\n```output\n42\n```\n"
+    assert output_block("```\n", "a\nb\n\n") == "```output\na\nb\n```\n"
+
+
+def test_with_no_call_the_transformers_engine_gives_the_single_turn_rollouts(tiny_model_dir, python_tool):
+    from pacs.models.loading import load_causal_lm, load_tokenizer
+
+    model, tiny_tokenizer = load_causal_lm(str(tiny_model_dir), dtype="float32"), load_tokenizer(str(tiny_model_dir))
+    engine = TransformersEngine(model, tiny_tokenizer)
+    prompts, params = [encoded(tiny_tokenizer, "12+3="), encoded(tiny_tokenizer, "7*8=")], SamplingParams(n=2, max_new_tokens=12)
+    torch.manual_seed(0)
+    single = engine.generate(prompts, params)
+    torch.manual_seed(0)
+    multi = ToolCallingEngine(engine, tiny_tokenizer, python_tool, max_turns=3).generate(prompts, params)
+    assert torch.equal(multi.response_ids, single.response_ids) and multi.response_texts == single.response_texts
+    assert torch.equal(multi.model_token_mask, single.response_mask)

@@ -1,0 +1,90 @@
+"""Specification of training runs with a tool (`rollout.tools`): the tool's use is reported, a run
+whose model never calls it trains what a run without it trains, and a run whose model calls it
+trains on trajectories holding the tool's output."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from killing import kill_once_checkpointed
+from mixed_rewards import EXACT_TWO_STEPS
+from safetensors.torch import load_file
+from torchrun_jobs import process_env
+
+from pacs.config import load_config
+from pacs.rollout import multiturn
+from pacs.train.metrics import read_metrics
+from pacs.train.trainer import train
+
+TOOL_METRICS = ("rollout/tool_calls_mean", "rollout/tool_errors_fraction", "rollout/turns_mean", "time/tool_s")
+
+
+def run(tmp_path, tiny_model_dir, name: str, *overrides: str):
+    config = load_config(
+        "builtin:demo", [f"output_dir={tmp_path / name}", f"model.path={tiny_model_dir}", *EXACT_TWO_STEPS, *overrides]
+    )
+    result = train(config, show_progress=False)
+    return result, load_file(result.final_checkpoint / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_a_run_whose_model_never_calls_the_tool_trains_the_weights_of_the_run_without_it(tmp_path, tiny_model_dir):
+    with_tool, tool_weights = run(tmp_path, tiny_model_dir, "tool", "rollout.tools=python")
+    _, plain_weights = run(tmp_path, tiny_model_dir, "plain")
+    assert all(torch.equal(tool_weights[name], plain_weights[name]) for name in plain_weights)
+    metrics = with_tool.last_metrics
+    assert all(name in metrics for name in TOOL_METRICS)
+    assert (metrics["rollout/tool_calls_mean"], metrics["rollout/turns_mean"]) == (0.0, 1.0)
+
+
+@pytest.mark.slow
+def test_a_run_whose_model_calls_the_tool_trains_on_trajectories_with_its_output(tmp_path, tiny_model_dir, monkeypatch):
+    """The built-in tiny model writes no newline, so no python block: here every response's first
+    turn counts as a call of `print(2 ** 10)` after its first two tokens."""
+    original = multiturn.tool_call_end
+    monkeypatch.setattr(
+        multiturn, "tool_call_end", lambda ids, tokenizer: (2, "print(2 ** 10)") if len(ids) > 2 else original(ids, tokenizer)
+    )
+    result, weights = run(
+        tmp_path, tiny_model_dir, "calls", "rollout.tools=python", "rollout.max_turns=2", "data.max_response_length=24"
+    )
+    metrics = result.last_metrics
+    assert metrics["rollout/tool_calls_mean"] > 0 and metrics["rollout/turns_mean"] > 1
+    assert metrics["rollout/tool_errors_fraction"] == 0.0
+    assert metrics["response_length/mean"] > 2 + len("\n```output\n1024\n```\n") * metrics["rollout/tool_calls_mean"] - 1e-9
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    assert max((weights[name] - initial[name]).abs().max().item() for name in initial) > 1e-6
+    assert all(math.isfinite(value) for value in metrics.values())
+
+
+def pacs_train(output_dir, model_dir, *options: str) -> subprocess.Popen:
+    """`pacs train` of the demo with the python tool, float64, in a new process group."""
+    overrides = [f"output_dir={output_dir}", f"model.path={model_dir}", *EXACT_TWO_STEPS, "rollout.tools=python", *options]
+    command = [sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", *overrides]
+    return subprocess.Popen(
+        command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def finished(job: subprocess.Popen) -> None:
+    _, stderr = job.communicate(timeout=600)
+    assert job.returncode == 0, stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_killed_run_with_a_tool_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tiny_model_dir):
+    options = ("train.steps=4", "train.save_every=1")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    finished(pacs_train(straight, tiny_model_dir, *options))
+    job = pacs_train(killed, tiny_model_dir, *options)
+    kill_once_checkpointed(job, killed)
+    finished(pacs_train(killed, tiny_model_dir, *options, "resume=auto"))
+    expected = load_file(straight / "checkpoints" / "final" / "model.safetensors")
+    got = load_file(killed / "checkpoints" / "final" / "model.safetensors")
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+    assert [row["step"] for row in read_metrics(killed)] == [1, 2, 3, 4]
+    assert all("rollout/tool_calls_mean" in row for row in read_metrics(killed))
