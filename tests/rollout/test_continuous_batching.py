@@ -4,16 +4,23 @@ tokens), its log-probs those the trainer recomputes, reproducible by seed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from running import run
 from transformers import GenerationConfig
 
+from pacs.config import load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.rollout import hf
 from pacs.rollout.base import SamplingParams
-from pacs.rollout.continuous_batching import continuous_batching_on
+from pacs.rollout.continuous_batching import continuous_batching_on, generate_continuously
 from pacs.rollout.hf import TransformersEngine
 from pacs.train.batch import PolicyBatch
 from pacs.train.logprobs import response_logprobs
+from pacs.train.metrics import read_metrics
+from pacs.train.trainer import train
 
 PROMPTS = ["<|user|>What is 3+4?<|end|><|assistant|>", "<|user|>Hi<|end|><|assistant|>", "<|user|>12+7=<|end|><|assistant|>"]
 
@@ -146,3 +153,45 @@ def test_a_float32_model_under_bf16_autocast_samples_from_the_float32_model(tiny
     assert torch.equal(under_autocast.response_logprobs, plain.response_logprobs)
     recomputed, mask = recomputed_logprobs(engine.model, plain, 1.0)
     assert torch.allclose(recomputed[mask].float(), plain.response_logprobs[mask], atol=1e-5)
+
+
+@pytest.fixture
+def continuous_calls(monkeypatch):
+    """Every call of the engine's continuous batching, as the number of prompts it got."""
+    calls: list[int] = []
+
+    def counted(model, prompt_token_ids, *args):
+        calls.append(len(prompt_token_ids))
+        return generate_continuously(model, prompt_token_ids, *args)
+
+    monkeypatch.setattr(hf, "generate_continuously", counted)
+    return calls
+
+
+@pytest.mark.slow
+def test_training_and_validation_sample_continuously_when_asked(tmp_path, tiny_model_dir, continuous_calls):
+    settings = [
+        f"output_dir={tmp_path / 'run'}",
+        f"model.path={tiny_model_dir}",
+        "data.train=builtin:arithmetic?size=16",
+        "data.val=builtin:arithmetic?size=4",
+        "train.steps=2",
+        "train.batch_size=4",
+        "train.mini_batch_size=4",
+        "rollout.n=2",
+        "eval.n=2",
+        "reward.num_workers=0",
+        "rollout.hf.continuous_batching=true",
+    ]
+    train(load_config("builtin:demo", settings), show_progress=False)
+    rows = read_metrics(tmp_path / "run")
+    assert [row["step"] for row in rows] == [1, 2] and "val/arithmetic/pass@1" in rows[-1]
+    assert continuous_calls == [4, 4, 4], "two steps' rollouts, then the validation"
+
+
+@pytest.mark.slow
+def test_pacs_eval_samples_continuously_when_asked(tmp_path, tiny_model_dir, continuous_calls):
+    arguments = ["--model", str(tiny_model_dir), "--data", "builtin:arithmetic?size=3", "--n", "2", "--out", str(tmp_path)]
+    assert run(["eval", *arguments, "--max-tokens", "8", "--continuous-batching", "true"]) == 0
+    assert continuous_calls == [3]
+    assert json.loads((tmp_path / "eval_metrics.json").read_text())["settings"]["continuous_batching"] is True
