@@ -280,22 +280,25 @@ def synthetic_tokenizer(vocab_size: int):
 
 def end_token_bias(model, end_id: int, target: float, probe: torch.Tensor) -> float:
     """Sets the model so that its end token's probability is about `target` at every position, and
-    returns the bias it took. Every word's embedding gets the same value c in dimension 0; after
-    the final norm that dimension is then near-constant, so that dimension's weight of the (tied)
-    output row of the end token, c + bias, raises the end token's logit by a near-constant amount
-    and leaves the others' differences alone. The bias is bisected until the mean probability over
-    `probe` (B, T) random token ids is `target`."""
-    weight = model.get_input_embeddings().weight
-    base = 1.0
+    returns the final norm's weight it took in dimension 0. Every token's (tied) embedding gets the
+    value c = 64 in dimension 0, the end token's 2c: that dimension then dominates every hidden
+    state's norm, so after the final RMS norm it is near sqrt(hidden_size) at every position, and
+    the end token's logit exceeds every other's by the near-constant weight · sqrt(hidden_size) · c
+    (the others' differences shrink alike: near-uniform). The weight (exact powers of two for the
+    embeddings, so bf16 loses nothing there) is bisected until the mean probability over `probe`
+    (B, T) random token ids is `target`."""
+    embeddings, norm = model.get_input_embeddings().weight, model.get_decoder().norm.weight
+    base = 64.0
     with torch.no_grad():
-        weight[:, 0] = base
+        embeddings[:, 0] = base
+        embeddings[end_id, 0] = 2 * base
 
-        def mean_end_probability(bias: float) -> float:
-            weight[end_id, 0] = base + bias
+        def mean_end_probability(weight: float) -> float:
+            norm[0] = weight
             logits = model(input_ids=probe).logits.float()
             return float(torch.softmax(logits, dim=-1)[..., end_id].mean())
 
-        low, high = 0.0, 1.0
+        low, high = 0.0, 1.0 / base
         while mean_end_probability(high) < target:
             low, high = high, 2 * high
         for _ in range(30):
@@ -340,7 +343,7 @@ def build_synthetic(work: Work, directory: Path) -> tuple[Path, Path, int]:
                      "reward_model": {"style": "rule", "ground_truth": "even"}, "extra_info": {"index": index}})  # fmt: skip
     rows_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     parameters = sum(tensor.numel() for tensor in model.parameters())
-    print(f"{work.shape}: {parameters / 1e6:.1f}M parameters, end-token bias {bias:.3f}", flush=True)
+    print(f"{work.shape}: {parameters / 1e6:.1f}M parameters, final norm's weight in dimension 0: {bias:.4g}", flush=True)
     return model_dir, rows_path, parameters
 
 

@@ -22,11 +22,11 @@ Three things the manager does that the engine undoes or pins:
   sizes it for the call instead, `max_sequences` sequences of the longest prompt plus
   `max_new_tokens` (`_cache_settings`).
 - It generates in a thread of its own, where the caller's autocast (thread-local) does not reach,
-  and it must not: its paged cache holds one dtype, the weights', and under bf16 autocast a
-  layer's keys come out in float32 and its values in bfloat16. A mixed-precision run (float32
-  weights, bf16 autocast) therefore samples from the float32 model here, and the trainer's
-  sampler-mismatch metrics measure the gap to its bf16 recomputation; the asynchronous
-  generator holds its own weights in bfloat16 and generates in bfloat16.
+  and its paged cache holds one dtype, the model's (under bf16 autocast a layer's keys come out
+  in float32 and its values in bfloat16). Under the caller's autocast the engine therefore gives
+  the model's floating-point weights the autocast dtype for the call (`_weights_in`: a bf16 copy
+  beside the float32 master weights, put back after), so that a mixed-precision run samples from
+  its bf16 weights, as `generate` under autocast does.
 - It reseeds torch's generator with its `seed`: the engine draws that seed from torch's generator,
   so a run seeded as before draws the same samples again, and queues every request before the
   generation thread starts, so that the first forward pass holds the same requests whatever the
@@ -40,7 +40,8 @@ its paged attention and CUDA graphs are built to run.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -74,15 +75,18 @@ def generate_continuously(
     config = GenerationConfig.from_dict({**generation_config.to_dict(), "num_return_sequences": n})
     lengths = [len(ids) for ids in prompt_token_ids]
     settings = _cache_settings(generation_config, max(lengths), sum(lengths), max_sequences)
-    manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=settings)
+    device_type = model.device.type
+    autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
     request_ids = [f"prompt_{index}" for index in range(len(prompt_token_ids))]
-    try:
-        for request_id, ids in zip(request_ids, prompt_token_ids):
-            manager.add_request(list(ids), request_id=request_id, max_new_tokens=generation_config.max_new_tokens)
-        manager.start()
-        outputs = _collect(manager, len(request_ids) * n)
-    finally:
-        manager.destroy()
+    with _weights_in(model, autocast):
+        manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=settings)
+        try:
+            for request_id, ids in zip(request_ids, prompt_token_ids):
+                manager.add_request(list(ids), request_id=request_id, max_new_tokens=generation_config.max_new_tokens)
+            manager.start()
+            outputs = _collect(manager, len(request_ids) * n)
+        finally:
+            manager.destroy()
     samples = []
     for request_id in request_ids:
         for sample_id in [f"{request_id}__child#{child}" for child in range(n - 1)] + [request_id]:
@@ -131,3 +135,20 @@ def _cache_settings(generation_config: GenerationConfig, longest_prompt: int, pr
     if hasattr(settings, "max_requests_per_batch"):
         settings.max_requests_per_batch = max_sequences
     return settings
+
+
+@contextmanager
+def _weights_in(model: PreTrainedModel, dtype: torch.dtype | None) -> Iterator[None]:
+    """While inside, every floating-point parameter of `model` holds a copy of its values in
+    `dtype` (the originals kept aside and put back on exit, untouched); None changes nothing."""
+    originals = {}
+    if dtype is not None:
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.dtype != dtype:
+                originals[parameter] = parameter.data
+                parameter.data = parameter.data.to(dtype)
+    try:
+        yield
+    finally:
+        for parameter, data in originals.items():
+            parameter.data = data
