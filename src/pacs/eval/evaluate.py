@@ -45,6 +45,7 @@ import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -94,7 +95,7 @@ class EvalSettings:
     reward_timeout_s: float
     reward_workers: int
     engine: str = "hf"
-    continuous_batching: str | bool = "auto"
+    continuous_batching: Literal["auto"] | bool = "auto"
     """`rollout.hf.continuous_batching`'s choice for the hf engine: "auto", true or false."""
 
 
@@ -404,7 +405,7 @@ def evaluate_model(
     show_progress: bool = True,
     engine: str = "hf",
     stop_after_failing_batches: int = 3,
-    continuous_batching: str | bool = "auto",
+    continuous_batching: Literal["auto"] | bool = "auto",
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
