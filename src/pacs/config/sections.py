@@ -111,8 +111,8 @@ class HfConfig(Section):
     """true: transformers' continuous batching (a paged key/value cache, finished sequences leave
     the batch at once, a prompt run once for its n samples; `pacs.rollout.continuous_batching`);
     false: `generate` on left-padded batches, each run until its longest response ends. The same
-    sampling either way. auto: on for CUDA devices, off on a CPU, where it measured several times
-    slower than `generate` (docs/performance.md)."""
+    sampling either way. auto: on for CUDA devices, off on a CPU, where it measured no faster than
+    `generate` (docs/results.md, continuous batching)."""
 
 
 class RolloutConfig(Section):

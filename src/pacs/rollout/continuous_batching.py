@@ -32,9 +32,9 @@ Three things the manager does that the engine undoes or pins:
   generation thread starts, so that the first forward pass holds the same requests whatever the
   threads' timing (the batches, and so the order of the draws, depend only on the requests).
 
-On a CPU it is slower than `generate` (docs/results.md): the manager's per-step scheduling in
-Python outweighs the padding it saves. `auto` therefore turns it on for CUDA devices only, where
-its paged attention and CUDA graphs are built to run.
+On a CPU it measured no faster than `generate` (docs/results.md, continuous batching), so `auto`
+turns it on for CUDA devices only, where its paged attention, CUDA graphs and asynchronous
+batching run.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ CONTINUOUS_BATCHING_DEVICES = ("cuda",)
 
 def continuous_batching_on(setting: Literal["auto"] | bool, device: torch.device) -> bool:
     """Whether the transformers engine batches continuously on `device`: `setting` when true or
-    false; `auto`: on a CUDA device, not on a CPU (where it measured slower than `generate`)."""
+    false; `auto`: on a CUDA device, not on a CPU (module docstring)."""
     if setting == "auto":
         return device.type in CONTINUOUS_BATCHING_DEVICES
     return bool(setting)
