@@ -132,6 +132,7 @@ def _eval(args: argparse.Namespace) -> None:
             overwrite=args.overwrite,
             engine=args.engine,
             stop_after_failing_batches=args.stop_after_failing_batches,
+            continuous_batching={"true": True, "false": False}.get(args.continuous_batching, "auto"),
         )
     finally:
         world.close()
@@ -274,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--temperature", type=NON_NEGATIVE, default=EVAL_SAMPLING["temperature"], help="0: greedy decoding")
     evaluate.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="hf: transformers' generate; vllm: needs pacs[vllm]"
+    )
+    evaluate.add_argument(
+        "--continuous-batching",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="hf engine: transformers' continuous batching (auto: on CUDA devices only; rollout.hf.continuous_batching)",
     )
     evaluate.add_argument(
         "--top-p", type=NUCLEUS, default=EVAL_SAMPLING["top_p"], help="nucleus sampling: the smallest set of tokens this likely"

@@ -104,12 +104,26 @@ class VllmConfig(Section):
     `rollout/logprob_abs_diff_*` shows how far the sampler is from the trained policy."""
 
 
+class HfConfig(Section):
+    """The transformers engine (`rollout.engine=hf`, and the generation of validation, `pacs eval`
+    and asynchronous rollouts, which use it too). See `pacs.rollout.hf`."""
+
+    continuous_batching: Literal["auto"] | bool = "auto"
+    """true: transformers' continuous batching (a paged key/value cache, finished sequences leave
+    the batch at once, a prompt run once for its n samples; `pacs.rollout.continuous_batching`);
+    false: `generate` on left-padded batches, each run until its longest response ends. The same
+    sampling either way. auto: on for CUDA devices, off on a CPU, where it measured no faster than
+    `generate` (docs/results.md, continuous batching)."""
+
+
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = "hf"
     """`hf`: transformers' generate (`pacs.rollout.hf`); `vllm`: vLLM, colocated in each training
     process (`pacs.rollout.vllm`, settings under `rollout.vllm`)."""
     vllm: VllmConfig = VllmConfig()
     """Settings of the vLLM engine (with `engine=vllm`)."""
+    hf: HfConfig = HfConfig()
+    """Settings of the transformers engine (with `engine=hf`, and wherever pacs generates with transformers)."""
     n: int = Field(8, ge=1)
     """Responses sampled per prompt (the group size)."""
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)

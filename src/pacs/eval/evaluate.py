@@ -45,6 +45,7 @@ import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -63,6 +64,7 @@ from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rewards.checks import check_scoring
 from pacs.rewards.pool import ScoringWatch
 from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
+from pacs.rollout.continuous_batching import continuous_batching_on
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
 
@@ -93,6 +95,8 @@ class EvalSettings:
     reward_timeout_s: float
     reward_workers: int
     engine: str = "hf"
+    continuous_batching: Literal["auto"] | bool = "auto"
+    """`rollout.hf.continuous_batching`'s choice for the hf engine: "auto", true or false."""
 
 
 @dataclass
@@ -401,6 +405,7 @@ def evaluate_model(
     show_progress: bool = True,
     engine: str = "hf",
     stop_after_failing_batches: int = 3,
+    continuous_batching: Literal["auto"] | bool = "auto",
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
@@ -408,8 +413,10 @@ def evaluate_model(
     Every one of `processes` (`World.single()`, or `World.from_environment()` under torchrun) takes
     its share of the problems (module docstring); the whole
     result is returned on rank 0, which writes it, and None on the others. `engine`: `hf`
-    (transformers' generate) or `vllm` (`start_vllm_engine`: under torchrun each process's engine
-    on its own device, attached to the job); temperature 0 decodes greedily with either.
+    (transformers' generate, or its continuous batching as `continuous_batching` says:
+    `pacs.rollout.continuous_batching.continuous_batching_on`) or `vllm` (`start_vllm_engine`: under
+    torchrun each process's engine on its own device, attached to the job); temperature 0 decodes
+    greedily with either.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
@@ -444,6 +451,7 @@ def evaluate_model(
         reward_timeout_s=reward_timeout_s,
         reward_workers=reward_workers,
         engine=engine,
+        continuous_batching=continuous_batching,
     )
     process_seed = seed if processes.rank == 0 else rank_seed(seed, processes.rank)
     torch.manual_seed(process_seed)
@@ -455,7 +463,9 @@ def evaluate_model(
         hf_engine_or_model_dir: TransformersEngine | str
         if engine == "hf":
             model = load_causal_lm(model_path, dtype=dtype).to(processes.device)  # type: ignore[arg-type]  # transformers types .to() for dtypes only
-            hf_engine_or_model_dir, config = TransformersEngine(model, tokenizer), model.config
+            batching = continuous_batching_on(continuous_batching, processes.device)
+            hf_engine_or_model_dir = TransformersEngine(model, tokenizer, continuous_batching=batching)
+            config = model.config
         else:
             hf_engine_or_model_dir = local_model_dir(model_path, with_weights=True)
             config = AutoConfig.from_pretrained(hf_engine_or_model_dir)

@@ -24,6 +24,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticCache, StaticLay
 from pacs.models.cache import CACHE_ARGUMENT
 from pacs.models.loading import eval_mode
 from pacs.rollout.base import Rollouts, SamplingParams, pad_rows, rollouts_from_rows
+from pacs.rollout.continuous_batching import generate_continuously
 
 
 def end_of_sequence_ids(generation_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
@@ -48,18 +49,28 @@ def _clean_generation_defaults(model: PreTrainedModel, eos_ids: tuple[int, ...],
 
 
 class TransformersEngine:
-    """Generate with a Hugging Face causal LM, at most `max_sequences_per_call` sequences at once."""
+    """Generate with a Hugging Face causal LM, at most `max_sequences_per_call` sequences at once:
+    with `generate` in left-padded batches, or with `continuous_batching` through transformers'
+    continuous batching (`pacs.rollout.continuous_batching`), the same sampling either way."""
 
     holds_own_weights = False
     """It generates with the trained module itself (`pacs.rollout.base.RolloutEngine`)."""
     has_weights = True
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, max_sequences_per_call: int = 512):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_sequences_per_call: int = 512,
+        continuous_batching: bool = False,
+    ):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs an end-of-sequence token and a padding token to generate")
         self.model = model
         self.tokenizer = tokenizer
         self.max_sequences_per_call = max_sequences_per_call
+        self.continuous_batching = continuous_batching
         self.eos_ids = end_of_sequence_ids(model.generation_config, tokenizer)
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
@@ -81,6 +92,8 @@ class TransformersEngine:
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
+        if self.continuous_batching:
+            return self._generate_continuously(prompt_token_ids, params)
         device = next(self.model.parameters()).device
         prompts_per_call = max(1, self.max_sequences_per_call // params.n)
         generation_config = self._generation_config(params)
@@ -102,6 +115,21 @@ class TransformersEngine:
                     response_rows.append(responses[sequence, :length].cpu())
                     if params.return_logprobs:
                         logprob_rows.append(sampled_logprobs[sequence, :length].cpu())
+        return rollouts_from_rows(
+            prompt_rows, response_rows, logprob_rows if params.return_logprobs else None, self.tokenizer, params.n
+        )
+
+    def _generate_continuously(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
+        """`generate`'s rollouts, sampled by transformers' continuous batching
+        (`pacs.rollout.continuous_batching.generate_continuously`) under the same generation config."""
+        pad_id = self.tokenizer.pad_token_id
+        with eval_mode(self.model), _clean_generation_defaults(self.model, self.eos_ids, pad_id):
+            samples = generate_continuously(
+                self.model, prompt_token_ids, self._generation_config(params), params.n, self.max_sequences_per_call
+            )
+        prompt_rows = [torch.tensor(ids, dtype=torch.long) for ids in prompt_token_ids for _ in range(params.n)]
+        response_rows = [torch.tensor(tokens, dtype=torch.long) for tokens, _ in samples]
+        logprob_rows = [torch.tensor(logprobs, dtype=torch.float32) for _, logprobs in samples]
         return rollouts_from_rows(
             prompt_rows, response_rows, logprob_rows if params.return_logprobs else None, self.tokenizer, params.n
         )

@@ -56,6 +56,7 @@ from pacs.distributed.world import World
 from pacs.models.loading import DTYPES, load_causal_lm, load_tokenizer
 from pacs.models.precision import Precision
 from pacs.rollout.base import Rollouts, SamplingParams, rank_seed
+from pacs.rollout.continuous_batching import continuous_batching_on
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import VllmEngine
 
@@ -108,6 +109,8 @@ class GeneratorSpec:
     max_model_len: int
     seed: int
     vllm: dict[str, Any] = field(default_factory=dict)
+    continuous_batching: bool = False
+    """Whether the hf engine batches continuously (`rollout.hf.continuous_batching`, resolved for the device)."""
 
 
 @dataclass
@@ -200,7 +203,9 @@ def _build_engine(spec: GeneratorSpec) -> TransformersEngine | VllmEngine:
             weights_pushed=True,
         )
     model = load_causal_lm(spec.model_path, dtype=spec.dtype).to("cpu" if spec.device == "cpu" else "cuda:0").eval()
-    return TransformersEngine(model, tokenizer, max_sequences_per_call=spec.max_sequences_per_call)
+    return TransformersEngine(
+        model, tokenizer, max_sequences_per_call=spec.max_sequences_per_call, continuous_batching=spec.continuous_batching
+    )
 
 
 def _serve_messages(engine, group, connection: Connection, outbox: Outbox, dtype: torch.dtype) -> None:
@@ -464,6 +469,7 @@ def start_pipeline(
         max_model_len=rollout.vllm.max_model_len or data.max_prompt_length + data.max_response_length,
         seed=rank_seed(config.seed, world.rank),
         vllm=rollout.vllm.model_dump(),
+        continuous_batching=continuous_batching_on(rollout.hf.continuous_batching, world.device),
     )
     params = SamplingParams(
         n=rollout.n,

@@ -34,6 +34,7 @@ from pacs.distributed.wrapping import unwrap
 from pacs.models.lora import is_adapter_weight, is_lora, merged_tensors
 from pacs.models.precision import Precision
 from pacs.rollout.base import GenerationGroup, RolloutEngine, rank_seed
+from pacs.rollout.continuous_batching import continuous_batching_on
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.vllm import EnginePlace, VllmEngine, local_model_dir
 
@@ -59,7 +60,12 @@ def build_engine(config: Config, world: World, policy_module: torch.nn.Module, t
     Every node first gets what vLLM reads of `model.path` (`local_model_dir`), so that a node that
     cannot stops every rank with its error; then every rank starts its engine at once."""
     if config.rollout.engine == "hf" or config.rollout.max_staleness:
-        return TransformersEngine(policy_module, tokenizer, max_sequences_per_call=config.rollout.generation_batch_size)
+        return TransformersEngine(
+            policy_module,
+            tokenizer,
+            max_sequences_per_call=config.rollout.generation_batch_size,
+            continuous_batching=continuous_batching_on(config.rollout.hf.continuous_batching, world.device),
+        )
     settings = config.rollout.vllm
     pushed = settings.sync_weights
     model_dir = run_on_every_rank(
