@@ -159,7 +159,7 @@ def test_pacs_train_ends_with_what_changed_and_the_commands_that_show_the_rest(t
         rf"finished 2 steps in (\d+ h )?(\d+ min )?\d+ s; final checkpoint: {out / 'checkpoints' / 'final'}", printed[0]
     )
     assert re.fullmatch(r"training reward \(mean\): [\d.]+ at step 1 -> [\d.]+ at step 2", printed[1])
-    assert re.fullmatch(r"validation arithmetic/pass@1: [\d.]+% at step 1 -> [\d.]+% at step 2", printed[2])
+    assert re.fullmatch(r"validation arithmetic/pass@1: [\d.]+% at step 0 -> [\d.]+% at step 2", printed[2])
     assert printed[3:] == [
         f"next: pacs plot {out}   (PNG curves into {out / 'plots'})",
         f"      tensorboard --logdir {out / 'tensorboard'}",

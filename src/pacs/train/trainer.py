@@ -378,7 +378,8 @@ class Trainer:
 
     def run(self, *, show_progress: bool = True, run_lock: IO[str] | None = None) -> TrainResult:
         """Every step from `start_step + 1` to `train.steps`: log, validate and checkpoint as the
-        config says; the final checkpoint at the end. Rank 0, which holds the output folder's
+        config says (a run from its start validates first, as step 0, with `train.eval_at_start`);
+        the final checkpoint at the end. Rank 0, which holds the output folder's
         `run_lock`, stops before it writes a step's results when the folder was moved away
         (`pacs.outputs.check_run_in_place`)."""
         config, world = self.config, self.world
@@ -398,6 +399,10 @@ class Trainer:
                 unit="step",
                 disable=not (show_progress and world.is_writer),
             )
+            if self.start_step == 0 and config.train.eval_at_start and self.val_prompts is not None:
+                validation, validation["time/validate_s"] = timed(self.validate)
+                check_run_in_place(output_dir, run_lock)
+                logger.log(0, validation)
             if self.pipeline is not None:
                 self.pipeline.begin(self.start_step, self.engine_weights())
             for step in steps:
