@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import json
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from running import run
+from small_disk import mounted_tmpfs
 from test_train_loop import small_config
 
 from pacs.config import load_config
@@ -43,17 +43,8 @@ def test_a_run_whose_folder_is_moved_away_stops_saying_where_it_went(tmp_path, t
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
     """A 10 MiB tmpfs mounted at tmp_path/disk for the test (root only; skipped elsewhere)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode}); the injected-error tests cover this"
-        )
-    try:
+    with mounted_tmpfs(tmp_path / "disk") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.slow
