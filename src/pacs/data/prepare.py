@@ -412,21 +412,25 @@ def _json_lines(path: Path, text: str) -> RecordFile:
     return read
 
 
-JSON_WHITESPACE = re.compile(r"[ \t\n\r]*")
+def _past_whitespace(text: str, position: int) -> int:
+    """The first position from `position` on that is not JSON whitespace."""
+    while position < len(text) and text[position] in " \t\n\r":
+        position += 1
+    return position
 
 
 def _json_list_lines(text: str) -> list[int]:
     """The line on which each element of the JSON list ``text`` (valid JSON) starts."""
     decoder = json.JSONDecoder()
-    position = JSON_WHITESPACE.match(text, JSON_WHITESPACE.match(text).end() + 1).end()  # past "["
+    position = _past_whitespace(text, _past_whitespace(text, 0) + 1)  # past "["
     lines, line, counted = [], 1, 0
     while text[position] != "]":
         line += text.count("\n", counted, position)
         counted = position
         lines.append(line)
-        position = JSON_WHITESPACE.match(text, decoder.raw_decode(text, position)[1]).end()
+        position = _past_whitespace(text, decoder.raw_decode(text, position)[1])
         if text[position] == ",":
-            position = JSON_WHITESPACE.match(text, position + 1).end()
+            position = _past_whitespace(text, position + 1)
     return lines
 
 
@@ -442,7 +446,7 @@ def _json_document(path: Path, text: str) -> RecordFile:
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to read") from None
     if isinstance(document, dict):
-        return RecordFile(path, FILE_LINES, [document], [text.count("\n", 0, JSON_WHITESPACE.match(text).end()) + 1])
+        return RecordFile(path, FILE_LINES, [document], [text.count("\n", 0, _past_whitespace(text, 0)) + 1])
     if not isinstance(document, list):
         raise ValueError(f"{path}: expected a JSON list of objects or one object per line, got {describe_value(document)}")
     read = RecordFile(path, FILE_LINES, [], [])
