@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
+from torchrun_jobs import tensorboard_steps
 
-from pacs.config import Config
+from pacs.config import Config, load_config
 from pacs.train.metrics import MetricsLogger, read_metrics, summary_lines
 from pacs.train.trainer import rollout_metrics
 
@@ -56,3 +57,12 @@ def test_the_summary_says_validation_before_and_after_training_and_the_reward_fr
         "training reward (mean): 0.250 at step 1 -> 0.500 at step 2",
         "validation arithmetic/pass@1: 19.5% at step 0 -> 38.7% at step 2",
     ]
+
+
+def test_a_run_started_again_in_place_shows_its_validation_at_step_0_once_in_tensorboard(tmp_path):
+    config = load_config("builtin:demo", ["train.report_to=[tensorboard]"])
+    for value in (0.1, 0.2):  # the first start stopped before its first step ended
+        logger = MetricsLogger(tmp_path, config=config)
+        logger.log(0, {"val/arithmetic/pass@1": value})
+        logger.close()
+    assert tensorboard_steps(tmp_path, "val/arithmetic/pass@1") == [0]

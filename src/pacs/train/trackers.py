@@ -118,7 +118,8 @@ class TensorBoardTracker:
         if threading.excepthook is not _skip_event_writer_threads:
             _hooks_before.append(threading.excepthook)
             threading.excepthook = _skip_event_writer_threads
-        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1)
+        purge_step = resume_step + 1 if resume_step else 0  # a run from its start logs step 0 (validation) too
+        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=purge_step)
         self.failed = False
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
