@@ -78,12 +78,11 @@ def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list
 
 
 def _train(args: argparse.Namespace) -> None:
-    from pacs.config import load_config
     from pacs.train.metrics import summary_lines
-    from pacs.train.preflight import check_run_inputs
+    from pacs.train.preflight import check_run_inputs, load_run_config
     from pacs.train.trainer import train
 
-    config = load_config(args.config, args.overrides)
+    config = load_run_config(args.config, args.overrides)
     if args.overwrite:
         check_run_inputs(config)
         if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):

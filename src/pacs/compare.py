@@ -471,7 +471,8 @@ def run_comparison(
             else:
                 train(run_config, show_progress=show_progress)
             evaluations[method].append(evaluate(str(final), run_dir / "eval", seed))
-            reward_curves[method].append([(row["step"], row["reward/mean"]) for row in read_metrics(run_dir)])
+            rewards = [(row["step"], row["reward/mean"]) for row in read_metrics(run_dir) if "reward/mean" in row]
+            reward_curves[method].append(rewards)  # step 0, the validation before training, has no reward
 
     sources = list(evaluations["base model"][0])
     results = {

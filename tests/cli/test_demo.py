@@ -23,4 +23,7 @@ def test_demo_reports_base_and_final_metrics_and_checkpoints(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "base (warm-start)" in printed and "gain" in printed
     assert (out / "plots" / "reward_mean.png").is_file() and (out / "plots" / "loss.png").is_file()
+    first = json.loads((out / "train" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and "val/arithmetic/pass@1" in first  # the validation curve starts before training
+    assert (out / "plots" / "val_arithmetic_pass_at_1.png").is_file()
     assert f"tensorboard --logdir {out / 'train' / 'tensorboard'}" in " ".join(printed.split())

@@ -205,3 +205,20 @@ def test_the_loss_figure_of_a_pacs_run_marks_ln_2(tmp_path, monkeypatch, algorit
     monkeypatch.setattr(Axes, "axhline", lambda axes, y, **style: lines.append((axes.get_title(), y)))
     plot_runs([run], tmp_path / "plots")
     assert lines == ([("loss", math.log(2))] if marked else [])
+
+
+def test_the_validation_before_training_starts_the_validation_curve_and_no_training_curve(tmp_path, monkeypatch):
+    before_training = {"step": 0, "val/math500/pass@1": 0.1, "val/reward_timeouts": 0.0, "time/validate_s": 1.0}
+    run_dir = write_run(tmp_path / "run", [before_training, *training_rows(10)])
+    drawn: dict[str, list[int]] = {}
+    plot = Axes.plot
+    monkeypatch.setattr(
+        Axes,
+        "plot",
+        lambda axes, steps, *args, **kwargs: (
+            drawn.setdefault(axes.get_title(), list(steps)) and plot(axes, steps, *args, **kwargs)
+        ),
+    )
+    plot_runs([run_dir], tmp_path / "plots")
+    assert drawn["val/math500/pass@1"] == [0, 5, 10]
+    assert drawn["reward/mean"][0] == drawn["loss"][0] == 1

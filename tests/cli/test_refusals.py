@@ -50,12 +50,12 @@ def lines(*rows: dict) -> str:
 
 CASES = {
     # case: (data.jsonl's text, model ("" for the tiny model), reward function (None: by data_source), what the error says)
-    "a bad JSON line": (lines(row()) + '{"data_source": "arithmetic", oops}\n', "", None, r"data\.jsonl:2: invalid JSON"),
+    "a bad JSON line": (lines(row()) + '{"data_source": "arithmetic", oops}\n', "", None, r"data\.jsonl: 1 bad row, numbered by line of the file, the first line being 1: line 2: invalid JSON"),
     "a missing ground_truth": (
-        lines({**row(), "reward_model": {"style": "rule"}}), "", None, r"row 0: field 'reward_model\.ground_truth': missing",
+        lines({**row(), "reward_model": {"style": "rule"}}), "", None, r"line 1: field 'reward_model\.ground_truth': missing",
     ),
     "a ground_truth of the wrong type": (
-        lines(row(ground_truth=7)), "", None, r"row 0: field 'reward_model\.ground_truth': expected a string, got int 7",
+        lines(row(ground_truth=7)), "", None, r"line 1: field 'reward_model\.ground_truth': expected a string, got int 7",
     ),
     "an empty file": ("", "", None, r"data\.jsonl contains no rows"),
     "a data_source no reward function scores": (
@@ -154,6 +154,22 @@ def test_every_problem_is_reported_at_once(tmp_path, loads, capsys, command):
     assert run(arguments) == 2
     error = capsys.readouterr().err
     assert "no-such-model" in error and "empty.jsonl contains no rows" in error and "takes (solution_str, ground_truth)" in error
+    assert loads == [] and tree_hash(work) == before
+
+
+def test_a_config_error_and_bad_data_rows_are_refused_in_one_message_config_first(tmp_path, loads, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    data = work / "data.jsonl"
+    data.write_text(lines(row(), row(), row(), row()) + '{"oops"}\n' + lines(row(ground_truth=7)))
+    before = tree_hash(work)
+    assert run([*train(work / "out", data, UNREACHABLE_MODEL, None), "train.stpes=3"]) == 2
+    error = capsys.readouterr().err
+    typo, line_5, line_6 = (
+        error.find(text) for text in ("train.stpes: unknown key (did you mean 'steps'?)", "line 5:", "line 6:")
+    )
+    assert -1 < typo < line_5 < line_6, error
+    assert "data.train: " in error and "2 bad rows" in error
     assert loads == [] and tree_hash(work) == before
 
 

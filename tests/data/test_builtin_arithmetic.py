@@ -184,7 +184,7 @@ def test_jsonl_blank_lines_are_skipped(tmp_path: Path) -> None:
 def test_jsonl_invalid_json_names_file_and_line(tmp_path: Path) -> None:
     row = generate_problems("train", 1)[0]
     path = _write_lines(tmp_path / "rows.jsonl", [json.dumps(row), "{not json"])
-    with pytest.raises(ValueError, match=r"rows\.jsonl:2: invalid JSON"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl: 1 bad row, numbered by line of the file.*\n    line 2: invalid JSON"):
         load_rows(str(path), default_split="train")
 
 
@@ -193,7 +193,7 @@ def test_jsonl_missing_key_names_row_and_key(tmp_path: Path, missing: str) -> No
     row = generate_problems("train", 1)[0]
     del row[missing]
     path = _write_lines(tmp_path / "rows.jsonl", [json.dumps(row)])
-    with pytest.raises(ValueError, match=rf"rows\.jsonl: row 0: field '{missing}': missing"):
+    with pytest.raises(ValueError, match=rf"\n    line 1: field '{missing}': missing"):
         load_rows(str(path), default_split="train")
 
 
@@ -201,13 +201,13 @@ def test_jsonl_missing_ground_truth_is_named(tmp_path: Path) -> None:
     row = generate_problems("train", 1)[0]
     del row["reward_model"]["ground_truth"]
     path = _write_lines(tmp_path / "rows.jsonl", [json.dumps(row)])
-    with pytest.raises(ValueError, match=r"rows\.jsonl: row 0: field 'reward_model\.ground_truth': missing"):
+    with pytest.raises(ValueError, match=r"\n    line 1: field 'reward_model\.ground_truth': missing"):
         load_rows(str(path), default_split="train")
 
 
 def test_jsonl_line_that_is_not_an_object_is_rejected(tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "rows.jsonl", ["[1, 2]"])
-    with pytest.raises(ValueError, match=r"rows\.jsonl:1: expected a JSON object"):
+    with pytest.raises(ValueError, match=r"\n    line 1: expected a JSON object"):
         load_rows(str(path), default_split="train")
 
 

@@ -139,24 +139,25 @@ def test_gsm8k_answer_without_hashes_is_refused_naming_the_row(tmp_path: Path) -
         ],
     )
     with pytest.raises(
-        ValueError, match=r"gsm8k\.jsonl: row 1: field 'answer': expected a worked solution ending in '#### <answer>'"
+        ValueError,
+        match=r"gsm8k\.jsonl: 1 bad row.*\n    line 2: field 'answer': expected a worked solution ending in '#### <answer>'",
     ):
         prepare_dataset(path)
 
 
 def test_aime2025_broken_latex_escapes_are_repaired_and_reported() -> None:
     prepared = prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl")
-    assert prepared.report.repaired_control_characters == [18, 19, 27]
+    assert prepared.report.repaired_control_characters == [19, 20, 28]  # lines of the file
     assert "\\prod^{63}_{k=4} \\frac{\\log_k (5^{k^2 - 1})}" in _content(prepared.rows[18])
     assert "The circumcircle of $\\triangle DEF$ intersects" in _content(prepared.rows[19])
     assert "can be expressed as $\\frac{m}{n}$ for" in _content(prepared.rows[27])
     assert not any(FORBIDDEN_CONTROL_CHARACTER.search(_content(row)) for row in prepared.rows)
-    assert "3 rows (18, 19, 27)" in prepared.report.summary()
+    assert "3 rows (lines 19, 20, 28)" in prepared.report.summary()
 
 
 def test_whitespace_tabs_become_spaces_and_are_reported() -> None:
     prepared = prepare_dataset(BENCHMARK_DATA / "math500.jsonl")
-    assert prepared.report.tabs_replaced == [17, 426]
+    assert prepared.report.tabs_replaced == [18, 427]
     assert prepared.report.repaired_control_characters == []
     assert _content(prepared.rows[426]).startswith("A square and an equilateral triangle have equal perimeters. The area")
 
@@ -195,7 +196,7 @@ def test_a_whitespace_tab_before_a_word_that_ends_a_latex_command_stays_whitespa
 ) -> None:
     prepared = prepare_dataset(_write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": problem, "answer": "1"}]))
     assert _content(prepared.rows[0]) == problem.replace("\t", " ") + PROMPT_SUFFIX
-    assert prepared.report.tabs_replaced == [0] and prepared.report.repaired_control_characters == []
+    assert prepared.report.tabs_replaced == [1] and prepared.report.repaired_control_characters == []
 
 
 @pytest.mark.parametrize(
@@ -220,7 +221,8 @@ def test_unrepairable_control_character_is_refused_naming_file_row_field_and_cha
     character = FORBIDDEN_CONTROL_CHARACTER.search(problem).group()
     path = _write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": "Fine.", "answer": "1"}, {"problem": problem, "answer": "2"}])
     with pytest.raises(
-        ValueError, match=rf"aime2025\.jsonl: row 1: field 'problem': control character {re.escape(repr(character))}"
+        ValueError,
+        match=rf"aime2025\.jsonl: 1 bad row.*\n    line 2: field 'problem': control character {re.escape(repr(character))}",
     ):
         prepare_dataset(path)
 
@@ -237,7 +239,7 @@ def test_a_newline_starting_a_latex_command_is_repaired_and_reported(tmp_path: P
     path = _write_jsonl(tmp_path / "aime2025.jsonl", [{"problem": problem, "answer": "1"}])
     prepared = prepare_dataset(path)
     assert _content(prepared.rows[0]) == repaired + PROMPT_SUFFIX
-    assert prepared.report.repaired_control_characters == [0]
+    assert prepared.report.repaired_control_characters == [1]
 
 
 @pytest.mark.parametrize("problem", ["First line.\nSecond line.", "Lines:\nu and v.", "Read:\ni) one\nii) two"])
@@ -261,7 +263,7 @@ def test_a_line_separator_inside_a_json_string_does_not_split_the_line(tmp_path:
 def test_deeply_nested_json_is_refused_naming_the_file(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"aime2025{suffix}"
     path.write_text('{"problem": ' + "[" * 100_000 + "]" * 100_000 + "}\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"aime2025\{suffix}(:1)?: JSON nested too deeply to read"):
+    with pytest.raises(ValueError, match=rf"aime2025\{suffix}(: 1 bad row.*\n    line 1)?: JSON nested too deeply to read"):
         read_records(path)
 
 
@@ -302,7 +304,8 @@ def test_amc23_with_only_a_question_field_is_accepted(tmp_path: Path) -> None:
 def test_missing_required_field_names_file_row_and_accepted_spellings(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "aime24.jsonl", [{"problem": "Find x.", "answer": "1"}, {"answer": "2"}])
     with pytest.raises(
-        ValueError, match=r"aime24\.jsonl: row 1: field 'problem': missing; accepted spellings: 'problem', 'Problem', 'question'"
+        ValueError,
+        match=r"aime24\.jsonl: 1 bad row.*\n    line 2: field 'problem': missing; accepted spellings: 'problem', 'Problem', 'question'",
     ):
         prepare_dataset(path)
 
@@ -408,7 +411,10 @@ def test_written_parquet_reads_back_identical_and_checks_clean(tmp_path: Path, f
 def test_write_parquet_refuses_invalid_rows_naming_row_and_field(tmp_path: Path) -> None:
     rows = prepare_dataset(BENCHMARK_DATA / "aime2025.jsonl").rows
     rows[3]["reward_model"]["ground_truth"] = 27.0
-    with pytest.raises(ValueError, match=r"out\.parquet: row 3: field 'reward_model\.ground_truth': expected a string"):
+    with pytest.raises(
+        ValueError,
+        match=r"out\.parquet: 1 bad row, numbered by position in the list of rows, the first being 1:\n    row 4: field 'reward_model\.ground_truth': expected a string",
+    ):
         write_parquet(rows, tmp_path / "out.parquet")
     assert not (tmp_path / "out.parquet").exists()
 
@@ -421,8 +427,9 @@ def test_write_parquet_keeps_keys_that_the_first_row_lacks_as_nulls(tmp_path: Pa
 
 
 def test_check_file_refuses_a_raw_benchmark_file_naming_row_and_field() -> None:
-    with pytest.raises(ValueError, match=r"math500\.jsonl: row 0: field 'data_source': missing"):
+    with pytest.raises(ValueError, match=r"math500\.jsonl: 500 bad rows.*\n    line 1: field 'data_source': missing") as error:
         check_file(BENCHMARK_DATA / "math500.jsonl")
+    assert str(error.value).endswith("    ... and 480 more bad rows")
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".json", ".jsonl"])
@@ -447,7 +454,9 @@ def test_json_file_may_hold_one_object_per_line(tmp_path: Path) -> None:
 def test_invalid_json_list_is_refused_naming_file_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "deepscaler.json"
     path.write_text('[{"problem": "Find x.", "answer": "1"},\n {"problem": oops}]', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"deepscaler\.json:2:14: invalid JSON"):
+    with pytest.raises(
+        ValueError, match=r"deepscaler\.json: 1 bad row.*\n    line 2: invalid JSON \(Expecting value, column 14\)"
+    ):
         read_records(path)
 
 

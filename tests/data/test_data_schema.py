@@ -47,7 +47,7 @@ def test_optional_fields_may_be_absent_or_null() -> None:
 
 
 def test_error_for_a_row_that_is_not_a_dict_names_the_row() -> None:
-    with pytest.raises(ValueError, match=r"^rows\.parquet: row 1: expected a row object \(a dict\), got list"):
+    with pytest.raises(ValueError, match=r"^rows\.parquet: 1 bad row.*\n    row 2: expected a row object \(a dict\), got list"):
         validate_rows([_valid_row(), ["not", "a", "row"]], "rows.parquet")
 
 
@@ -56,7 +56,10 @@ def test_ground_truth_of_the_wrong_type_is_named_with_its_value() -> None:
     row["reward_model"]["ground_truth"] = 27.0
     with pytest.raises(ValueError) as error:
         validate_rows([_valid_row(), row], "math500.parquet")
-    assert str(error.value) == ("math500.parquet: row 1: field 'reward_model.ground_truth': expected a string, got float 27.0")
+    assert str(error.value) == (
+        "math500.parquet: 1 bad row, numbered by position in the list of rows, the first being 1:\n"
+        "    row 2: field 'reward_model.ground_truth': expected a string, got float 27.0"
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,7 +93,7 @@ def test_ground_truth_of_the_wrong_type_is_named_with_its_value() -> None:
 )
 def test_each_schema_error_names_the_row_and_the_field(path: str, value: object, field: str, message: str) -> None:
     row = _row_with(path, value)
-    with pytest.raises(ValueError, match=rf"^rows\.jsonl: row 1: field '{re.escape(field)}': {message}"):
+    with pytest.raises(ValueError, match=rf"^rows\.jsonl: 1 bad row.*\n    row 2: field '{re.escape(field)}': {message}"):
         validate_rows([_valid_row(), row], "rows.jsonl")
 
 
@@ -100,6 +103,6 @@ def test_control_character_in_a_prompt_is_flagged_with_row_field_and_character(c
     row["prompt"][0]["content"] = f"Find ${character}rac{{m}}{{n}}$."
     with pytest.raises(
         ValueError,
-        match=rf"^rows\.jsonl: row 1: field 'prompt\[0\]\.content': control character {re.escape(repr(character))} at position 6",
+        match=rf"^rows\.jsonl: 1 bad row.*\n    row 2: field 'prompt\[0\]\.content': control character {re.escape(repr(character))} at position 6",
     ):
         validate_rows([_valid_row(), row], "rows.jsonl")

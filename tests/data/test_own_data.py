@@ -118,7 +118,8 @@ def test_unrecognised_fields_are_refused_naming_the_file_the_fields_found_and_th
     path = tmp_path / "mine.jsonl"
     path.write_text(json.dumps({"q": "Name a prime.", "answer": "2"}) + "\n")
     with pytest.raises(
-        ValueError, match=r"mine\.jsonl: row 0: no problem field recognised .*the record has: 'q', 'answer'.*--prompt-field"
+        ValueError,
+        match=r"mine\.jsonl: line 1 \(the first record\): no problem field recognised .*the record has: 'q', 'answer'.*--prompt-field",
     ):
         prepare_dataset(path)
 
@@ -126,21 +127,24 @@ def test_unrecognised_fields_are_refused_naming_the_file_the_fields_found_and_th
 def test_a_row_without_the_recognised_field_is_refused_naming_it(tmp_path):
     path = tmp_path / "mine.jsonl"
     path.write_text(json.dumps({"problem": "A?", "answer": "1"}) + "\n" + json.dumps({"problem": "B?", "solution": "2"}) + "\n")
-    with pytest.raises(ValueError, match=r"mine\.jsonl: row 1: field 'answer': missing"):
+    with pytest.raises(ValueError, match=r"mine\.jsonl: 1 bad row.*\n    line 2: field 'answer': missing"):
         prepare_dataset(path)
 
 
 def test_a_csv_line_with_more_fields_than_its_header_is_refused_naming_the_line(tmp_path):
     path = tmp_path / "mine.csv"
     path.write_text("problem,answer\nA?,1\nB?,2,3\n")
-    with pytest.raises(ValueError, match=r"mine\.csv:3: more fields than the header's 2 \(problem, answer\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"mine\.csv: 1 bad row, numbered by line of the file, the header being line 1:\n    line 3: more fields than the header's 2 \(problem, answer\)",
+    ):
         prepare_dataset(path)
 
 
 def test_an_empty_answer_cell_is_refused_naming_the_row_and_field(tmp_path):
     path = tmp_path / "mine.csv"
     path.write_text("problem,answer\nA?,\n")
-    with pytest.raises(ValueError, match=r"mine\.csv: row 0: field 'answer': expected a non-empty string"):
+    with pytest.raises(ValueError, match=r"mine\.csv: 1 bad row.*\n    line 2: field 'answer': expected a non-empty string"):
         prepare_dataset(path)
 
 

@@ -26,7 +26,7 @@ def prepared(tmp_path_factory):
 
 def test_prepare_reports_the_repaired_rows(tmp_path, capsys):
     main(["prepare", "--input", str(BENCHMARK_DATA / "aime2025.jsonl"), "--out", str(tmp_path / "a.parquet")])
-    assert "repaired in 3 rows (18, 19, 27)" in capsys.readouterr().out
+    assert "repaired in 3 rows (lines 19, 20, 28)" in capsys.readouterr().out
 
 
 def test_train_on_a_prepared_math_file_filters_long_prompts_and_logs(tmp_path, prepared, tiny_model_dir, capsys):

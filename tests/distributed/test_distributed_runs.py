@@ -26,6 +26,7 @@ ACCEPTANCE = [
     "train.save_every=1",
     "train.save_rollouts=true",
     "train.eval_every=2",
+    "train.eval_at_start=false",  # the validation before step 1 is tested in one process (test_train_loop)
     "data.val=builtin:arithmetic?size=6&split=val&max_operand=19",
     "eval.n=2",
     "reward.num_workers=0",

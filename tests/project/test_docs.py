@@ -7,6 +7,7 @@ the `Config` classes say, and the README stays a few screens.
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,22 @@ def test_every_config_key_has_a_description():
 
 def test_the_readme_is_a_few_screens():
     assert len((REPOSITORY / "README.md").read_text().splitlines()) <= 300
+
+
+def test_the_readmes_own_data_section_leads_with_pacs_prepare_and_links_the_own_data_page():
+    """Issue 54 finding 5: the easy way in (a plain jsonl through `pacs prepare`) comes first, the
+    page that goes on from it is linked from the README and the docs' index, and the synopsis
+    names every option of `pacs prepare`."""
+    from pacs.cli import build_parser
+
+    readme = (REPOSITORY / "README.md").read_text()
+    section = readme.split("## Train on your own data", 1)[1].split("\n## ", 1)[0]
+    blocks = re.finditer(r"^```(?P<language>\w*)\n(?P<body>.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    first_commands = next(block["body"] for block in blocks if not block["language"])
+    assert first_commands.startswith("pacs prepare --input")
+    assert "(docs/own-data.md)" in readme and "(own-data.md)" in (REPOSITORY / "docs" / "index.md").read_text()
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if action.dest == "command"]
+    options = {option for action in commands.choices["prepare"]._actions for option in action.option_strings}
+    synopsis = [line for line in readme.splitlines() if line.startswith(("pacs prepare", "             ["))]
+    assert sorted(option for option in options - {"-h", "--help"} if option not in " ".join(synopsis)) == []

@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import json
 import re
-import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from running import run
+from small_disk import mounted_tmpfs
+from tensorboard.summary.writer.record_writer import RecordWriter
 from test_train_loop import small_config
 
 from pacs.config import load_config
@@ -43,17 +45,8 @@ def test_a_run_whose_folder_is_moved_away_stops_saying_where_it_went(tmp_path, t
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
     """A 10 MiB tmpfs mounted at tmp_path/disk for the test (root only; skipped elsewhere)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode}); the injected-error tests cover this"
-        )
-    try:
+    with mounted_tmpfs(tmp_path / "disk") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.slow
@@ -159,8 +152,50 @@ def test_pacs_train_ends_with_what_changed_and_the_commands_that_show_the_rest(t
         rf"finished 2 steps in (\d+ h )?(\d+ min )?\d+ s; final checkpoint: {out / 'checkpoints' / 'final'}", printed[0]
     )
     assert re.fullmatch(r"training reward \(mean\): [\d.]+ at step 1 -> [\d.]+ at step 2", printed[1])
-    assert re.fullmatch(r"validation arithmetic/pass@1: [\d.]+% at step 1 -> [\d.]+% at step 2", printed[2])
+    assert re.fullmatch(r"validation arithmetic/pass@1: [\d.]+% at step 0 -> [\d.]+% at step 2", printed[2])
     assert printed[3:] == [
         f"next: pacs plot {out}   (PNG curves into {out / 'plots'})",
         f"      tensorboard --logdir {out / 'tensorboard'}",
     ]
+
+
+@pytest.fixture
+def thread_errors(monkeypatch) -> list:
+    """The uncaught errors of threads that Python would print as tracebacks."""
+    printed: list = []
+    monkeypatch.setattr(threading, "excepthook", printed.append)
+    return printed
+
+
+def failing_event_writes(monkeypatch, error: OSError) -> None:
+    """TensorBoard's writer thread meets `error` at every write of an event from now on."""
+
+    def write(self, data):
+        raise error
+
+    monkeypatch.setattr(RecordWriter, "write", write)
+
+
+def test_tensorboards_writer_thread_finding_the_disk_full_is_one_line_not_a_thread_traceback(
+    tmp_path, monkeypatch, thread_errors
+):
+    logger = metrics_module.MetricsLogger(tmp_path, config=load_config("builtin:demo", ["train.report_to=[tensorboard]"]))
+    logger.log(1, {"loss": 0.5})
+    failing_event_writes(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(DiskFull) as full:
+        logger.log(2, {"loss": 0.25})
+    assert full.value.strerror.startswith(f"the disk holding {tmp_path} is full: writing step 2's tensorboard events failed")
+    logger.close()  # raises nothing more
+    assert thread_errors == []
+
+
+def test_tensorboards_writer_thread_finding_its_folder_moved_stops_the_run_saying_so(tmp_path, monkeypatch, thread_errors):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    logger = metrics_module.MetricsLogger(run_dir, config=load_config("builtin:demo", ["train.report_to=[tensorboard]"]))
+    logger.log(1, {"loss": 0.5})
+    failing_event_writes(monkeypatch, FileNotFoundError(errno.ENOENT, "No such file or directory"))
+    with pytest.raises(RunMoved, match=rf"^{run_dir}, which this run writes, was moved away or replaced while it ran: writing "):
+        logger.log(2, {"loss": 0.25})
+    logger.close()
+    assert thread_errors == []

@@ -8,6 +8,7 @@ import pytest
 import torch
 from mixed_rewards import MIXED_GROUPS
 from safetensors.torch import load_file
+from torchrun_jobs import tensorboard_steps
 
 from pacs.cli import main
 from pacs.config import ALGORITHM_CONFIGS, ConfigError, load_config
@@ -52,7 +53,7 @@ def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_mo
     run = tmp_path / "run"
     assert load_config(str(run / "config.yaml")).train.steps == 4
     rows = read_metrics(run)
-    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # step 0: the validation before training
     for key in (
         "reward/mean",
         "loss",
@@ -62,8 +63,8 @@ def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_mo
         "time/step_s",
         "throughput/tokens_per_s",
     ):
-        assert all(key in row for row in rows), key
-    assert "val/arithmetic/pass@1" in rows[-1]
+        assert all(key in row for row in rows[1:]), key
+    assert "val/arithmetic/pass@1" in rows[0] and "val/arithmetic/pass@1" in rows[-1]
     assert list((run / "tensorboard").iterdir())
     for name in ("step_2", "step_4", "final"):
         assert (run / "checkpoints" / name / "model.safetensors").is_file()
@@ -162,8 +163,22 @@ def test_resume_after_a_crash_reaches_the_uninterrupted_weights(tmp_path, warm_m
 
     assert max_weight_difference(uninterrupted.final_checkpoint, resumed.final_checkpoint) == 0.0
     full_rows, resumed_rows = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "resumed")
-    assert [r["step"] for r in resumed_rows] == [1, 2, 3, 4]
-    assert [r["reward/mean"] for r in resumed_rows] == [r["reward/mean"] for r in full_rows]
+    assert [r["step"] for r in resumed_rows] == [0, 1, 2, 3, 4]  # the validation at step 0 not done again
+    assert resumed_rows[0] | {"time/validate_s": 0} == full_rows[0] | {"time/validate_s": 0}
+    assert [r["reward/mean"] for r in resumed_rows[1:]] == [r["reward/mean"] for r in full_rows[1:]]
+
+
+def test_validation_before_the_first_step_is_step_0_in_every_record_and_leaves_the_training_as_it_was(tmp_path, tiny_model_dir):
+    settings = ["train.steps=2", "train.save_every=0"]
+    validated = train(small_config(tmp_path / "validated", tiny_model_dir, *settings), show_progress=False)
+    not_validated = train(
+        small_config(tmp_path / "not", tiny_model_dir, *settings, "train.eval_at_start=false"), show_progress=False
+    )
+    assert max_weight_difference(validated.final_checkpoint, not_validated.final_checkpoint) == 0.0
+    rows = read_metrics(tmp_path / "validated")
+    assert [row["step"] for row in rows] == [0, 1, 2] and [row["step"] for row in read_metrics(tmp_path / "not")] == [1, 2]
+    assert {"val/arithmetic/pass@1", "time/validate_s"} <= set(rows[0]) and "reward/mean" not in rows[0]
+    assert tensorboard_steps(tmp_path / "validated", "val/arithmetic/pass@1") == [0, 2]
 
 
 def test_ppo_stopped_after_step_3_and_resumed_to_step_6_equals_a_straight_run(tmp_path, warm_model_dir):

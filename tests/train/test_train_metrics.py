@@ -6,8 +6,10 @@ import json
 
 import pytest
 import torch
+from torchrun_jobs import tensorboard_steps
 
-from pacs.train.metrics import MetricsLogger, read_metrics
+from pacs.config import Config, load_config
+from pacs.train.metrics import MetricsLogger, read_metrics, summary_lines
 from pacs.train.trainer import rollout_metrics
 
 
@@ -41,3 +43,26 @@ def test_resume_refuses_an_unreadable_line_before_the_last(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\nnot json\n{"step": 3, "loss": 0.3}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON object"):
         MetricsLogger(tmp_path, resume_step=2)
+
+
+def test_the_summary_says_validation_before_and_after_training_and_the_reward_from_step_1(tmp_path):
+    rows = [
+        {"step": 0, "val/arithmetic/pass@1": 0.195, "time/validate_s": 2.0},
+        {"step": 1, "reward/mean": 0.25},
+        {"step": 2, "reward/mean": 0.5, "val/arithmetic/pass@1": 0.387},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    lines = summary_lines(tmp_path, Config())
+    assert lines[:2] == [
+        "training reward (mean): 0.250 at step 1 -> 0.500 at step 2",
+        "validation arithmetic/pass@1: 19.5% at step 0 -> 38.7% at step 2",
+    ]
+
+
+def test_a_run_started_again_in_place_shows_its_validation_at_step_0_once_in_tensorboard(tmp_path):
+    config = load_config("builtin:demo", ["train.report_to=[tensorboard]"])
+    for value in (0.1, 0.2):  # the first start stopped before its first step ended
+        logger = MetricsLogger(tmp_path, config=config)
+        logger.log(0, {"val/arithmetic/pass@1": value})
+        logger.close()
+    assert tensorboard_steps(tmp_path, "val/arithmetic/pass@1") == [0]

@@ -248,9 +248,12 @@ def stopped_run(run, metrics_lines: str):
     (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"")
 
 
-def test_a_run_that_stopped_before_its_first_step_ended_starts_again_in_place(tmp_path, tiny_model_dir, capsys):
+@pytest.mark.parametrize(
+    "metrics_lines", ["", '{"step": 0, "val/arithmetic/pass@1": 0.5, "time/validate_s": 1.0}\n'], ids=["none", "validation-at-0"]
+)
+def test_a_run_that_stopped_before_its_first_step_ended_starts_again_in_place(tmp_path, tiny_model_dir, capsys, metrics_lines):
     run = tmp_path / "run"
-    stopped_run(run, "")
+    stopped_run(run, metrics_lines)
     train(small_config(run, tiny_model_dir, *NO_VALIDATION, "train.steps=1", "train.save_every=0"), show_progress=False)
     assert f"{run} holds a run that stopped before its first step ended: starting it again there" in capsys.readouterr().err
     assert [row["step"] for row in read_metrics(run)] == [1]

@@ -14,7 +14,14 @@ from pydantic import (
 
 
 class ConfigError(ValueError):
-    """A configuration file or override that cannot be used; the message says how to fix it."""
+    """A configuration file or override that cannot be used; the message says how to fix it.
+
+    `settings`: the mapping (file and overrides applied) that failed validation, when there was
+    one, so that a command can check the inputs it names in the same refusal; None otherwise."""
+
+    def __init__(self, message: str, settings: dict | None = None) -> None:
+        super().__init__(message)
+        self.settings = settings
 
 
 class Section(BaseModel):

@@ -84,7 +84,7 @@ def build_config(data: dict[str, Any], source: str = "<dict>") -> Config:
         problems = format_validation_error(error, source)
         if any(item["loc"] for item in error.errors()):
             problems = "\n".join([problems, *combination_problems(data, error)])
-        raise ConfigError(problems) from None
+        raise ConfigError(problems, data) from None
 
 
 def load_config(source: str | None, overrides: Sequence[str] = (), *, algorithm: str | None = None) -> Config:

@@ -216,6 +216,9 @@ class TrainConfig(Section):
     batch-invariant kernels (`pacs.train.determinism`). CPU runs are deterministic without it."""
     eval_every: int = Field(0, ge=0)
     """Validate every this many steps (0: only after the last step)."""
+    eval_at_start: bool = True
+    """Validate once before the first step too, logged as step 0 (a run resumed from a checkpoint
+    has it already); with `data.val` null there is no validation at all."""
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     """With several processes (torchrun / accelerate launch): `ddp` replicates the model,
     `fsdp` shards parameters, gradients and optimizer state (FSDP2, per decoder layer); `auto` is

@@ -69,7 +69,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pacs.data.schema import FORBIDDEN_CONTROL_CHARACTER, describe_value, validate_rows
+from pacs.data.schema import (
+    CSV_LINES,
+    FILE_LINES,
+    FORBIDDEN_CONTROL_CHARACTER,
+    PARQUET_ROWS,
+    BadRows,
+    Numbering,
+    describe_value,
+    row_problems,
+    validate_rows,
+)
 
 PROMPT_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 ABILITY = "math"
@@ -337,18 +347,21 @@ def _named_source(path: str | Path) -> str | None:
     return matches[0] if matches else None
 
 
-def _recognised_field(records: list[dict], given: str | None, common: tuple[str, ...], path: Path, what: str) -> str:
+def _recognised_field(read: RecordFile, given: str | None, common: tuple[str, ...], what: str) -> str:
     """The field that holds each record's `what` ("problem", "answer"): `given`, else the first of
-    `common` that the first record holds (not null); ValueError naming the file and the options."""
+    `common` that the first record holds (not null); ValueError naming the file, the record's line
+    and the options."""
     if given is not None:
         return given
+    first = read.records[0]
     for spelling in common:
-        if records[0].get(spelling) is not None:
+        if first.get(spelling) is not None:
             return spelling
     option = "--prompt-field" if what == "problem" else "--answer-field"
     raise ValueError(
-        f"{path}: row 0: no {what} field recognised (looked for {', '.join(map(repr, common))}; the record has: "
-        f"{', '.join(map(repr, records[0])) or 'no fields'}); name it with {option} FIELD"
+        f"{read.path}: {read.location(0)} (the first record): no {what} field recognised (looked for "
+        f"{', '.join(map(repr, common))}; the record has: {', '.join(map(repr, first)) or 'no fields'}); "
+        f"name it with {option} FIELD"
     )
 
 
@@ -360,55 +373,104 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"{path}: not UTF-8 text ({error})") from None
 
 
-def _json_lines(path: Path, text: str) -> list[dict]:
-    """Parse one JSON object per non-blank line of ``text``; errors name the file and line."""
-    records = []
+@dataclass
+class RecordFile:
+    """The records of one file, each with its number, and those that could not be read."""
+
+    path: Path
+    numbering: Numbering
+    records: list[dict]
+    numbers: list[int]
+    """Each record's line in the file (where it starts), or its row for a parquet file; from 1."""
+    unreadable: list[tuple[int, str]] = field(default_factory=list)
+    """(number, "line 4: why") of each record that could not be read."""
+
+    def location(self, position: int) -> str:
+        """ "line 5" or "row 5": the record at ``position`` (0-based) by the file's numbering."""
+        return f"{self.numbering.unit} {self.numbers[position]}"
+
+
+def _json_lines(path: Path, text: str) -> RecordFile:
+    """One JSON object per non-blank line of ``text``; a line that is not one is unreadable."""
+    read = RecordFile(path, FILE_LINES, [], [])
     for line_number, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+            read.unreadable.append((line_number, f"line {line_number}: invalid JSON ({error.msg})"))
+            continue
         except RecursionError:
-            raise ValueError(f"{path}:{line_number}: JSON nested too deeply to read") from None
+            read.unreadable.append((line_number, f"line {line_number}: JSON nested too deeply to read"))
+            continue
         if not isinstance(record, dict):
-            raise ValueError(f"{path}:{line_number}: expected a JSON object, got {describe_value(record)}")
-        records.append(record)
-    return records
+            read.unreadable.append((line_number, f"line {line_number}: expected a JSON object, got {describe_value(record)}"))
+            continue
+        read.records.append(record)
+        read.numbers.append(line_number)
+    return read
 
 
-def _json_document(path: Path, text: str) -> list[dict]:
+def _past_whitespace(text: str, position: int) -> int:
+    """The first position from `position` on that is not JSON whitespace."""
+    while position < len(text) and text[position] in " \t\n\r":
+        position += 1
+    return position
+
+
+def _json_list_lines(text: str) -> list[int]:
+    """The line on which each element of the JSON list ``text`` (valid JSON) starts."""
+    decoder = json.JSONDecoder()
+    position = _past_whitespace(text, _past_whitespace(text, 0) + 1)  # past "["
+    lines, line, counted = [], 1, 0
+    while text[position] != "]":
+        line += text.count("\n", counted, position)
+        counted = position
+        lines.append(line)
+        position = _past_whitespace(text, decoder.raw_decode(text, position)[1])
+        if text[position] == ",":
+            position = _past_whitespace(text, position + 1)
+    return lines
+
+
+def _json_document(path: Path, text: str) -> RecordFile:
     """Parse a ``.json`` file: a list of objects, one object, or (failing that) one object per line."""
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         if text.lstrip().startswith("["):
-            raise ValueError(f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg})") from None
+            problem = f"line {error.lineno}: invalid JSON ({error.msg}, column {error.colno})"
+            return RecordFile(path, FILE_LINES, [], [], [(error.lineno, problem)])
         return _json_lines(path, text)
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to read") from None
     if isinstance(document, dict):
-        return [document]
+        return RecordFile(path, FILE_LINES, [document], [text.count("\n", 0, _past_whitespace(text, 0)) + 1])
     if not isinstance(document, list):
         raise ValueError(f"{path}: expected a JSON list of objects or one object per line, got {describe_value(document)}")
-    for index, record in enumerate(document):
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}: row {index}: expected a JSON object, got {describe_value(record)}")
-    return document
+    read = RecordFile(path, FILE_LINES, [], [])
+    for line, record in zip(_json_list_lines(text), document, strict=True):
+        if isinstance(record, dict):
+            read.records.append(record)
+            read.numbers.append(line)
+        else:
+            read.unreadable.append((line, f"line {line}: expected a JSON object, got {describe_value(record)}"))
+    return read
 
 
-def _parquet_rows(path: Path) -> list[dict]:
+def _parquet_rows(path: Path) -> RecordFile:
     """Read every row of a parquet file as a dict; errors name the file (and a column not UTF-8)."""
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as error:
         raise ValueError(f"{path}: not a readable parquet file ({error})") from None
     try:
-        return table.to_pylist()
+        records = table.to_pylist()
     except UnicodeDecodeError as error:
         column = next(name for name in table.column_names if not _decodes(table.column(name)))
         raise ValueError(f"{path}: column {column!r} holds text that is not UTF-8 ({error})") from None
+    return RecordFile(path, PARQUET_ROWS, records, list(range(1, len(records) + 1)))
 
 
 def _decodes(column: pa.ChunkedArray) -> bool:
@@ -420,31 +482,44 @@ def _decodes(column: pa.ChunkedArray) -> bool:
     return True
 
 
-def _csv_records(path: Path, text: str) -> list[dict]:
-    """One record per data line of a csv with a header line, every value a string; errors name
-    the file and line."""
-    reader = csv.DictReader(text.splitlines(keepends=True), strict=True)
-    records = []
+def _csv_records(path: Path, text: str) -> RecordFile:
+    """One record per data line of a csv with a header line (line 1), every value a string,
+    numbered by the line it starts on (a quoted value may span lines). A line with more or
+    fewer fields than the header is unreadable; text that is not csv stops the reading there."""
+    reader = csv.reader(text.splitlines(keepends=True), strict=True)
+    read = RecordFile(path, CSV_LINES, [], [])
+    header: list[str] | None = None
     try:
-        for record in reader:
-            if None in record or None in record.values():
-                more_or_fewer = "more" if None in record else "fewer"
-                raise ValueError(
-                    f"{path}:{reader.line_num}: {more_or_fewer} fields than the header's {len(reader.fieldnames)} "
-                    f"({', '.join(reader.fieldnames)})"
+        while True:
+            start = reader.line_num + 1
+            try:
+                values = next(reader)
+            except StopIteration:
+                break
+            if not values:
+                continue
+            if header is None:
+                header = values
+            elif len(values) != len(header):
+                more_or_fewer = "more" if len(values) > len(header) else "fewer"
+                read.unreadable.append(
+                    (start, f"line {start}: {more_or_fewer} fields than the header's {len(header)} ({', '.join(header)})")
                 )
-            records.append(record)
+            else:
+                read.records.append(dict(zip(header, values, strict=True)))
+                read.numbers.append(start)
     except csv.Error as error:
-        raise ValueError(f"{path}:{reader.line_num}: not valid csv ({error})") from None
-    return records
+        read.unreadable.append((reader.line_num, f"line {reader.line_num}: not valid csv ({error}); read no further"))
+    return read
 
 
-def read_records(path: str | Path, *, suffixes: tuple[str, ...] = RECORD_SUFFIXES) -> list[dict]:
+def read_numbered_records(path: str | Path, *, suffixes: tuple[str, ...] = RECORD_SUFFIXES) -> RecordFile:
     """Read the records of a ``.json`` (a list of objects, or one per line), ``.jsonl``, ``.parquet``
-    or, where `suffixes` admits it, ``.csv`` file.
+    or, where `suffixes` admits it, ``.csv`` file, each with its number; a record that cannot be
+    read is listed in ``unreadable`` and the reading goes on.
 
-    Raises FileNotFoundError if there is no such file, and ValueError naming the file and the
-    line or row at fault, or when the file holds no records.
+    Raises FileNotFoundError if there is no such file, and ValueError naming the file when it
+    cannot be read at all or holds no records (``BadRows`` when every record was unreadable).
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -453,16 +528,26 @@ def read_records(path: str | Path, *, suffixes: tuple[str, ...] = RECORD_SUFFIXE
     if not path.is_file():
         raise FileNotFoundError(f"Data file {path} does not exist")
     if suffix == ".parquet":
-        records = _parquet_rows(path)
+        read = _parquet_rows(path)
     elif suffix == ".json":
-        records = _json_document(path, _read_text(path))
+        read = _json_document(path, _read_text(path))
     elif suffix == ".csv":
-        records = _csv_records(path, _read_text(path))
+        read = _csv_records(path, _read_text(path))
     else:
-        records = _json_lines(path, _read_text(path))
-    if not records:
+        read = _json_lines(path, _read_text(path))
+    if not read.records:
+        if read.unreadable:
+            raise BadRows(str(path), read.numbering, read.unreadable)
         raise ValueError(f"Data file {path} contains no rows")
-    return records
+    return read
+
+
+def read_records(path: str | Path, *, suffixes: tuple[str, ...] = RECORD_SUFFIXES) -> list[dict]:
+    """The records of a file (``read_numbered_records``); ``BadRows`` lists every one that cannot be read."""
+    read = read_numbered_records(path, suffixes=suffixes)
+    if read.unreadable:
+        raise BadRows(str(read.path), read.numbering, read.unreadable)
+    return read.records
 
 
 def _math_spans(text: str) -> list[tuple[int, int]]:
@@ -522,10 +607,12 @@ class PrepareReport:
     problem_field: str = ""
     answer_field: str = ""
     """The fields problems and answers were read from (the first row's, for a named source)."""
+    numbering: Numbering = FILE_LINES
+    """How the input's rows are numbered (its lines; a parquet file's rows)."""
     repaired_control_characters: list[int] = field(default_factory=list)
-    """Rows (source positions) whose problem text had broken LaTeX escapes repaired."""
+    """Rows (by ``numbering``) whose problem text had broken LaTeX escapes repaired."""
     tabs_replaced: list[int] = field(default_factory=list)
-    """Rows whose problem text had whitespace tabs replaced by spaces."""
+    """Rows (by ``numbering``) whose problem text had whitespace tabs replaced by spaces."""
     normalised_answers: int = 0
     """Answers rewritten as plain numbers (float 27.0 -> "27", "1,234" -> "1234")."""
 
@@ -537,16 +624,18 @@ class PrepareReport:
             f"{self.input_path}: {self.rows_read} {read_as} read, {self.rows_written} written "
             f"(problems from field {self.problem_field!r}, answers from {self.answer_field!r}; data_source "
             f"{self.data_source!r}, split {self.split!r}, {copies} of each); broken LaTeX escapes (control "
-            f"characters) repaired in {_rows_text(self.repaired_control_characters)}; whitespace tabs replaced by "
-            f"spaces in {_rows_text(self.tabs_replaced)}; {self.normalised_answers} answers normalised to plain numbers."
+            f"characters) repaired in {_rows_text(self.repaired_control_characters, self.numbering)}; whitespace tabs "
+            f"replaced by spaces in {_rows_text(self.tabs_replaced, self.numbering)}; {self.normalised_answers} answers "
+            "normalised to plain numbers."
         )
 
 
-def _rows_text(indices: list[int]) -> str:
-    """Return e.g. ``"no rows"``, ``"1 row (7)"`` or ``"3 rows (18, 19, 27)"``."""
-    if not indices:
+def _rows_text(numbers: list[int], numbering: Numbering) -> str:
+    """Return e.g. ``"no rows"``, ``"1 row (line 7)"`` or ``"3 rows (lines 19, 20, 28)"``."""
+    if not numbers:
         return "no rows"
-    return f"{len(indices)} row{'s' if len(indices) > 1 else ''} ({', '.join(map(str, indices))})"
+    plural = "s" if len(numbers) > 1 else ""
+    return f"{len(numbers)} row{plural} ({numbering.unit}{plural} {', '.join(map(str, numbers))})"
 
 
 @dataclass
@@ -575,7 +664,7 @@ OWN_FORMAT = SourceFormat(problem=COMMON_PROBLEM_FIELDS, answer=COMMON_ANSWER_FI
 
 
 def _source_format(
-    path: Path, records: list[dict], source: str | None, prompt_field: str | None, answer_field: str | None
+    read: RecordFile, source: str | None, prompt_field: str | None, answer_field: str | None
 ) -> tuple[str, SourceFormat]:
     """(named source or "", the format to read `records` with): `source`, or the one the file name
     spells (unless fields are named), else `OWN_FORMAT` with the fields given or recognised;
@@ -583,7 +672,7 @@ def _source_format(
     if source is not None and source not in SOURCES:
         raise ValueError(f"Unknown source {source!r}; valid: {', '.join(SOURCES)}")
     if source is None and prompt_field is None and answer_field is None:
-        source = _named_source(path)
+        source = _named_source(read.path)
     if source is not None:
         source_format = SOURCES[source]
         if prompt_field is not None:
@@ -591,8 +680,8 @@ def _source_format(
         if answer_field is not None:
             source_format = replace(source_format, answer=(answer_field,))
         return source, source_format
-    problem = _recognised_field(records, prompt_field, COMMON_PROBLEM_FIELDS, path, "problem")
-    answer = _recognised_field(records, answer_field, COMMON_ANSWER_FIELDS, path, "answer")
+    problem = _recognised_field(read, prompt_field, COMMON_PROBLEM_FIELDS, "problem")
+    answer = _recognised_field(read, answer_field, COMMON_ANSWER_FIELDS, "answer")
     return "", replace(OWN_FORMAT, problem=(problem,), answer=(answer,))
 
 
@@ -632,28 +721,39 @@ def prepare_dataset(
     if data_source is not None:
         _check_text_option(data_source, "data_source", "'math' or 'my_task'")
     _check_text_option(prompt_suffix, "prompt_suffix", repr(PROMPT_SUFFIX), non_empty=False)
-    records = read_records(path, suffixes=INPUT_SUFFIXES)
-    source, source_format = _source_format(path, records, source, prompt_field, answer_field)
+    read = read_numbered_records(path, suffixes=INPUT_SUFFIXES)
+    records = read.records
+    source, source_format = _source_format(read, source, prompt_field, answer_field)
     split = source_format.default_split if split is None else split
     _check_text_option(split, "split", "'test' or 'train'")
     data_source = data_source or source or f"{DEFAULT_DATA_SOURCE}/{path.stem}"
     report = PrepareReport(str(path), source, data_source, split, repeat, rows_read=len(records), rows_written=0)
+    report.numbering = read.numbering
     rows: list[dict] = []
+    problems = list(read.unreadable)
+    converted_numbers = []
     for index, record in enumerate(records):
-        location = f"{path}: row {index}"
-        converted = source_format.convert(record, location)
-        problem, escapes_repaired, tabs_replaced = _clean_problem_text(
-            converted.problem, f"{location}: field {converted.problem_field!r}"
-        )
+        location, number = read.location(index), read.numbers[index]
+        try:
+            converted = source_format.convert(record, location)
+            problem, escapes_repaired, tabs_replaced = _clean_problem_text(
+                converted.problem, f"{location}: field {converted.problem_field!r}"
+            )
+        except ValueError as error:
+            problems.append((number, str(error)))
+            continue
         if escapes_repaired:
-            report.repaired_control_characters.append(index)
+            report.repaired_control_characters.append(number)
         if tabs_replaced:
-            report.tabs_replaced.append(index)
+            report.tabs_replaced.append(number)
         report.normalised_answers += converted.answer_normalised
-        if index == 0:
+        if not report.problem_field:
             report.problem_field, report.answer_field = converted.problem_field, converted.answer_field
+        converted_numbers.append(number)
         rows.extend(_row(data_source, problem, prompt_suffix, converted, split, index, copy) for copy in range(repeat))
-    validate_rows(rows[::repeat], str(path))  # one copy per source row, so errors name source positions
+    problems += row_problems(rows[::repeat], converted_numbers, read.numbering)  # one copy per source row
+    if problems:
+        raise BadRows(str(path), read.numbering, problems)
     report.rows_written = len(rows)
     return PreparedDataset(rows, report)
 
@@ -680,10 +780,12 @@ def write_parquet(rows: list[dict], out_path: str | Path) -> None:
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """Read a prepared ``.parquet``/``.json``/``.jsonl`` file and check every row against the schema."""
-    rows = read_records(path)
-    validate_rows(rows, str(path))
-    return rows
+    """Read a prepared ``.parquet``/``.json``/``.jsonl`` file and check every row against the schema;
+    ``BadRows`` lists every record that cannot be read or breaks the schema, by the file's lines
+    (rows for parquet)."""
+    read = read_numbered_records(path)
+    validate_rows(read.records, str(read.path), numbers=read.numbers, numbering=read.numbering, unreadable=read.unreadable)
+    return read.records
 
 
 def check_file(path: str | Path) -> int:

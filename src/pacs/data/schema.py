@@ -19,6 +19,7 @@ decodes to a form feed followed by ``"rac"``), which a model would then see inst
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 CHAT_ROLES = ("system", "user", "assistant")
 REWARD_STYLE = "rule"
@@ -109,12 +110,75 @@ def _check_row(row: object, location: str) -> None:
         _check_optional_int(extra_info.get(key), location, f"extra_info.{key}")
 
 
-def validate_rows(rows: list, source: str) -> None:
+MAX_REPORTED_ROWS = 20
+"""Bad rows a data error lists one per line; the rest are counted ("... and 7 more bad rows")."""
+
+
+@dataclass(frozen=True)
+class Numbering:
+    """How a data error numbers rows: by ``unit`` ("line" or "row"), ``meaning`` said once in its header."""
+
+    unit: str
+    meaning: str
+
+
+FILE_LINES = Numbering("line", "line of the file, the first line being 1")
+CSV_LINES = Numbering("line", "line of the file, the header being line 1")
+PARQUET_ROWS = Numbering("row", "row of the file, the first row being 1 (a parquet file has no lines)")
+LIST_ROWS = Numbering("row", "position in the list of rows, the first being 1")
+
+
+class BadRows(ValueError):
+    """Every bad row of one data file (``problems``: (number, "line 5: why") pairs, any order),
+    in one message: a header naming the file, the count and the numbering, then one row per
+    line by number, at most ``MAX_REPORTED_ROWS`` of them::
+
+        rows.jsonl: 2 bad rows, numbered by line of the file, the first line being 1:
+            line 5: invalid JSON (Expecting value)
+            line 6: field 'prompt': expected a non-empty list of chat messages ..., got str 'hi'
+    """
+
+    def __init__(self, source: str, numbering: Numbering, problems: list[tuple[int, str]]) -> None:
+        self.source, self.numbering = source, numbering
+        self.problems = sorted(problems, key=lambda problem: problem[0])
+        count = len(self.problems)
+        lines = [f"{source}: {count} bad row{'s' * (count > 1)}, numbered by {numbering.meaning}:"]
+        lines += [f"    {text}" for _, text in self.problems[:MAX_REPORTED_ROWS]]
+        if count > MAX_REPORTED_ROWS:
+            lines.append(f"    ... and {count - MAX_REPORTED_ROWS} more bad rows")
+        super().__init__("\n".join(lines))
+
+
+def row_problems(rows: list, numbers: list[int], numbering: Numbering) -> list[tuple[int, str]]:
+    """(number, "line 5: why") for each of ``rows`` (numbered ``numbers``) that breaks the schema
+    (its first problem)."""
+    problems = []
+    for number, row in zip(numbers, rows, strict=True):
+        try:
+            _check_row(row, f"{numbering.unit} {number}")
+        except ValueError as error:
+            problems.append((number, str(error)))
+    return problems
+
+
+def validate_rows(
+    rows: list,
+    source: str,
+    *,
+    numbers: list[int] | None = None,
+    numbering: Numbering = LIST_ROWS,
+    unreadable: list[tuple[int, str]] | None = None,
+) -> None:
     """Check every row of ``rows`` (read from ``source``, a file name) against the row schema.
 
-    Raises ValueError at the first problem, naming the source, the row index (counted from 0)
-    and the field, e.g. ``math500.parquet: row 17: field 'reward_model.ground_truth': expected
-    a string, got float 27.0``.
+    ``numbers`` are the rows' numbers in ``numbering`` (default: 1, 2, ... by position);
+    ``unreadable`` the problems of records that could not even be read (bad JSON, a csv line
+    with too many fields), reported with the others. Raises ``BadRows`` listing every bad row,
+    e.g. ``math500.parquet: 1 bad row, numbered by row of the file, the first row being 1 (a
+    parquet file has no lines):`` then ``    row 18: field 'reward_model.ground_truth':
+    expected a string, got float 27.0``.
     """
-    for index, row in enumerate(rows):
-        _check_row(row, f"{source}: row {index}")
+    numbers = list(range(1, len(rows) + 1)) if numbers is None else numbers
+    problems = [*(unreadable or []), *row_problems(rows, numbers, numbering)]
+    if problems:
+        raise BadRows(source, numbering, problems)

@@ -58,7 +58,7 @@ from pacs.distributed.collectives import gather_objects_on_rank0, run_on_every_r
 from pacs.distributed.world import World
 from pacs.eval.passk import mean_pass_at_k
 from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer
-from pacs.outputs import claim_output_dir, unusable_inputs
+from pacs.outputs import DiskFull, claim_output_dir, disk_faults, replace_file, unusable_inputs
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rewards.checks import check_scoring
@@ -218,16 +218,27 @@ class EvalResult:
         )
 
     def write(self, out_dir: Path, settings: EvalSettings) -> None:
-        """`eval_rollout.jsonl` (every sample with its score) and `eval_metrics.json`."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / "eval_rollout.jsonl", "w") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record) + "\n")
+        """`eval_rollout.jsonl` (every sample with its score) and `eval_metrics.json`, each whole
+        (`replace_file`) or not at all: a full disk or spent quota (`DiskFull`, one line naming the
+        folder, the file, its size and the free space) leaves neither, so the same command runs
+        again into the folder without --overwrite."""
         metrics = {
             "settings": asdict(settings),
             "data_sources": {source: report.summary() for source, report in self.sources.items()},
         }
-        (out_dir / "eval_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        files = {
+            "eval_rollout.jsonl": "".join(json.dumps(record) + "\n" for record in self.records),
+            "eval_metrics.json": json.dumps(metrics, indent=2) + "\n",
+        }
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for name, text in files.items():
+                with disk_faults(out_dir, name, len(text.encode())):
+                    replace_file(out_dir / name, text)
+        except DiskFull:
+            for name in files:
+                (out_dir / name).unlink(missing_ok=True)
+            raise
 
 
 def _copy_key(row: dict) -> tuple[str, int] | None:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pacs.config import Config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
-from pacs.outputs import disk_faults, replace_file
+from pacs.outputs import RunMoved, disk_faults, replace_file
 from pacs.train.trackers import Tracker, open_trackers
 
 
@@ -74,7 +76,8 @@ class MetricsLogger:
                     raise
         finite = {name: value for name, value in defined.items() if value is not None}
         for tracker in self.trackers:
-            with disk_faults(self.path.parent, f"step {step}'s {tracker.name} events"):
+            what = f"step {step}'s {tracker.name} events"
+            with disk_faults(self.path.parent, what), _folder_gone(self.path.parent, what):
                 tracker.log(step, finite)
 
     def log_rollouts(self, step: int, rows: list[dict], responses: list[str], rewards: list[float]) -> None:
@@ -109,6 +112,19 @@ class MetricsLogger:
         for tracker in self.trackers or []:
             with disk_faults(self.path.parent, f"the last of {tracker.name}'s events"):
                 tracker.close()
+
+
+@contextmanager
+def _folder_gone(output_dir: Path, what: str) -> Iterator[None]:
+    """A tracker that writes by path (TensorBoard's event file) and finds its file gone: the run's
+    folder was moved away or replaced while it ran; `RunMoved`, one line, instead."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise RunMoved(
+            f"{output_dir}, which this run writes, was moved away or replaced while it ran: writing {what} found its "
+            "file gone; stopping. Continue the run where its folder is now with output_dir=THERE resume=auto"
+        ) from None
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -18,9 +18,9 @@ function's import and vLLM's install), which must be at the same paths on every 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from pacs.config import Config, ConfigError
+from pacs.config import Config, ConfigError, DataConfig, load_config
 from pacs.data.loading import load_rows
 from pacs.models.loading import check_model_reachable
 from pacs.outputs import unusable_inputs
@@ -44,6 +44,35 @@ def check_run_inputs(config: Config) -> None:
     scoring_check = ("reward.function" if config.reward.function else "data", lambda: _check_scoring(config, rows_by_spec))
     tracker_check = ("train.report_to", lambda: check_tracker_packages(config.train.report_to))
     _refuse_unusable([*_node_input_checks(config, rows_by_spec), *critic_check, scoring_check, tracker_check])
+
+
+def load_run_config(source: str | None, overrides: Sequence[str] = ()) -> Config:
+    """`load_config`, whose refusal of a configuration that does not validate also lists the data
+    files it names (`data.train`, `data.val`, as given or by default) that do not load, after the
+    configuration's own problems: one refusal for both, before anything is written or loaded."""
+    try:
+        return load_config(source, overrides)
+    except ConfigError as error:
+        if error.settings is None:
+            raise
+        data_problems = unusable_inputs(_data_checks(error.settings.get("data")))
+        if data_problems is None:
+            raise
+        raise ConfigError(f"{error}\n{data_problems}") from None
+
+
+def _data_checks(data: object) -> list[tuple[str, Callable[[], object]]]:
+    """A check per data spec that the `data` section (a mapping, as given) names; a spec that is
+    not text is left to the configuration's own message."""
+    section = data if isinstance(data, dict) else {}
+    checks: list[tuple[str, Callable[[], object]]] = []
+    for key, split in (("data.train", "train"), ("data.val", "val")):
+        value = section.get(split, DataConfig.model_fields[split].default)
+        specs = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        for spec in specs:
+            if isinstance(spec, str):
+                checks.append((key, lambda spec=spec, split=split: load_rows(spec, default_split=split)))
+    return checks
 
 
 def check_node_inputs(config: Config) -> None:

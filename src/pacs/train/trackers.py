@@ -22,10 +22,13 @@ process was killed is missing from the run, never doubled.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,7 +101,13 @@ def open_trackers(config: Config, output_dir: Path, resume_step: int, resumed_ru
 
 class TensorBoardTracker:
     """Event files in output_dir/tensorboard; what was logged after `resume_step` (0: a new run) is
-    purged, so that a run restarted before its first checkpoint does not log its steps twice."""
+    purged, so that a run restarted before its first checkpoint does not log its steps twice.
+
+    TensorBoard writes its events from a thread of its own, which keeps an error it meets (a full
+    disk, its folder moved away) for the writer's next call: `log` flushes at every step, so the
+    error is raised there, in the trainer's thread, where `MetricsLogger` turns a full disk into
+    one line (`pacs.outputs.disk_faults`); the thread's own traceback is not printed
+    (`_skip_event_writer_threads`), and `close` after such an error raises nothing more."""
 
     name = "tensorboard"
     run_id = None
@@ -106,15 +115,47 @@ class TensorBoardTracker:
     def __init__(self, output_dir: Path, resume_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1)
+        if threading.excepthook is not _skip_event_writer_threads:
+            _hooks_before.append(threading.excepthook)
+            threading.excepthook = _skip_event_writer_threads
+        purge_step = resume_step + 1 if resume_step else 0  # a run from its start logs step 0 (validation) too
+        self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=purge_step)
+        self.failed = False
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        for metric, value in metrics.items():
-            self.writer.add_scalar(metric, value, step)
-        self.writer.flush()
+        try:
+            for metric, value in metrics.items():
+                self.writer.add_scalar(metric, value, step)
+            self.writer.flush()  # raises what the writer's thread met
+        except BaseException:
+            self.failed = True
+            raise
 
     def close(self) -> None:
+        if self.failed:  # its error was raised by `log`; closing would only raise it again
+            with contextlib.suppress(OSError):
+                self.writer.close()
+            return
+        try:
+            self.writer.flush()
+        except BaseException:
+            self.failed = True
+            raise
         self.writer.close()
+
+
+_hooks_before: list[Callable[[threading.ExceptHookArgs], object]] = []
+"""`threading.excepthook` as it was before `_skip_event_writer_threads` was put in its place."""
+
+
+def _skip_event_writer_threads(args: threading.ExceptHookArgs) -> None:
+    """`threading.excepthook` that passes every thread's uncaught error to the hook before it,
+    except TensorBoard's event writer's (its writer raises it at the next call, see
+    `TensorBoardTracker`)."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    if not isinstance(args.thread, _AsyncWriterThread):
+        _hooks_before[-1](args)
 
 
 class WandbTracker:

@@ -388,9 +388,10 @@ class Trainer:
 
     def run(self, *, show_progress: bool = True, run_lock: IO[str] | None = None) -> TrainResult:
         """Every step from `start_step + 1` to `train.steps`: log, validate and checkpoint as the
-        config says; the final checkpoint at the end. Rank 0, which holds the output folder's
-        `run_lock`, stops before it writes a step's results when the folder was moved away
-        (`pacs.outputs.check_run_in_place`)."""
+        config says (a run from its start validates first, as step 0, with `train.eval_at_start`);
+        the final checkpoint at the end. Rank 0, which holds the output folder's
+        `run_lock`, looks before it writes a step's results whether the folder was moved away
+        (`pacs.outputs.check_run_in_place`); when it was, every rank stops with its message."""
         config, world = self.config, self.world
         output_dir = Path(config.output_dir)
         logger = MetricsLogger(output_dir, world, resume_step=self.start_step, config=config, resumed_runs=self.tracker_runs)
@@ -408,6 +409,10 @@ class Trainer:
                 unit="step",
                 disable=not (show_progress and world.is_writer),
             )
+            if self.start_step == 0 and config.train.eval_at_start and self.val_prompts is not None:
+                validation, validation["time/validate_s"] = timed(self.validate)
+                run_on_rank0(world, lambda: check_run_in_place(output_dir, run_lock))
+                logger.log(0, validation)
             if self.pipeline is not None:
                 self.pipeline.begin(self.start_step, self.engine_weights())
             for step in steps:
@@ -415,7 +420,7 @@ class Trainer:
                 if self.validates_at(step):
                     validation, metrics["time/validate_s"] = timed(self.validate)
                     metrics.update(validation)
-                check_run_in_place(output_dir, run_lock)
+                run_on_rank0(world, lambda: check_run_in_place(output_dir, run_lock))
                 logger.log(step, metrics)
                 self.watch_scoring(step, metrics, steps)
                 skipped_updates += int(metrics["updates/skipped"])

@@ -63,6 +63,7 @@ NOT_OPTIMISATION = (
     "train.save_every",
     "train.keep_checkpoints",
     "train.eval_every",
+    "train.eval_at_start",
     "train.strategy",
     "train.distributed_timeout_s",
     "train.gradient_checkpointing",
@@ -205,7 +206,15 @@ def steps_without_checkpoint(output_dir: Path) -> int | None:
         lines = (output_dir / "metrics.jsonl").read_text().splitlines()
     except FileNotFoundError:
         lines = []
-    return sum(1 for line in lines if line.strip())
+    return sum(1 for line in lines if line.strip() and _logged_step(line) != 0)  # step 0: the validation before step 1
+
+
+def _logged_step(line: str) -> object:
+    """The step of a metrics line; None for a line cut short."""
+    try:
+        return json.loads(line).get("step")
+    except ValueError:
+        return None
 
 
 def read_saved_config(output_dir: Path) -> dict | None:
