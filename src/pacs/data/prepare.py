@@ -429,9 +429,9 @@ def _csv_records(path: Path, text: str) -> list[dict]:
         for record in reader:
             if None in record or None in record.values():
                 more_or_fewer = "more" if None in record else "fewer"
+                header = reader.fieldnames or ()  # read before the first record
                 raise ValueError(
-                    f"{path}:{reader.line_num}: {more_or_fewer} fields than the header's {len(reader.fieldnames)} "
-                    f"({', '.join(reader.fieldnames)})"
+                    f"{path}:{reader.line_num}: {more_or_fewer} fields than the header's {len(header)} ({', '.join(header)})"
                 )
             records.append(record)
     except csv.Error as error:
