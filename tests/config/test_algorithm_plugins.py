@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 from plugin_algorithms import EXAMPLES
 
-from pacs.config import ALGORITHM_CONFIGS, ConfigError, dump_config, load_config
-from pacs.config.algorithms import register_algorithm
+from pacs.config import ConfigError, dump_config, load_config
 
 EXAMPLE = "algorithm.name=my_algorithm:ReinforceConfig"
 
@@ -97,12 +96,6 @@ def test_a_constructor_that_refuses_its_options_fails_the_config_before_any_mode
     assert "algorithm.name='plugin_algorithms:RefusedByConstructor': Minimal(...) refused these options: limit=9 exceeds" in str(
         refused.value
     )
-
-
-def test_a_built_in_is_registered_once_under_a_name_without_a_colon():
-    with pytest.raises(ValueError, match="a built-in's name must be a new name without ':', got 'grpo'"):
-        register_algorithm(ALGORITHM_CONFIGS["grpo"])
-    assert all(section.model_fields["name"].default == name for name, section in ALGORITHM_CONFIGS.items())
 
 
 def test_pacs_compare_takes_a_users_algorithm_with_the_options_it_has():

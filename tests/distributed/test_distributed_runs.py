@@ -7,14 +7,23 @@ import json
 import math
 import os
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from killing import kill_a_worker_once_checkpointed, kill_job, kill_once_checkpointed
 from running import run
-from torchrun_jobs import AUDIT, TESTS, final_tensors, max_difference, process_env, read_jsonl, tensorboard_steps, torchrun
+from torchrun_jobs import (
+    AUDIT,
+    TESTS,
+    final_tensors,
+    max_difference,
+    process_env,
+    read_jsonl,
+    tensorboard_steps,
+    torchrun,
+    torchrun_command,
+)
 
 from pacs.distributed.world import SEPARATE_STORES
 
@@ -141,15 +150,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_weights_exactly(f
     """FSDP with PPO's critic: the whole job killed, then launched again with resume=auto."""
     straight, overrides, _ = finished_runs(*RUNS[0])
     killed = tmp_path / "killed"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        *train_command(killed, warm_model_dir, *overrides),
-    ]
+    command = torchrun_command(*train_command(killed, warm_model_dir, *overrides))
     job = subprocess.Popen(
         command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -170,18 +171,9 @@ def test_a_worker_killed_after_step_2_is_restarted_by_torchrun_and_resumes_to_th
     is in place; torchrun restarts both, which go on from the newest checkpoint by themselves."""
     straight, overrides, _ = finished_runs(*RUNS[1])
     restarted = tmp_path / "restarted"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "--max-restarts",
-        "1",
-        str(AUDIT),
-        *train_command(restarted, warm_model_dir, *overrides)[2:],
-    ]
+    command = torchrun_command(
+        str(AUDIT), *train_command(restarted, warm_model_dir, *overrides)[2:], options=("--max-restarts", "1")
+    )
     with open(tmp_path / "job.log", "w") as log:
         env = {**process_env(), SEPARATE_STORES: "1"}
         job = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -209,15 +201,7 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path, warm_model_dir):
         "        raise RuntimeError('verifier broke on rank 1')\n"
         "    return 0.0\n"
     )
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        *train_command(tmp_path / "run", warm_model_dir, "reward.function=rank_one_fails:compute_score"),
-    ]
+    command = torchrun_command(*train_command(tmp_path / "run", warm_model_dir, "reward.function=rank_one_fails:compute_score"))
     env = {**process_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{TESTS}"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0

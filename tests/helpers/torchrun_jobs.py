@@ -21,10 +21,16 @@ EXACT = 1e-9
 """Largest weight difference accepted between 2 processes and 1 (float64)."""
 
 
+def torchrun_command(*args: str, options: tuple[str, ...] = ()) -> list[str]:
+    """The command line `torchrun --standalone --nproc_per_node 2 OPTIONS ARGS` (torchrun's own
+    `options`, e.g. ``("--max-restarts", "1")``, before the script and its arguments `args`)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *options, *args]
+
+
 def torchrun(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node 2 ARGS` with one thread per process (and `env` on
-    top of this process's environment); raises with the output when it fails."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    """`torchrun_command(*args)` with one thread per process (and `env` on top of this process's
+    environment), waited for; raises with the output when it fails."""
+    command = torchrun_command(*args)
     result = subprocess.run(command, env={**process_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")

@@ -27,14 +27,14 @@ and from units of lower layers."""
 
 
 TRAIN_LAYERS = [
-    {"batch", "sampler", "timing", "determinism", "trackers", "preflight"},
+    {"batch", "sampler", "timing", "throughput", "determinism", "trackers", "preflight"},
     {"logprobs", "metrics", "checkpointing"},
     {"update", "sft", "loading", "colocated_engine", "async_generator", "dynamic_sampling"},
     {"builtin_models", "memory_plan"},
     {"trainer"},
 ]
-"""`pacs.train` inside, bottom to top, as a step flows: the batch and what a step is timed and
-logged with; log-probs on a batch, metrics, checkpoints; the update, what a run loads and how it
+"""`pacs.train` inside, bottom to top, as a step flows: the batch and what a step is timed, measured
+and logged with; log-probs on a batch, metrics, checkpoints; the update, what a run loads and how it
 generates; what is built from those (the warm-started model, the memory plan); the loop. A module
 imports only from its own layer and lower ones."""
 

@@ -12,7 +12,7 @@ from exact_float64 import GradientRecordingAdamW
 from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 
-from pacs.config import ALGORITHM_CONFIGS, PacsConfig, load_config
+from pacs.config import ALGORITHM_CONFIGS, load_config
 from pacs.distributed.world import World
 from pacs.models.loading import load_causal_lm
 from pacs.train import trainer as trainer_module
@@ -161,7 +161,7 @@ def test_under_the_sampler_correction_the_first_update_gives_the_same_losses_and
 
 
 def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
-    algorithm = PacsConfig().build(group_size=GROUP_SIZE, max_response_length=6)
+    algorithm = ALGORITHM_CONFIGS["pacs"]().build(group_size=GROUP_SIZE, max_response_length=6)
     batch = step_batch(model, algorithm)
     calls = []
     original = update_module.response_logprobs_no_grad
@@ -176,7 +176,7 @@ def test_one_update_per_step_needs_no_no_grad_pass_at_all(model, monkeypatch):
 
 
 def test_more_rows_than_one_update_are_refused(model):
-    algorithm = PacsConfig().build(group_size=GROUP_SIZE, max_response_length=6)
+    algorithm = ALGORITHM_CONFIGS["pacs"]().build(group_size=GROUP_SIZE, max_response_length=6)
     batch = step_batch(model, algorithm)
     settings = UpdateSettings(mini_batch_size=2, micro_batch_size=5, epochs=1, grad_clip=1.0)
     with pytest.raises(ValueError, match="exceeds one update's 8 rows"):
@@ -184,7 +184,7 @@ def test_more_rows_than_one_update_are_refused(model):
 
 
 def test_the_first_updates_rows_show_the_algorithm_no_old_logprobs_until_its_forward_gives_them(model):
-    batch = step_batch(model, PacsConfig().build(group_size=GROUP_SIZE, max_response_length=6))
+    batch = step_batch(model, ALGORITHM_CONFIGS["pacs"]().build(group_size=GROUP_SIZE, max_response_length=6))
     first_update = FirstUpdateOldLogprobs(batch, FIRST_UPDATE_ROWS, rows_per_update=FIRST_UPDATE_ROWS)
     first, second = slice(0, FIRST_UPDATE_ROWS), slice(FIRST_UPDATE_ROWS, 2 * FIRST_UPDATE_ROWS)
     assert "old_logprobs" not in first_update.algorithm_inputs(batch.rows(first), first)

@@ -82,10 +82,9 @@ class CISPO(ClippedPolicyGradient):
     """CISPO as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``), the
     clipped-weight REINFORCE loss (``cispo_surrogate``), ``token-mean``.
 
-    Options: those of ``ClippedPolicyGradient`` but ``dual_clip``, with CISPO's defaults
-    (``clip_low`` 1.0, ``clip_high`` 4.0, ``loss_agg`` token-mean), where ``clip_low`` and
-    ``clip_high`` bound the importance weight; every option is in the configuration reference
-    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
+    ``clip_low`` and ``clip_high`` bound the importance weight, and there is no dual clip. Its
+    options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.cispo`).
     """
 
     min_group_size = 2

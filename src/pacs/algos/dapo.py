@@ -34,9 +34,8 @@ class DAPO(ClippedPolicyGradient):
     """DAPO's objective as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``),
     clip-higher, token-level loss.
 
-    Options: those of ``ClippedPolicyGradient``, with DAPO's defaults (``clip_high`` 0.28,
-    ``loss_agg`` token-mean); every option is in the configuration reference
-    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
+    Its options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.dapo`).
     """
 
     min_group_size = 2

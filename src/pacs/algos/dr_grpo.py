@@ -28,8 +28,8 @@ class DrGRPO(ClippedPolicyGradient):
     """Dr. GRPO as a trainer plug-in: group-centred rewards as advantages, PPO's clipped surrogate,
     ``seq-mean-token-sum-norm``.
 
-    Options: those of ``ClippedPolicyGradient``; every option is in the configuration reference
-    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
+    Its options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.dr_grpo`).
     """
 
     min_group_size = 2

@@ -59,10 +59,9 @@ def grpo_advantages(
 class GRPO(ClippedPolicyGradient):
     """GRPO as a trainer plug-in: ``grpo_advantages`` per step, then the clipped policy gradient.
 
-    Options: ``norm_by_std`` and ``eps`` of its own, the others those of ``ClippedPolicyGradient``;
-    every option is in the configuration reference (docs/reference/configuration.md, generated from
-    `pacs.config.algorithms`). With ``kl_coef = 0`` and ``entropy_coef = 0``, ``needs`` is empty: no
-    reference model is loaded.
+    Its options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.grpo`). With ``kl_coef = 0`` and
+    ``entropy_coef = 0``, ``needs`` is empty: no reference model is loaded.
     """
 
     min_group_size = 2

@@ -86,9 +86,8 @@ class GSPO(ClippedPolicyGradient):
     """GSPO as a trainer plug-in: GRPO's advantages (``ClippedPolicyGradient.prepare_step``), the
     sequence-level clipped surrogate (``sequence_clipped_surrogate``), ``seq-mean-token-mean``.
 
-    Options: those of ``ClippedPolicyGradient``, with the paper's defaults (``clip_low`` 3e-4,
-    ``clip_high`` 4e-4, ``loss_agg`` seq-mean-token-mean); every option is in the configuration
-    reference (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
+    Its options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.gspo`).
     """
 
     min_group_size = 2

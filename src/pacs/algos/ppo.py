@@ -215,10 +215,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mas
 class PPO(ClippedPolicyGradient):
     """PPO's actor as a trainer plug-in, plus the loss of its critic.
 
-    Options: ``gamma``, ``lam``, ``value_clip``, ``critic_loss_agg`` and ``critic_loss_scale`` of
-    its own, the others those of ``ClippedPolicyGradient``; every option is in the configuration
-    reference (docs/reference/configuration.md, generated from `pacs.config.algorithms`). ``needs``
-    holds "values": the critic's values of the rollout.
+    Its options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.ppo`).
+    ``needs`` holds "values": the critic's values of the rollout.
 
     The critic's update follows the same contract as the actor's: per mini-batch
     ``critic_row_terms(minibatch)``, then per micro-batch ``critic_micro_batch_loss(values, micro,

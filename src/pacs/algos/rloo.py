@@ -42,8 +42,8 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 class RLOO(ClippedPolicyGradient):
     """RLOO as a trainer plug-in: ``rloo_advantages`` per step, then the clipped policy gradient.
 
-    Options: those of ``ClippedPolicyGradient``; every option is in the configuration reference
-    (docs/reference/configuration.md, generated from `pacs.config.algorithms`).
+    Its options are its constructor's keywords, each described in the configuration reference
+    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.rloo`).
     """
 
     min_group_size = 2

@@ -18,17 +18,10 @@ is its description (`Config.model_fields[...].description`), the text of the con
 
 from pacs.config.algorithms import (
     ALGORITHM_CONFIGS,
+    DEFAULT_ALGORITHM,
     AlgorithmConfig,
     BaseAlgorithmConfig,
-    CispoConfig,
     ClippedPolicyGradientConfig,
-    DapoConfig,
-    DrGrpoConfig,
-    GrpoConfig,
-    GspoConfig,
-    PacsConfig,
-    PpoConfig,
-    RlooConfig,
 )
 from pacs.config.base import ConfigError
 from pacs.config.loading import build_config, dump_config, load_config
@@ -49,25 +42,18 @@ from pacs.config.sections import (
 
 __all__ = [
     "ALGORITHM_CONFIGS",
+    "DEFAULT_ALGORITHM",
     "ASYNC_IS_CAP",
     "AlgorithmConfig",
     "BaseAlgorithmConfig",
-    "CispoConfig",
     "ClippedPolicyGradientConfig",
     "Config",
     "ConfigError",
     "CriticConfig",
-    "DapoConfig",
     "DataConfig",
-    "DrGrpoConfig",
     "EvalConfig",
-    "GrpoConfig",
-    "GspoConfig",
     "ModelConfig",
-    "PacsConfig",
-    "PpoConfig",
     "RewardConfig",
-    "RlooConfig",
     "HfConfig",
     "RolloutConfig",
     "TrainConfig",

@@ -10,7 +10,7 @@ from pydantic import (
     model_validator,
 )
 
-from pacs.config.algorithms import AlgorithmConfig, PacsConfig
+from pacs.config.algorithms import ALGORITHM_CONFIGS, DEFAULT_ALGORITHM, AlgorithmConfig
 from pacs.config.base import Section
 from pacs.config.sections import (
     ASYNC_IS_CAP,
@@ -38,7 +38,7 @@ class Config(Section):
     """The policy to train."""
     data: DataConfig = DataConfig()
     """Training and validation prompts."""
-    algorithm: AlgorithmConfig = PacsConfig()
+    algorithm: AlgorithmConfig = ALGORITHM_CONFIGS[DEFAULT_ALGORITHM].model_validate({})
     """The RL objective: `name` picks the algorithm, whose own options follow it."""
     rollout: RolloutConfig = RolloutConfig()
     """How training responses are sampled."""

@@ -253,7 +253,7 @@ class TrainConfig(Section):
     turn it on for long, ragged responses."""
     peak_flops: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Peak FLOP/s of one device (one process's), for `perf/mfu`: the step's model FLOPs (6·N per
-    token of an update, 2·N per token of a forward-only pass, `pacs.train.timing`) over
+    token of an update, 2·N per token of a forward-only pass, `pacs.train.throughput`) over
     time/step_s × peak_flops × processes. E.g. 989e12 for an H100 SXM in dense bf16; None: mfu is
     not logged (a CPU has no single peak to quote)."""
     save_rollouts: bool = False

@@ -11,6 +11,7 @@ A data spec is one of:
 
 from __future__ import annotations
 
+import typing
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -104,4 +105,5 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:
     Encode the result with ``add_special_tokens=False``: the template already adds every
     special token the model expects.
     """
-    return tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    return typing.cast(str, text)  # tokenize=False: the rendered text

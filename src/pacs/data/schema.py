@@ -33,12 +33,13 @@ def describe_value(value: object) -> str:
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _check_string(value: object, location: str, field: str, *, non_empty: bool = True) -> None:
-    """Raise naming ``location`` and ``field`` unless ``value`` is a (non-empty) string."""
+def _check_string(value: object, location: str, field: str, *, non_empty: bool = True) -> str:
+    """``value``; raise naming ``location`` and ``field`` unless it is a (non-empty) string."""
     if not isinstance(value, str):
         raise ValueError(f"{location}: field {field!r}: expected a string, got {describe_value(value)}")
     if non_empty and not value.strip():
         raise ValueError(f"{location}: field {field!r}: expected a non-empty string, got {value!r}")
+    return value
 
 
 def _check_optional_int(value: object, location: str, field: str) -> None:
@@ -56,8 +57,7 @@ def _check_message(message: object, location: str, field: str) -> None:
     role = message.get("role")
     if role not in CHAT_ROLES:
         raise ValueError(f"{location}: field '{field}.role': expected one of {list(CHAT_ROLES)}, got {describe_value(role)}")
-    content = message.get("content")
-    _check_string(content, location, f"{field}.content", non_empty=False)
+    content = _check_string(message.get("content"), location, f"{field}.content", non_empty=False)
     control = FORBIDDEN_CONTROL_CHARACTER.search(content)
     if control:
         raise ValueError(

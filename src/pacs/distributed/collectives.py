@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -106,7 +106,7 @@ def run_on_rank0(world: World, action: Callable[[], T]) -> T:
     When it raises, every rank raises the same error (none is left waiting)."""
     if world.world_size == 1:
         return action()
-    outcome = None
+    outcome: tuple[bool, Any] | None = None  # (True, the value) or (False, the error); set on rank 0
     if world.is_writer:
         try:
             outcome = (True, action())
@@ -114,7 +114,7 @@ def run_on_rank0(world: World, action: Callable[[], T]) -> T:
             outcome = (False, error)
     message = [outcome]
     dist.broadcast_object_list(message, src=0)
-    succeeded, value = message[0]
+    succeeded, value = cast(tuple[bool, Any], message[0])  # rank 0's outcome, on every rank after the broadcast
     if not succeeded:
         raise value
     return value
@@ -141,7 +141,7 @@ def run_on_every_rank(world: World, action: Callable[[], T], *, how_to_fix: str 
     if failures:
         lines = [f"{len(failures)} of {world.world_size} processes could not go on:", *failures, how_to_fix]
         raise NodeError("\n".join(line for line in lines if line)) from own_error
-    return value
+    return cast(T, value)  # no rank failed, so this rank's action returned it
 
 
 @contextmanager

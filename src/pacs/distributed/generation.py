@@ -18,7 +18,8 @@ def unsharded_for_generation(model: torch.nn.Module) -> Iterator[torch.nn.Module
     numbers of tokens). On exit the layers reshard and go back to resharding after forward; the
     root (the first FSDP module) stays gathered, as `wrap_model` set it to be after every forward.
     Under DDP, or with one process, the model inside any wrapper, as it is."""
-    root, *layers = [module for module in model.modules() if isinstance(module, FSDPModule)] or [None]
+    sharded = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    root, layers = (sharded[0], sharded[1:]) if sharded else (None, [])
     for module in layers:
         module.set_reshard_after_forward(False, recurse=False)
     for module in [root, *layers] if root is not None else []:

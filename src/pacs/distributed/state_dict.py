@@ -58,7 +58,9 @@ def full_tensors_on_rank0(world: World, named_tensors: Iterable[tuple[str, torch
     is gathered when its turn comes, so no rank ever holds more than one of them whole. Yields
     nothing on other ranks, which must still iterate to take part."""
     for name, tensor in named_tensors:
-        whole = tensor.detach().full_tensor() if isinstance(tensor, DTensor) else tensor
+        whole = tensor.detach()
+        if isinstance(whole, DTensor):
+            whole = whole.full_tensor()
         if world.is_writer:
             yield name, whole.detach().to("cpu", copy=True)
 
@@ -69,7 +71,9 @@ def from_rank0_like(
     """Rank 0's `whole` tensor (of `shape` and `dtype`; None on other ranks) as this rank holds
     tensors like `like`: its shard, placed as `like` is, for a DTensor; the whole tensor on
     `like`'s device otherwise."""
-    source = whole if world.is_writer else torch.empty(shape, dtype=dtype)
+    if world.is_writer and whole is None:
+        raise ValueError("from_rank0_like: rank 0 gives the whole tensor, got None")
+    source = whole if world.is_writer and whole is not None else torch.empty(shape, dtype=dtype)
     if isinstance(like, DTensor):
         return distribute_tensor(source.to(like.device), like.device_mesh, like.placements, src_data_rank=0)
     return broadcast_from_rank0(world, source).to(like.device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -16,6 +17,12 @@ from torch.nn.parallel import DistributedDataParallel
 from pacs.distributed.collectives import broadcast_from_rank0, run_on_rank0
 from pacs.distributed.world import DistributedConfigError, World
 from pacs.models.lora import language_model
+
+
+class _TiesWeights(Protocol):
+    """A Hugging Face model: `tie_weights` makes its output layer the input embeddings' tensor again."""
+
+    def tie_weights(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ def load_on_rank0(world: World, load: Callable[[], torch.nn.Module]) -> tuple[to
         return model.to("meta")  # the tensors kept in `weights` keep their data; the model is now a skeleton
 
     skeleton = run_on_rank0(world, skeleton_of_loaded)
-    skeleton.tie_weights()  # moving to the meta device gave tied weights a parameter each
+    cast(_TiesWeights, skeleton).tie_weights()  # moving to the meta device gave tied weights a parameter each
     return skeleton, weights
 
 
@@ -101,7 +108,7 @@ def gradient_sync(world: World, model: torch.nn.Module, sync: bool):
     unsharded gradient until the update's last micro-batch."""
     if sync or world.strategy != "ddp":
         return nullcontext()
-    return model.no_sync()
+    return cast(DistributedDataParallel, model).no_sync()  # wrapped by wrap_model under ddp
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -118,7 +125,7 @@ def _on_device(world: World, model: torch.nn.Module, rank0_weights: Rank0Weights
     if rank0_weights is None:
         return model.to(world.device)
     model.to_empty(device=world.device)
-    model.tie_weights()  # to_empty gave tied weights a tensor each
+    cast(_TiesWeights, model).tie_weights()  # to_empty gave tied weights a tensor each
     _fill_from_rank0(world, model, rank0_weights)
     return model
 
@@ -155,6 +162,6 @@ def _fill_from_rank0(world: World, model: torch.nn.Module, rank0_weights: Rank0W
     state tensor broadcast, every rank keeping what it holds of it (its shard of a sharded one),
     then every buffer (non-persistent ones, like rotary frequencies, included)."""
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, rank0_weights.state, options=options)
+    set_model_state_dict(model, cast(dict[str, Any], rank0_weights.state), options=options)
     for name, buffer in model.named_buffers():
         buffer.copy_(broadcast_from_rank0(world, rank0_weights.buffers[name] if world.is_writer else buffer))

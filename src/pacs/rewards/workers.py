@@ -74,12 +74,14 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
+from typing import IO
 
 from pacs.plugins import check_function_spec, import_function
 
@@ -110,7 +112,7 @@ def inside_time_limited_worker() -> bool:
 
 def check_timeout_s(timeout_s: object) -> float:
     """``timeout_s`` as a float; ValueError unless it is a positive, finite number of seconds."""
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < float(timeout_s) < math.inf:
         raise ValueError(f"timeout_s must be a positive, finite number of seconds, got {timeout_s!r}")
     return float(timeout_s)
 
@@ -311,8 +313,9 @@ class TimeLimitedWorkers:
         self._control = control
         self._stop_server = weakref.finalize(self, _stop_server, self._server, control, os.getpid())
         try:
-            self._server.stdin.write(json.dumps(settings).encode())
-            self._server.stdin.close()
+            settings_pipe = typing.cast(IO[bytes], self._server.stdin)  # stdin=PIPE: never None
+            settings_pipe.write(json.dumps(settings).encode())
+            settings_pipe.close()
             kind, payload = self._server_reply(SERVER_START_TIMEOUT_S)
         except (OSError, _ServerLost) as error:
             exit_code = self._server.poll()
@@ -326,11 +329,18 @@ class TimeLimitedWorkers:
             self._close()
             raise ValueError(f"The worker processes could not load {self.function_spec}: {payload}")
 
+    def _live_control(self) -> socket.socket:
+        """The socket to the worker server; _ServerLost when no server is running."""
+        if self._control is None:
+            raise _ServerLost("it is not running")
+        return self._control
+
     def _server_reply(self, timeout_s: float) -> list:
         """The server's next reply, ``[kind, payload]``; _ServerLost if none comes in time."""
-        self._control.settimeout(timeout_s)
+        control = self._live_control()
+        control.settimeout(timeout_s)
         try:
-            message = self._control.recv(_CONTROL_MESSAGE_BYTES)
+            message = control.recv(_CONTROL_MESSAGE_BYTES)
         except OSError as error:  # TimeoutError included
             raise _ServerLost(f"no answer: {error}") from None
         if not message:
@@ -344,7 +354,7 @@ class TimeLimitedWorkers:
         caller_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with worker_end:
             try:
-                socket.send_fds(self._control, [json.dumps(["fork", None]).encode()], [worker_end.fileno()])
+                socket.send_fds(self._live_control(), [json.dumps(["fork", None]).encode()], [worker_end.fileno()])
             except OSError as error:
                 caller_end.close()
                 raise _ServerLost(f"cannot ask it: {error}") from None
@@ -359,7 +369,7 @@ class TimeLimitedWorkers:
         worker.connection.close()
         pending.extendleft(reversed(worker.assigned))
         try:
-            self._control.send(json.dumps(["stop", worker.pid]).encode())
+            self._live_control().send(json.dumps(["stop", worker.pid]).encode())
             self._workers.append(self._fork_worker())
         except (OSError, _ServerLost):
             for other in self._workers:
@@ -416,7 +426,7 @@ def _stop_server(server: subprocess.Popen, control: socket.socket, owner_pid: in
         server.wait()
 
 
-def _kill_groups(pids: object) -> None:
+def _kill_groups(pids: Iterable[int]) -> None:
     """SIGKILL the process group led by each pid, if it still exists."""
     for pid in pids:
         try:
@@ -507,7 +517,8 @@ def _serve_forks_until_told(settings: dict, control_fd: int) -> None:
     children: set[int] = set()
     try:
         while True:
-            readable, _, _ = select.select([control, child_exited], [], [])
+            watched: list[socket.socket | int] = [control, child_exited]
+            readable, _, _ = select.select(watched, [], [])
             if child_exited in readable:
                 os.read(child_exited, _READ_BYTES)
                 _reap_exited(children)
@@ -666,8 +677,9 @@ def _answer(function: Callable, call: tuple) -> bytes:
 
 def _plain_scalar(value: object) -> object:
     """A 0-d numpy value (``np.float32``, ``np.bool_``) as the Python scalar JSON can hold."""
-    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
-        return value.item()
+    item = getattr(value, "item", None)
+    if getattr(value, "shape", None) == () and callable(item):
+        return item()
     raise TypeError(f"{type(value).__name__} is not JSON (numbers, strings, lists, dicts, bool, None)")
 
 

@@ -47,9 +47,7 @@ from pacs.train.checkpointing.state import (
     CRITIC_DIR,
     REFERENCE_DIR,
 )
-from pacs.train.timing import (
-    flop_parameters,
-)
+from pacs.train.throughput import flop_parameters
 
 NODE_INPUTS_HOW_TO_FIX = (
     "Every node runs the same command and reads model.path, the data files and the reward function from its own "
@@ -97,7 +95,7 @@ class Policy:
     sizes: dict[str, float]
     """`parameter_counts` of the unwrapped model, logged at a run's first step."""
     flop_parameters: float
-    """N of `perf/mfu`'s 6ND rule (`pacs.train.timing.flop_parameters`)."""
+    """N of `perf/mfu`'s 6ND rule (`pacs.train.throughput.flop_parameters`)."""
 
 
 class Critic(NamedTuple):
@@ -106,7 +104,7 @@ class Critic(NamedTuple):
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     flop_parameters: float
-    """N of `perf/mfu`'s 6ND rule (`pacs.train.timing.flop_parameters`)."""
+    """N of `perf/mfu`'s 6ND rule (`pacs.train.throughput.flop_parameters`)."""
 
     def trained(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """The model and its optimizer, as checkpoints save and restore them."""

@@ -1,16 +1,9 @@
-"""Where a step's time goes: every phase timed (`PhaseTimes`), and the model FLOPs utilisation
-(`model_flops`, `flops_utilisation`).
-
-MFU counts the model's multiply-adds as the 6ND rule does (Kaplan et al. 2020; PaLM's MFU): a
-pass over T tokens of a model of N parameters costs 2·N·T FLOPs forward and 6·N·T forward and
-backward. Attention's own FLOPs (quadratic in the length) and recomputation (activation
-checkpointing, the no-grad passes an update makes for its metrics) are not counted.
-"""
+"""Where a step's time goes: every phase timed (`PhaseTimes`); what the step's time bought is
+`pacs.train.throughput`'s."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -64,27 +57,3 @@ def timed(function: Callable[..., Result], *args, **kwargs) -> tuple[Result, flo
     start = time.perf_counter()
     result = function(*args, **kwargs)
     return result, time.perf_counter() - start
-
-
-def flop_parameters(model: torch.nn.Module) -> float:
-    """N of the 6ND rule: the parameters that multiply, i.e. every parameter (tied weights once)
-    but an input embedding that is not also the output layer (a lookup, no multiply-adds)."""
-    parameters = {id(p): p.numel() for p in model.parameters()}
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if embeddings is not None and (output is None or output.weight is not embeddings.weight):
-        parameters.pop(id(embeddings.weight), None)
-    return float(sum(parameters.values()))
-
-
-def model_flops(parameters: float, tokens: torch.Tensor, *, forward_passes, training_passes) -> torch.Tensor:
-    """FLOPs = 2·N·T·forward_passes + 6·N·T·training_passes, elementwise.
-
-    parameters: N (`flop_parameters`); tokens: (B,) T of each row (prompt and response);
-    forward_passes, training_passes: numbers or (B,) tensors of passes over each row."""
-    return parameters * tokens * (2 * forward_passes + 6 * training_passes)
-
-
-def flops_utilisation(flops: float, seconds: float, peak_flops: float, processes: int) -> float:
-    """`perf/mfu` = FLOPs / (seconds · peak FLOP/s of one device · processes); nan for no time."""
-    return flops / (seconds * peak_flops * processes) if seconds > 0 else math.nan

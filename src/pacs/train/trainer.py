@@ -119,10 +119,9 @@ from pacs.train.memory_plan import check_fits_device
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
 from pacs.train.sampler import PromptSampler
+from pacs.train.throughput import step_mfu
 from pacs.train.timing import (
     PhaseTimes,
-    flops_utilisation,
-    model_flops,
     timed,
 )
 from pacs.train.update import (
@@ -338,27 +337,7 @@ class Trainer:
                 next_prompts=lambda: next_prompt_shares(config, world, sampler, [world.rank])[0],
                 token_ids=lambda indices: [train_prompts.token_ids[i] for i in indices],
             )
-        scorer = ScoringPool(
-            config.reward.function,
-            num_workers=config.reward.num_workers,
-            timeout_s=config.reward.timeout_s,
-            memory_limit_mib=config.reward.memory_limit_mib,
-        )
-        scoring_watch = ScoringWatch(
-            scorer.function_name,
-            remedy=f"reward.timeout_s={config.reward.timeout_s:g}, reward.memory_limit_mib={config.reward.memory_limit_mib}",
-            stop_after=config.reward.stop_after_failing_steps,
-            stop_option="reward.stop_after_failing_steps",
-        )
-        settings = UpdateSettings(
-            mini_batch_size=config.train.mini_batch_size // world.world_size,
-            micro_batch_size=config.train.micro_batch_size,
-            epochs=config.train.epochs,
-            grad_clip=config.train.grad_clip,
-            temperature=config.rollout.temperature,
-            autocast=Precision(config.model.dtype).autocast(world.device),
-            padding_free=config.train.padding_free,
-        )
+        scorer, scoring_watch = reward_scoring(config)
         return cls(
             config=config,
             world=world,
@@ -376,7 +355,7 @@ class Trainer:
             sampler=sampler,
             start_step=start_step,
             tracker_runs=tracker_runs,
-            settings=settings,
+            settings=update_settings(config, world),
             console=console,
             engine_has_policy_weights=not pushes_weights(engine, config),
             writer_host=start.writer_host,
@@ -479,7 +458,20 @@ class Trainer:
         metrics.update(self.sampler_metrics(batch))
         metrics.update(slowest_timings(self.world, times.metrics(), by="time/step_s"))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
-        metrics.update(self.flops_utilisation(batch, first_update_rows, updates_policy, metrics["time/step_s"]))
+        metrics.update(
+            step_mfu(
+                self.world,
+                batch,
+                peak_flops=train.peak_flops,
+                step_s=metrics["time/step_s"],
+                policy_parameters=self.policy.flop_parameters,
+                critic_parameters=None if self.critic is None else self.critic.flop_parameters,
+                reference_pass="ref_logprobs" in self.algorithm.needs,
+                first_update_rows=first_update_rows,
+                epochs=train.epochs,
+                updates_policy=updates_policy,
+            )
+        )
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
         return metrics
@@ -509,27 +501,6 @@ class Trainer:
                 weights = self.algorithm.rollout_is_terms(batch.tensors())["rollout_is_weight"]
             metrics.update(sampler_correction(self.world, weights, sampler_logprobs, old_logprobs, mask, cap))
         return metrics
-
-    def flops_utilisation(
-        self, batch: PolicyBatch, first_update_rows: int, updates_policy: bool, step_s: float
-    ) -> dict[str, float]:
-        """`perf/mfu` with `train.peak_flops` (`pacs.train.timing`), over every rank: the step's
-        passes per row (prompt and response tokens) of the policy — generation, the separate
-        old log-probs pass (not over the rows whose first update gives them), the reference's,
-        `train.epochs` updates — and of PPO's critic — values, `train.epochs` updates."""
-        peak = self.config.train.peak_flops
-        if peak is None:
-            return {}
-        tokens = (batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)).double()
-        forward = torch.full_like(tokens, 2.0 + ("ref_logprobs" in self.algorithm.needs))  # generation, old log-probs, reference
-        forward[:first_update_rows] -= 1
-        epochs = self.config.train.epochs
-        updates = epochs if updates_policy else 0
-        flops = model_flops(self.policy.flop_parameters, tokens, forward_passes=forward, training_passes=updates)
-        if self.critic is not None:
-            flops = flops + model_flops(self.critic.flop_parameters, tokens, forward_passes=1, training_passes=epochs)
-        total = float(sum_over_ranks(self.world, flops.sum()))
-        return {"perf/mfu": flops_utilisation(total, step_s, peak, self.world.world_size)}
 
     def scored_rollouts(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
         """The step's rollouts on this rank, scored: from the generator process with
@@ -813,6 +784,38 @@ class Trainer:
         (`pacs.train.checkpointing.resume.record_checkpoint`)."""
         if records_checkpoints(self.world):
             record_checkpoint(Path(self.config.output_dir), name, step, self.writer_host)
+
+
+def reward_scoring(config: Config) -> tuple[ScoringPool, ScoringWatch]:
+    """The pool that scores responses with `reward.function`, and the watch that stops a run whose
+    scoring keeps failing (`reward.stop_after_failing_steps`)."""
+    scorer = ScoringPool(
+        config.reward.function,
+        num_workers=config.reward.num_workers,
+        timeout_s=config.reward.timeout_s,
+        memory_limit_mib=config.reward.memory_limit_mib,
+    )
+    scoring_watch = ScoringWatch(
+        scorer.function_name,
+        remedy=f"reward.timeout_s={config.reward.timeout_s:g}, reward.memory_limit_mib={config.reward.memory_limit_mib}",
+        stop_after=config.reward.stop_after_failing_steps,
+        stop_option="reward.stop_after_failing_steps",
+    )
+    return scorer, scoring_watch
+
+
+def update_settings(config: Config, world: World) -> UpdateSettings:
+    """How this process updates: its share of each mini-batch, and the run's micro-batch, epochs,
+    clipping, temperature, precision and packing."""
+    return UpdateSettings(
+        mini_batch_size=config.train.mini_batch_size // world.world_size,
+        micro_batch_size=config.train.micro_batch_size,
+        epochs=config.train.epochs,
+        grad_clip=config.train.grad_clip,
+        temperature=config.rollout.temperature,
+        autocast=Precision(config.model.dtype).autocast(world.device),
+        padding_free=config.train.padding_free,
+    )
 
 
 def next_prompt_shares(config: Config, world: World, sampler: PromptSampler, ranks: list[int]) -> list[list[int]]:
