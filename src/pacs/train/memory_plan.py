@@ -65,7 +65,7 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -85,7 +85,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, PretrainedConfig, Qwen2Config
 
 from pacs.config import Config, load_config
 from pacs.distributed.world import World
@@ -411,6 +411,12 @@ def generation_sequences(config: Config, world_size: int) -> int:
     return min(prompts_per_call, config.train.batch_size // world_size) * config.rollout.n
 
 
+def validation_sequences(config: Config) -> int:
+    """Sequences per `generate` call of validation (`pacs.eval.evaluate`'s `sequences_per_call`):
+    whole groups of `eval.n` in `rollout.generation_batch_size`, at least one group."""
+    return max(1, config.rollout.generation_batch_size // config.eval.n) * config.eval.n
+
+
 def kv_cache_bytes(model: torch.nn.Module, sequences: int, tokens: int, fake: FakeTensorMode) -> int:
     """Bytes of the key/value cache that transformers builds for `sequences` x `tokens` (fake forward)."""
     ids = torch.ones(sequences, tokens, dtype=torch.long)
@@ -526,11 +532,14 @@ def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB, overrides:
     )
 
 
-def kv_bytes_per_token(hf_config: Qwen2Config, compute_bytes: int) -> int:
+def kv_bytes_per_token(hf_config: PretrainedConfig, compute_bytes: int) -> int:
     """Bytes of one token's keys and values over every layer: 2 x layers x key/value heads x head
-    dimension x the compute dtype's bytes (56 KiB for Qwen2.5-7B in bf16)."""
-    head_dim = hf_config.hidden_size // hf_config.num_attention_heads
-    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * compute_bytes
+    dimension x the compute dtype's bytes (56 KiB for Qwen2.5-7B in bf16). The head dimension is the
+    config's `head_dim` where it has one (Qwen3), else hidden_size / attention heads; key/value
+    heads are the attention heads without grouped-query attention."""
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * compute_bytes
 
 
 def generator_process(
@@ -575,8 +584,7 @@ def validation(
     beside the generator process with `rollout.max_staleness` >= 1."""
     if config.rollout.engine == "vllm" and not config.rollout.max_staleness:
         return dict(phases["generation"])
-    samples = config.eval.n
-    sequences = max(1, config.rollout.generation_batch_size // samples) * samples
+    sequences = validation_sequences(config)
     tokens = config.data.max_prompt_length + config.data.max_response_length
     cache = sequences * tokens * kv_bytes_per_token(hf_config, compute_bytes)
     notes.append(f"validation: transformers' KV cache for {sequences} sequences of {tokens} tokens")
@@ -645,53 +653,101 @@ def vllm_engine(
     return {VLLM_WEIGHTS: own_weights, VLLM_REST: rest}
 
 
-def least_bytes(config: Config, numel: int, world: World, gpu_bytes: int) -> dict[str, dict[str, int]]:
-    """What a rank holds at least in each phase, without simulating (no activations, no gathered
-    layers, no KV cache of transformers): the trained state (fp32 weights and AdamW's two moments,
-    12 bytes a parameter, sharded over the ranks under FSDP; with LoRA the frozen base in the
-    compute dtype), the gradients in the update (4 bytes a parameter), and what vLLM reserves
-    (`gpu_memory_utilization` x `gpu_bytes`, or its weights and `kv_cache_gib`) while it generates,
-    in every phase when it never sleeps (the generator process of `rollout.max_staleness` >= 1, or
-    sleep mode off); transformers' generator process holds its own copy of the model."""
+def least_bytes(config: Config, numel: int, kv_per_token: int, world: World, gpu_bytes: int) -> dict[str, dict[str, int]]:
+    """What a rank holds at least in each phase, without simulating (no activations, no layers
+    gathered for a micro-batch, no critic): the trained state (fp32 weights and AdamW's two moments,
+    12 bytes a parameter, sharded over the ranks under FSDP; with LoRA the frozen base in the compute
+    dtype), a KL reference model (the compute dtype, sharded), the gradients in the update (4 bytes a
+    parameter, sharded), and what vLLM reserves (`gpu_memory_utilization` x `gpu_bytes`, or its
+    weights and `kv_cache_gib`) while it generates, in every phase when it never sleeps (the
+    generator process of `rollout.max_staleness` >= 1, or sleep mode off). Transformers' generate
+    (the `hf` engine's generation, and validation when the trainer's own engine is transformers':
+    with `hf`, or in any asynchronous run) holds the model gathered in the compute dtype (under FSDP)
+    and the KV cache of one call, sequences x (max_prompt_length + max_response_length) x
+    `kv_per_token` bytes (`kv_bytes_per_token`); so does transformers' generator process, with its
+    own copy of the model. The same closed forms as the simulated plan's (`generator_process`,
+    `validation`)."""
     shards = world.world_size if world.strategy == "fsdp" else 1
     compute_bytes = 2 if config.model.dtype == "bfloat16" else 4
+    weights = numel * compute_bytes
     lora = config.model.lora_rank > 0
+    tokens = config.data.max_prompt_length + config.data.max_response_length
     state = {"trained state": numel * (compute_bytes if lora else 12) // shards}
+    if config.algorithm.kl_coef > 0 and not lora:
+        state["reference model"] = weights // shards
     gradients = {"gradients": 0 if lora else numel * 4 // shards}
+    gathered = 0 if world.strategy == "none" else weights
     settings = config.rollout.vllm
     if config.rollout.engine == "vllm":
-        weights = numel * compute_bytes // settings.tensor_parallel_size
         held = (
-            weights + int(settings.kv_cache_gib * GIB)
+            weights // settings.tensor_parallel_size + int(settings.kv_cache_gib * GIB)
             if settings.kv_cache_gib is not None
             else int(settings.gpu_memory_utilization * gpu_bytes)
         )
         engine = {"vLLM": held}
+    elif config.rollout.max_staleness:
+        engine = {"generator process (hf)": weights + generation_sequences(config, world.world_size) * tokens * kv_per_token}
     else:
-        engine = {"generator's model": numel * compute_bytes} if config.rollout.max_staleness else {}
-    never_sleeps = bool(config.rollout.max_staleness) or (config.rollout.engine == "vllm" and settings.sleep_mode is False)
-    return {
-        "generation": {**state, **engine},
-        "update": {**state, **gradients, **(engine if never_sleeps else {})},
-    }
+        engine = {
+            GENERATE_MODEL: gathered,
+            GENERATE_CACHE: generation_sequences(config, world.world_size) * tokens * kv_per_token,
+        }
+    asynchronous = bool(config.rollout.max_staleness)
+    never_sleeps = asynchronous or (config.rollout.engine == "vllm" and settings.sleep_mode is False)
+    beside = engine if never_sleeps else {}
+    phases = {"generation": {**state, **engine}, "update": {**state, **gradients, **beside}}
+    if config.data.val is not None and (asynchronous or config.rollout.engine == "hf"):
+        cache = validation_sequences(config) * tokens * kv_per_token
+        phases["validation"] = {**state, VALIDATION_GENERATE_MODEL: gathered, VALIDATION_GENERATE_CACHE: cache, **beside}
+    return phases
 
 
-def memory_problem(config: Config, numel: int, world: World, gpu_bytes: int, device: str = "the GPU") -> str | None:
-    """Why `config` cannot fit a `gpu_bytes` device whatever its activations (`least_bytes` of a
-    model of `numel` parameters above `gpu_bytes`), naming the settings that lower it; or None."""
-    phases = least_bytes(config, numel, world, gpu_bytes)
+GENERATE_MODEL, GENERATE_CACHE = "model gathered for generate", "KV cache of one generate call"
+VALIDATION_GENERATE_MODEL, VALIDATION_GENERATE_CACHE = f"validation: {GENERATE_MODEL}", f"validation: {GENERATE_CACHE}"
+
+
+def settings_to_change(config: Config, world: World, parts: Iterable[str]) -> list[str]:
+    """The settings that lower `parts` (`least_bytes`'s names) of a phase, with their values now."""
+    rollout = config.rollout
+    fixes = [
+        f"shard over more GPUs (train.strategy=fsdp, now {world.strategy} on {world.world_size}) "
+        "or train LoRA adapters (model.lora_rank)"
+    ]
+    if "vLLM" in parts:
+        fixes.append(
+            f"lower rollout.vllm.gpu_memory_utilization (now {rollout.vllm.gpu_memory_utilization}) "
+            "or set rollout.vllm.kv_cache_gib"
+        )
+    if rollout.max_staleness and any(part == "vLLM" or part.startswith("generator") for part in parts):
+        fixes.append(f"set rollout.max_staleness=0 (now {rollout.max_staleness}; a synchronous engine sleeps through the update)")
+    elif "vLLM" in parts and rollout.vllm.sleep_mode is False:
+        fixes.append("turn rollout.vllm.sleep_mode on (now off: the engine holds its memory through the update)")
+    if any(part.endswith(GENERATE_CACHE) for part in parts):
+        fixes.append(
+            f"lower rollout.generation_batch_size (now {rollout.generation_batch_size}: the sequences of one generate call) "
+            f"or data.max_response_length (now {config.data.max_response_length})"
+        )
+    if VALIDATION_GENERATE_CACHE in parts:
+        fixes.append("leave validation out (data.val=null)")
+    return fixes
+
+
+def memory_problem(
+    config: Config, numel: int, kv_per_token: int, world: World, gpu_bytes: int, device: str = "the GPU"
+) -> str | None:
+    """Why `config` cannot fit a `gpu_bytes` device whatever its activations (the largest of
+    `least_bytes`'s phases for a model of `numel` parameters and `kv_per_token` bytes of keys and
+    values a token is above `gpu_bytes`), naming the settings that lower that phase; or None."""
+    phases = least_bytes(config, numel, kv_per_token, world, gpu_bytes)
     phase = max(phases, key=lambda name: sum(phases[name].values()))
     need = sum(phases[phase].values())
     if need <= gpu_bytes:
         return None
-    held = ", ".join(f"{part} {size / GIB:.1f}" for part, size in phases[phase].items())
+    held = ", ".join(f"{part} {size / GIB:.1f}" for part, size in phases[phase].items() if size)
     return (
         f"this run cannot fit {device} ({gpu_bytes / GIB:.1f} GiB): its {phase} phase holds at least {need / GIB:.1f} GiB "
-        f"per GPU before any activation ({held} GiB). Lower rollout.vllm.gpu_memory_utilization "
-        f"(now {config.rollout.vllm.gpu_memory_utilization}) or set rollout.vllm.kv_cache_gib, set rollout.max_staleness=0 "
-        f"(now {config.rollout.max_staleness}; a synchronous engine sleeps through the update), keep rollout.vllm.sleep_mode on, "
-        f"shard over more GPUs (train.strategy=fsdp, now {world.strategy} on {world.world_size}), or train LoRA adapters "
-        "(model.lora_rank). The whole plan, activations included: "
+        f"per GPU before any activation ({held} GiB). To fit: {'; '.join(settings_to_change(config, world, phases[phase]))}. "
+        "The whole plan, activations included: "
         f"`python benchmarks/memory_plan.py CONFIG --world-size {world.world_size} KEY=VALUE ...` (docs/memory.md)"
     )
 
@@ -699,7 +755,7 @@ def memory_problem(config: Config, numel: int, world: World, gpu_bytes: int, dev
 def check_fits_device(config: Config, world: World) -> None:
     """Refuse (ValueError, `memory_problem`) a run on a CUDA device too small for it, before
     anything loads: the device's size from CUDA, the model's parameters counted on the meta
-    device from its config.json."""
+    device from its config.json, and its keys and values a token from the same config."""
     from transformers import AutoConfig
 
     from pacs.models.loading import resolve_model_path
@@ -707,8 +763,11 @@ def check_fits_device(config: Config, world: World) -> None:
     hf_config = AutoConfig.from_pretrained(resolve_model_path(config.model.path))
     with torch.device("meta"):
         numel = sum(parameter.numel() for parameter in AutoModelForCausalLM.from_config(hf_config).parameters())
+    kv_per_token = kv_bytes_per_token(hf_config, 2 if config.model.dtype == "bfloat16" else 4)
     properties = torch.cuda.get_device_properties(world.device)
-    if problem := memory_problem(config, numel, world, properties.total_memory, f"{world.device} ({properties.name})"):
+    if problem := memory_problem(
+        config, numel, kv_per_token, world, properties.total_memory, f"{world.device} ({properties.name})"
+    ):
         raise ValueError(problem)
 
 
