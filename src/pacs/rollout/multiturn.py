@@ -242,6 +242,23 @@ def tool_calling_engine(engine: RolloutEngine, tokenizer, rollout: RolloutConfig
     return ToolCallingEngine(engine, tokenizer, tools, max_turns=rollout.max_turns)
 
 
+def trajectory_turns(rollouts: Rollouts, row: int, tokenizer) -> list[dict[str, str]]:
+    """Row `row`'s response for a person to read, in order: {"model": text} for each stretch of the
+    model's tokens and {"tool": text} for each tool output (`Rollouts.model_token_mask`), special
+    tokens removed; one model turn for a response without tool tokens."""
+    length = int(rollouts.response_mask[row].sum())
+    tokens = rollouts.response_ids[row, :length].tolist()
+    by_model = [1] * length if rollouts.model_token_mask is None else rollouts.model_token_mask[row, :length].tolist()
+    turns = []
+    start = 0
+    for end in range(1, length + 1):
+        if end == length or by_model[end] != by_model[start]:
+            who = "model" if by_model[start] else "tool"
+            turns.append({who: tokenizer.decode(tokens[start:end], skip_special_tokens=True)})
+            start = end
+    return turns
+
+
 def _response_rows(rollouts: Rollouts) -> list[list[int]]:
     """Each row's generated tokens, without padding."""
     lengths = rollouts.response_mask.sum(dim=1).tolist()

@@ -456,6 +456,8 @@ class Trainer:
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
+        if self.config.rollout.tools is not None and self.config.train.traces_per_step:
+            logger.log_traces(step, rows, rollouts, scored.scores, self.policy.tokenizer, self.config.train.traces_per_step)
         batch_dtype = Precision(self.config.model.dtype).tensors
         batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), batch_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps
