@@ -229,9 +229,21 @@ class ToolCallingEngine:
         self.engine.close()
 
 
-def tool_calling_engine(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> ToolCallingEngine:
-    """`engine` calling `rollout.tools` with `rollout`'s limits (`rollout.tools` must be set)."""
-    assert rollout.tools is not None
+TOOL_SETTINGS = ("tools", "max_turns", "tool_timeout_s", "tool_max_output_chars", "tool_workers", "tool_memory_limit_mib")
+"""The `RolloutConfig` fields that decide how a response calls tools (`tool_settings`)."""
+
+
+def tool_settings(rollout: RolloutConfig) -> dict | None:
+    """`rollout`'s `TOOL_SETTINGS` (plain values, for `pacs eval`'s recorded settings); None without
+    `rollout.tools`."""
+    return None if rollout.tools is None else {name: getattr(rollout, name) for name in TOOL_SETTINGS}
+
+
+def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> RolloutEngine:
+    """The engine training and evaluation generate with: `engine` calling `rollout.tools` with
+    `rollout`'s limits (`ToolCallingEngine`), or `engine` itself without `rollout.tools`."""
+    if rollout.tools is None:
+        return engine
     tools = ToolRunner(
         rollout.tools,
         num_workers=rollout.tool_workers,

@@ -64,7 +64,7 @@ from pacs.rollout.base import (
     SamplingParams,
     rank_seed,
 )
-from pacs.rollout.multiturn import ToolCallingEngine, tool_calling_engine, tool_metrics
+from pacs.rollout.multiturn import ToolCallingEngine, tool_metrics, with_tools
 from pacs.train.async_generator import (
     RolloutPipeline,
     in_flight_to_resume,
@@ -326,9 +326,9 @@ class Trainer:
             )
         ):
             console.print(f"warning: {warning}")
-        engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
-        if config.rollout.tools is not None:
-            engine = tool_calling_engine(engine, policy.tokenizer, config.rollout)
+        engine = with_tools(
+            build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer), policy.tokenizer, config.rollout
+        )
         pipeline = None
         if config.rollout.max_staleness:
             pipeline = start_pipeline(
