@@ -111,8 +111,13 @@ def duration_text(seconds: float) -> str:
 
 def _eval(args: argparse.Namespace) -> None:
     from pacs.distributed.world import World
-    from pacs.eval.evaluate import evaluate_model
+    from pacs.eval.evaluate import eval_tool_settings, evaluate_model
 
+    tools, tools_from = eval_tool_settings(args.model, args.tools, args.max_turns)
+    if tools_from is not None:
+        print(
+            f"generating with the tools of {tools_from} (rollout.tools={tools['tools']}); --tools none: without", file=sys.stderr
+        )
     world = World.from_environment()  # under torchrun: every process takes its share of the problems
     try:
         result = evaluate_model(
@@ -132,6 +137,7 @@ def _eval(args: argparse.Namespace) -> None:
             engine=args.engine,
             stop_after_failing_batches=args.stop_after_failing_batches,
             continuous_batching={"true": True, "false": False}.get(args.continuous_batching, "auto"),
+            tools=tools,
         )
     finally:
         world.close()
@@ -297,6 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         metavar="N",
         help="stop after N batches in a row in which most answers got no score (timed out or crashed); 0: never",
+    )
+    evaluate.add_argument(
+        "--tools",
+        default=None,
+        help="responses call a tool (docs/tools.md): python or package.module:function; none: without "
+        "(default: the tools of the run whose checkpoint --model is, if it had any)",
+    )
+    evaluate.add_argument(
+        "--max-turns", type=AT_LEAST_ONE, default=None, help="with tools: turns per response (rollout.max_turns)"
     )
     evaluate.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     evaluate.set_defaults(run=_eval)

@@ -238,6 +238,8 @@ def test_eval_metrics_file_holds_the_settings_and_every_data_source(tmp_path, ti
         "reward_timeout_s": 1.0,
         "reward_workers": 0,
         "engine": "hf",
+        "continuous_batching": "auto",
+        "tools": None,
     }
     assert list(metrics["data_sources"]) == ["arithmetic", "amc23"]
     arithmetic = metrics["data_sources"]["arithmetic"]

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
 from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.multiturn import ToolCallingEngine, output_block, tool_call_end
+from pacs.rollout.multiturn import ToolCallingEngine, output_block, tool_call_end, trajectory_turns
 from pacs.rollout.tools import PYTHON_TOOL, ToolRunner
 
 END = "<|end|>"
@@ -72,6 +72,32 @@ def test_a_call_is_cut_at_its_closing_fence_and_the_output_is_appended_as_tool_t
     assert rollouts.model_token_mask[0].tolist() == [1] * len(turn) + [0] * len(block) + [1] * len(answer)
     assert engine.prompts[1] == [encoded(tokenizer, "Q:") + turn + block]
     assert rollouts.response_texts == ["Let me compute.\n```python\nprint(6 * 7)\n```\n```output\n42\n```\nThe answer is 42."]
+
+
+def test_a_trace_gives_the_models_turns_and_the_tools_outputs_in_order(tokenizer, python_tool):
+    engine = ScriptedEngine(
+        tokenizer, [["```python\nprint(6 * 7)\n```", "```python\nprint(1 / 0)\n```"], ["Done." + END, "Oops." + END]]
+    )
+    rollouts = ToolCallingEngine(engine, tokenizer, python_tool, max_turns=4).generate(
+        [encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=200, n=2)
+    )
+    assert trajectory_turns(rollouts, 0, tokenizer) == [
+        {"model": "```python\nprint(6 * 7)\n```"},
+        {"tool": "\n```output\n42\n```\n"},
+        {"model": "Done."},
+    ]
+    assert trajectory_turns(rollouts, 1, tokenizer)[1] == {"tool": "\n```output\nZeroDivisionError: division by zero\n```\n"}
+
+
+def test_a_single_turn_response_traces_as_one_model_turn(tokenizer):
+    rollouts = rollouts_from_rows(
+        [torch.tensor(encoded(tokenizer, "Q:"))],
+        [torch.tensor(encoded(tokenizer, "The answer is 42." + END))],
+        None,
+        tokenizer,
+        1,
+    )
+    assert trajectory_turns(rollouts, 0, tokenizer) == [{"model": "The answer is 42."}]
 
 
 def test_the_models_tokens_are_kept_as_sampled_not_encoded_again(tokenizer, python_tool):

@@ -1,4 +1,4 @@
-"""Per-step metrics: strict JSON in metrics.jsonl, rollout statistics over tokens."""
+"""Per-step metrics: strict JSON in metrics.jsonl, rollout statistics over tokens; traces.jsonl."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torchrun_jobs import tensorboard_steps
 
 from pacs.config import Config, load_config
+from pacs.rollout.base import Rollouts
 from pacs.train.metrics import MetricsLogger, read_metrics, summary_lines
 from pacs.train.trainer import rollout_metrics
 
@@ -66,3 +67,47 @@ def test_a_run_started_again_in_place_shows_its_validation_at_step_0_once_in_ten
         logger.log(0, {"val/arithmetic/pass@1": value})
         logger.close()
     assert tensorboard_steps(tmp_path, "val/arithmetic/pass@1") == [0]
+
+
+class DigitTokenizer:
+    """Decodes token t as the character chr(ord("a") + t)."""
+
+    def decode(self, token_ids, skip_special_tokens=False):
+        return "".join(chr(ord("a") + token) for token in token_ids)
+
+
+def test_traces_hold_the_first_response_of_each_of_the_first_prompts_with_its_turns(tmp_path):
+    rollouts = Rollouts(
+        prompt_ids=torch.tensor([[0, 1], [0, 1], [0, 2], [0, 2], [0, 3], [0, 3]]),
+        prompt_mask=torch.tensor([[0, 1]] * 6),
+        response_ids=torch.tensor([[4, 5, 6, 7], [8, 0, 0, 0], [9, 10, 11, 0], [8, 0, 0, 0], [12, 0, 0, 0], [8, 0, 0, 0]]),
+        response_mask=torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]]),
+        response_texts=[""] * 6,
+        group_size=2,
+        model_token_mask=torch.tensor([[1, 0, 0, 1], [1, 0, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]]),
+    )
+    rows = [{"data_source": f"source{row // 2}", "reward_model": {"ground_truth": str(row // 2)}} for row in range(6)]
+    logger = MetricsLogger(tmp_path)
+    logger.log_traces(3, rows, rollouts, [1.0, 0.0, 0.5, 0.0, 0.0, 0.0], DigitTokenizer(), count=2)
+    logger.close()
+    (line,) = (tmp_path / "traces.jsonl").read_text().splitlines()
+    assert json.loads(line) == {
+        "step": 3,
+        "trajectories": [
+            {
+                "data_source": "source0",
+                "prompt": "b",
+                "ground_truth": "0",
+                "turns": [{"model": "e"}, {"tool": "fg"}, {"model": "h"}],
+                "reward": 1.0,
+            },
+            {"data_source": "source1", "prompt": "c", "ground_truth": "1", "turns": [{"model": "jkl"}], "reward": 0.5},
+        ],
+    }
+
+
+def test_resume_drops_the_traces_of_later_steps_and_a_last_line_cut_short_by_a_kill(tmp_path):
+    (tmp_path / "traces.jsonl").write_text('{"step": 1, "trajectories": []}\n{"step": 2, "trajectories": []}\n{"step": 3, "tr')
+    logger = MetricsLogger(tmp_path, resume_step=1)
+    logger.close()
+    assert (tmp_path / "traces.jsonl").read_text() == '{"step": 1, "trajectories": []}\n'

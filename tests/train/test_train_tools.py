@@ -4,6 +4,7 @@ trains on trajectories holding the tool's output."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -41,24 +42,51 @@ def test_a_run_whose_model_never_calls_the_tool_trains_the_weights_of_the_run_wi
     assert (metrics["rollout/tool_calls_mean"], metrics["rollout/turns_mean"]) == (0.0, 1.0)
 
 
-@pytest.mark.slow
-def test_a_run_whose_model_calls_the_tool_trains_on_trajectories_with_its_output(tmp_path, tiny_model_dir, monkeypatch):
-    """The built-in tiny model writes no newline, so no python block: here every response's first
-    turn counts as a call of `print(2 ** 10)` after its first two tokens."""
+@pytest.fixture
+def calls_after_the_first_token(monkeypatch):
+    """The built-in tiny model writes no newline, so no python block: with this, every response's
+    first turn counts as a call of `print(2 ** 10)` after its first token (a turn has at least one
+    token, so every response calls the tool once, whatever the model samples)."""
     original = multiturn.tool_call_end
     monkeypatch.setattr(
-        multiturn, "tool_call_end", lambda ids, tokenizer: (2, "print(2 ** 10)") if len(ids) > 2 else original(ids, tokenizer)
+        multiturn, "tool_call_end", lambda ids, tokenizer: (1, "print(2 ** 10)") if len(ids) >= 1 else original(ids, tokenizer)
     )
+
+
+@pytest.mark.slow
+def test_a_run_whose_model_calls_the_tool_trains_on_trajectories_with_its_output(
+    tmp_path, tiny_model_dir, calls_after_the_first_token
+):
     result, weights = run(
         tmp_path, tiny_model_dir, "calls", "rollout.tools=python", "rollout.max_turns=2", "data.max_response_length=24"
     )
     metrics = result.last_metrics
-    assert metrics["rollout/tool_calls_mean"] > 0 and metrics["rollout/turns_mean"] > 1
+    assert (metrics["rollout/tool_calls_mean"], metrics["rollout/turns_mean"]) == (1.0, 2.0)
     assert metrics["rollout/tool_errors_fraction"] == 0.0
-    assert metrics["response_length/mean"] > 2 + len("\n```output\n1024\n```\n") * metrics["rollout/tool_calls_mean"] - 1e-9
+    assert metrics["response_length/mean"] > 1 + len("\n```output\n1024\n```\n") * metrics["rollout/tool_calls_mean"] - 1e-9
     initial = load_file(tiny_model_dir / "model.safetensors")
     assert max((weights[name] - initial[name]).abs().max().item() for name in initial) > 1e-6
     assert all(math.isfinite(value) for value in metrics.values())
+
+
+@pytest.mark.slow
+def test_a_run_with_a_tool_writes_traces_of_its_trajectories_each_step(tmp_path, tiny_model_dir, calls_after_the_first_token):
+    result, _ = run(
+        tmp_path,
+        tiny_model_dir,
+        "traces",
+        "rollout.tools=python",
+        "rollout.max_turns=2",
+        "data.max_response_length=24",
+        "train.traces_per_step=3",
+    )
+    lines = [json.loads(line) for line in (result.output_dir / "traces.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert len(line["trajectories"]) == 3
+        for trajectory in line["trajectories"]:
+            assert trajectory["prompt"] and isinstance(trajectory["reward"], float)
+            assert "1024" in trajectory["turns"][1]["tool"]  # the tiny tokenizer drops the block's newlines
 
 
 def pacs_train(output_dir, model_dir, *options: str) -> subprocess.Popen:
@@ -88,3 +116,4 @@ def test_a_killed_run_with_a_tool_resumes_to_the_weights_of_an_uninterrupted_one
     assert all(torch.equal(got[name], expected[name]) for name in expected)
     assert [row["step"] for row in read_metrics(killed)] == [1, 2, 3, 4]
     assert all("rollout/tool_calls_mean" in row for row in read_metrics(killed))
+    assert [json.loads(line)["step"] for line in (killed / "traces.jsonl").read_text().splitlines()] == [1, 2, 3, 4]

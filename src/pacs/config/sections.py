@@ -259,6 +259,11 @@ class TrainConfig(Section):
     save_rollouts: bool = False
     """Write every step's prompts, responses, rewards and producing rank to
     `output_dir/rollouts/step_N.jsonl`."""
+    traces_per_step: int = Field(2, ge=0)
+    """With `rollout.tools`: how many of every step's trajectories to append to
+    `output_dir/traces.jsonl` for a person to read (one line a step: the first response to each of
+    the first prompts of rank 0's share, its prompt, the model's turns, the tool's outputs and its
+    reward; docs/tools.md); 0: no traces."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = ["tensorboard"]
     """Experiment trackers that get every step's metrics besides `metrics.jsonl` (always
     written): TensorBoard (output_dir/tensorboard), Weights & Biases (`pip install 'pacs[wandb]'`),

@@ -14,6 +14,10 @@ left out: it is excluded from pass@k, which averages over the problems generated
 data source as `prompts_dropped_too_long` (a repeated problem counts once). A data source whose
 prompts were all too long is still reported, with 0 problems and pass@k null.
 
+Tools. With `tools` (`pacs.rollout.multiturn.tool_settings`: `pacs eval --tools`, or the settings
+of the run whose checkpoint is evaluated), responses are generated as training generates them with
+`rollout.tools` (`with_tools`, docs/tools.md), and each data source reports its tool use.
+
 Several processes. Under torchrun, `evaluate_model` splits the problems across the processes
 (`evaluate`'s `problem_share`: process k of K takes problems k, k + K, ...), each generating all
 the samples of its problems; rank 0 merges the results (`EvalResult.merge`) and writes them, its
@@ -24,7 +28,8 @@ result run after run; another process count samples differently (pass@k within s
 `eval_metrics.json` (written by `evaluate_model`):
 
     {"settings": {"model_path", "specs", "n", "temperature", "top_p", "max_tokens", "seed",
-                  "dtype", "reward_function", "reward_timeout_s", "reward_workers", "engine"},
+                  "dtype", "reward_function", "reward_timeout_s", "reward_workers", "engine",
+                  "tools": {rollout.tools, max_turns, tool_* settings} | null},
      "data_sources": {data_source: {
          "problems": int,                  problems generated and scored
          "samples_per_problem": int,       n · copies per problem
@@ -33,6 +38,8 @@ result run after run; another process count samples differently (pass@k within s
          "max_new_tokens": {"requested": int, "min": int | null, "max": int | null,
                             "prompts_below_requested": int},
          "pass@k": {"pass@1": float, "pass@2": float, ..., "pass@N": float} | null,
+         "tools": {"tool_calls_mean": float, "tool_errors_fraction": float, "turns_mean": float},
+                                           with tools only: per sample, as training's rollout/ metrics
          "problem_indices": [int, ...],    position of each generated problem among the problems
          "correct_counts": [int, ...]}}}   correct samples of each (what `pacs compare` pairs)
 """
@@ -43,15 +50,18 @@ import contextlib
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
+import yaml
+from pydantic import ValidationError
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from pacs import EVAL_SAMPLING
-from pacs.config import VllmConfig
+from pacs.config import RolloutConfig, VllmConfig
 from pacs.data.loading import load_rows
 from pacs.data.prompts import encode_prompts
 from pacs.distributed.collectives import gather_objects_on_rank0, run_on_every_rank, run_on_rank0
@@ -59,6 +69,7 @@ from pacs.distributed.world import World
 from pacs.eval.passk import mean_pass_at_k
 from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer
 from pacs.outputs import DiskFull, claim_output_dir, disk_faults, replace_file, unusable_inputs
+from pacs.plugins import import_function
 from pacs.progress import progress_bar
 from pacs.rewards import ScoringPool, load_reward_function
 from pacs.rewards.checks import check_scoring
@@ -66,6 +77,8 @@ from pacs.rewards.pool import ScoringWatch
 from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.continuous_batching import continuous_batching_on
 from pacs.rollout.hf import TransformersEngine
+from pacs.rollout.multiturn import TOOL_SETTINGS, ToolCallingEngine, ToolStats, tool_metrics, with_tools
+from pacs.rollout.tools import PYTHON_TOOL
 from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
 
 SAME_INPUTS_EVERYWHERE = (
@@ -77,6 +90,10 @@ MERGE_RULE = (
     "prompt and ground truth, numbered extra_info.repeat = 0..R-1 once each. Prepare each benchmark with "
     "its own --source, the shards of one benchmark as one file, and give each file once"
 )
+
+
+TOOL_USE_COLUMNS = ("tool_calls_mean", "tool_errors_fraction", "turns_mean")
+"""`SourceReport.tool_use`'s metrics, in the order `EvalResult.table` shows them."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,7 @@ class EvalSettings:
     engine: str = "hf"
     continuous_batching: Literal["auto"] | bool = "auto"
     """`rollout.hf.continuous_batching`'s choice for the hf engine: "auto", true or false."""
+    tools: dict | None = None
 
 
 @dataclass
@@ -116,11 +134,23 @@ class SourceReport:
     """max_new_tokens of each generated problem."""
     timeouts: int = 0
     crashes: int = 0
+    tool_stats: ToolStats | None = None
+    """With tools: the tool use of every generated sample."""
 
     @property
     def pass_at_k(self) -> dict[str, float] | None:
         """{"pass@k": mean over the generated problems}, or None when none was generated."""
         return mean_pass_at_k(self.correct_counts, self.samples_per_problem) if self.correct_counts else None
+
+    @property
+    def tool_use(self) -> dict[str, float] | None:
+        """With tools: tool calls per sample, the fraction of calls that failed and turns per
+        sample (`tool_metrics`, without its "rollout/" prefix); None without tools."""
+        if self.tool_stats is None:
+            return None
+        return {
+            name.removeprefix("rollout/"): value for name, value in tool_metrics(self.tool_stats, lambda totals: totals).items()
+        }
 
     def summary(self) -> dict:
         """This data source's entry of `eval_metrics.json` (layout in the module docstring)."""
@@ -138,6 +168,7 @@ class SourceReport:
                 "prompts_below_requested": sum(cap < self.requested_max_new_tokens for cap in caps),
             },
             "pass@k": self.pass_at_k,
+            **({"tools": self.tool_use} if self.tool_use is not None else {}),
             "problem_indices": self.problem_indices,
             "correct_counts": self.correct_counts,
         }
@@ -164,6 +195,8 @@ class EvalResult:
                 merged.generation_caps += report.generation_caps
                 merged.timeouts += report.timeouts
                 merged.crashes += report.crashes
+                if report.tool_stats is not None:
+                    merged.tool_stats = (merged.tool_stats or ToolStats()) + report.tool_stats
         return cls([record for share in shares for record in share.records], sources)
 
     def without_records(self) -> EvalResult:
@@ -199,16 +232,23 @@ class EvalResult:
     def table(self) -> str:
         """A short, aligned table for a person: one line per data source with its problems,
         samples per problem, pass@k in percent (every k any source reports; "-" where a source has
-        fewer samples) and the samples whose scoring timed out or crashed. `eval_metrics.json`
+        fewer samples), the samples whose scoring timed out or crashed and, with tools, the tool
+        calls per sample, the fraction that failed and the turns per sample. `eval_metrics.json`
         keeps everything, per problem."""
         ks = sorted({int(key.split("@")[1]) for metrics in self.metrics.values() for key in metrics})
-        header = ["data source", "problems", "samples", *(f"pass@{k}" for k in ks), "timeouts", "crashes"]
+        shows_tools = any(report.tool_stats is not None for report in self.sources.values())
+        tool_header = ["tool calls", "tool errors", "turns"] if shows_tools else []
+        header = ["data source", "problems", "samples", *(f"pass@{k}" for k in ks), "timeouts", "crashes", *tool_header]
         lines = [header]
         for source, report in self.sources.items():
             by_k = report.pass_at_k or {}
             cells = [f"{100 * by_k[f'pass@{k}']:.1f}" if f"pass@{k}" in by_k else "-" for k in ks]
             counts = [len(report.correct_counts), report.samples_per_problem]
-            lines.append([source, *map(str, counts), *cells, str(report.timeouts), str(report.crashes)])
+            tool_use = report.tool_use or {}
+            tool_cells = (
+                [f"{tool_use[name]:.2f}" if name in tool_use else "-" for name in TOOL_USE_COLUMNS] if shows_tools else []
+            )
+            lines.append([source, *map(str, counts), *cells, str(report.timeouts), str(report.crashes), *tool_cells])
         widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
         return "\n".join(
             "  ".join(
@@ -365,6 +405,8 @@ def evaluate(
             batch = scorer.score([problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.response_texts)
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
+            if isinstance(engine, ToolCallingEngine):
+                report.tool_stats = (report.tool_stats or ToolStats()) + engine.last_stats
             if scoring_watch is not None:
                 label = f"{source} problems {start + 1}-{start + len(chunk)} of {len(members)}"
                 if warning := scoring_watch.observe(label, batch.timed_out, batch.crashed, len(batch.scores)):
@@ -417,6 +459,7 @@ def evaluate_model(
     engine: str = "hf",
     stop_after_failing_batches: int = 3,
     continuous_batching: Literal["auto"] | bool = "auto",
+    tools: dict | None = None,
 ) -> EvalResult | None:
     """`pacs eval`: load a model, sample `n` responses per problem (per copy of a repeated
     problem) of every spec (validation split for built-in tasks), score them, and write
@@ -427,7 +470,8 @@ def evaluate_model(
     (transformers' generate, or its continuous batching as `continuous_batching` says:
     `pacs.rollout.continuous_batching.continuous_batching_on`) or `vllm` (`start_vllm_engine`: under
     torchrun each process's engine on its own device, attached to the job); temperature 0 decodes
-    greedily with either.
+    greedily with either. `tools`: the `RolloutConfig` settings responses call tools with
+    (`tool_settings`; None: single-turn responses), with the hf engine only.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
@@ -443,9 +487,12 @@ def evaluate_model(
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
     if engine not in ("hf", "vllm") or (engine == "vllm" and dtype not in ("float32", "bfloat16")):
         raise ValueError(f"engine {engine!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
+    rollout = tool_rollout(tools, engine)
     rows_by_spec = run_on_every_rank(
         processes,
-        lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, engine, probe=processes.is_writer),
+        lambda: _checked_inputs(
+            model_path, specs, reward_function, reward_timeout_s, engine, rollout.tools, probe=processes.is_writer
+        ),
         how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
     run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
@@ -463,6 +510,7 @@ def evaluate_model(
         reward_workers=reward_workers,
         engine=engine,
         continuous_batching=continuous_batching,
+        tools=tools,
     )
     process_seed = seed if processes.rank == 0 else rank_seed(seed, processes.rank)
     torch.manual_seed(process_seed)
@@ -496,7 +544,7 @@ def evaluate_model(
             hf_engine_or_model_dir, tokenizer, dtype=dtype, seed=process_seed, max_model_len=context_length, processes=processes
         )
     else:
-        rollout_engine = hf_engine_or_model_dir
+        rollout_engine = with_tools(hf_engine_or_model_dir, tokenizer, rollout)
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens)
     # closed after the last collective: under torchrun vLLM's teardown ends the job's process group
     with (
@@ -533,12 +581,65 @@ def evaluate_model(
     return result
 
 
+def eval_tool_settings(model_path: str, tools: str | None, max_turns: int | None) -> tuple[dict | None, Path | None]:
+    """The tool settings `pacs eval` generates with, and the run config they came from (None: from
+    the command alone). A checkpoint of a `pacs train` run (`RUN/checkpoints/NAME`) whose
+    `RUN/config.yaml` sets `rollout.tools` starts from that run's `TOOL_SETTINGS`; `tools` (the
+    `--tools` option: `python`, `package.module:function`, or `none` for single-turn responses)
+    and `max_turns` replace theirs. None: single-turn responses."""
+    run_config = Path(model_path).parent.parent / "config.yaml"
+    settings: dict | None = None
+    if Path(model_path).parent.name == "checkpoints" and run_config.is_file():
+        rollout = (yaml.safe_load(run_config.read_text()) or {}).get("rollout") or {}
+        if rollout.get("tools") is not None:
+            settings = {name: rollout[name] for name in TOOL_SETTINGS if name in rollout}
+    source = run_config if settings is not None else None
+    if tools == "none":
+        settings, source = None, None
+    elif tools is not None:
+        settings = {**(settings or {}), "tools": tools}
+    if max_turns is not None:
+        if settings is None:
+            raise ValueError(
+                f"--max-turns {max_turns} without tools: give --tools python (or package.module:function), "
+                "or evaluate a checkpoint of a run trained with rollout.tools"
+            )
+        settings["max_turns"] = max_turns
+    return settings, source
+
+
+def tool_rollout(tools: dict | None, engine: str) -> RolloutConfig:
+    """The `RolloutConfig` that `evaluate_model`'s `tools` settings make (the default one, without
+    tools: single-turn responses); ValueError naming the setting at fault, or vLLM with tools."""
+    if tools is None:
+        return RolloutConfig()
+    unknown = sorted(set(tools) - set(TOOL_SETTINGS))
+    if unknown:
+        raise ValueError(f"tool settings {unknown} are not among {list(TOOL_SETTINGS)}")
+    if engine != "hf":
+        raise ValueError(f"tools ({tools['tools']!r}) generate with --engine hf only, not {engine!r}: use --engine hf")
+    try:
+        return RolloutConfig(**tools)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, problem['loc']))}={problem['input']!r}: {problem['msg']}" for problem in error.errors()
+        )
+        raise ValueError(f"tool settings (--tools, --max-turns or the run's rollout section): {problems}") from None
+
+
 def _checked_inputs(
-    model_path: str, specs: list[str], reward_function: str | None, reward_timeout_s: float, engine: str, *, probe: bool
+    model_path: str,
+    specs: list[str],
+    reward_function: str | None,
+    reward_timeout_s: float,
+    engine: str,
+    tools: str | None,
+    *,
+    probe: bool,
 ) -> dict[str, list[dict]]:
     """Every spec's rows (each checked against the schema), once the model is found reachable, the
-    rows scorable (`check_scoring`; with `probe`, the reward function is called on a real row) and
-    the engine's package usable here; otherwise ValueError listing every problem at once. Nothing
+    rows scorable (`check_scoring`; with `probe`, the reward function is called on a real row), a
+    user's tool (`tools`) importable and the engine's package usable here; otherwise ValueError listing every problem at once. Nothing
     large is loaded."""
     rows_by_spec: dict[str, list[dict]] = {}
 
@@ -551,13 +652,16 @@ def _checked_inputs(
         if probe or reward_function is None:
             check_scoring(rows_by_spec, reward_function, timeout_s=reward_timeout_s)
 
-    checks = [
+    checks: list[tuple[str, Callable[[], object]]] = [
         ("--model", lambda: check_model_reachable(model_path)),
         *((f"--data {spec}", lambda spec=spec: read(spec)) for spec in specs),
         ("--reward-function" if reward_function else "--data", scoring),
     ]
     if engine == "vllm":
         checks.append(("--engine vllm", check_vllm_usable))
+    if tools is not None and tools != PYTHON_TOOL:
+        user_tool = tools
+        checks.append(("--tools", lambda: import_function(user_tool, "tool")))
     if problems := unusable_inputs(checks):
         raise ValueError(problems)
     return rows_by_spec

@@ -229,9 +229,21 @@ class ToolCallingEngine:
         self.engine.close()
 
 
-def tool_calling_engine(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> ToolCallingEngine:
-    """`engine` calling `rollout.tools` with `rollout`'s limits (`rollout.tools` must be set)."""
-    assert rollout.tools is not None
+TOOL_SETTINGS = ("tools", "max_turns", "tool_timeout_s", "tool_max_output_chars", "tool_workers", "tool_memory_limit_mib")
+"""The `RolloutConfig` fields that decide how a response calls tools (`tool_settings`)."""
+
+
+def tool_settings(rollout: RolloutConfig) -> dict | None:
+    """`rollout`'s `TOOL_SETTINGS` (plain values, for `pacs eval`'s recorded settings); None without
+    `rollout.tools`."""
+    return None if rollout.tools is None else {name: getattr(rollout, name) for name in TOOL_SETTINGS}
+
+
+def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> RolloutEngine:
+    """The engine training and evaluation generate with: `engine` calling `rollout.tools` with
+    `rollout`'s limits (`ToolCallingEngine`), or `engine` itself without `rollout.tools`."""
+    if rollout.tools is None:
+        return engine
     tools = ToolRunner(
         rollout.tools,
         num_workers=rollout.tool_workers,
@@ -240,6 +252,23 @@ def tool_calling_engine(engine: RolloutEngine, tokenizer, rollout: RolloutConfig
         max_output_chars=rollout.tool_max_output_chars,
     )
     return ToolCallingEngine(engine, tokenizer, tools, max_turns=rollout.max_turns)
+
+
+def trajectory_turns(rollouts: Rollouts, row: int, tokenizer) -> list[dict[str, str]]:
+    """Row `row`'s response for a person to read, in order: {"model": text} for each stretch of the
+    model's tokens and {"tool": text} for each tool output (`Rollouts.model_token_mask`), special
+    tokens removed; one model turn for a response without tool tokens."""
+    length = int(rollouts.response_mask[row].sum())
+    tokens = rollouts.response_ids[row, :length].tolist()
+    by_model = [1] * length if rollouts.model_token_mask is None else rollouts.model_token_mask[row, :length].tolist()
+    turns = []
+    start = 0
+    for end in range(1, length + 1):
+        if end == length or by_model[end] != by_model[start]:
+            who = "model" if by_model[start] else "tool"
+            turns.append({who: tokenizer.decode(tokens[start:end], skip_special_tokens=True)})
+            start = end
+    return turns
 
 
 def _response_rows(rollouts: Rollouts) -> list[list[int]]:

@@ -1,7 +1,8 @@
 """What a run writes about itself: `metrics.jsonl` (one strict-JSON object a step), the trackers
 of `train.report_to` (TensorBoard events by default, W&B, MLflow: `pacs.train.trackers`) and,
-with `train.save_rollouts`, `rollouts/step_N.jsonl`. Rank 0 alone writes and reports; every rank
-calls the same methods (the rollouts of all ranks are gathered to rank 0).
+with `train.save_rollouts`, `rollouts/step_N.jsonl`; with `rollout.tools`, `traces.jsonl` (a few
+trajectories a step, for a person to read). Rank 0 alone writes and reports; every rank calls the
+same methods (the rollouts of all ranks are gathered to rank 0; traces are rank 0's own).
 
 A metric that is undefined at a step (a ratio over zero variance, such as PPO's explained
 variance when every return is equal) or not finite is written as `null` in `metrics.jsonl`, never
@@ -9,7 +10,8 @@ as the non-standard `NaN`/`Infinity` tokens, and is left out of the trackers for
 
 A write that finds the disk full stops the run with `pacs.outputs.DiskFull` (one line: the folder,
 what, its size, the free space); a line of `metrics.jsonl` or a rollouts file written in part is
-removed first.
+removed first. On resume, `metrics.jsonl` and `traces.jsonl` keep their lines up to the resumed
+step only, so a step is never written twice.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pacs.config import Config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
 from pacs.outputs import RunMoved, disk_faults, replace_file
+from pacs.rollout.base import Rollouts
+from pacs.rollout.multiturn import trajectory_turns
 from pacs.train.trackers import Tracker, open_trackers
 
 
@@ -44,14 +48,14 @@ class MetricsLogger:
     ):
         self.world = world or World.single()
         self.path = output_dir / "metrics.jsonl"
+        self.traces_path = output_dir / "traces.jsonl"
         self.rollouts_dir = output_dir / "rollouts"
         self.trackers: list[Tracker] | None = None
         if not self.world.is_writer:
             return
-        kept = []
-        if resume_step and self.path.exists():
-            kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= resume_step]
-        replace_file(self.path, "".join(line + "\n" for line in kept))  # a kill here keeps the old lines
+        replace_file(self.path, _lines_up_to(self.path, resume_step))  # a kill here keeps the old lines
+        if self.traces_path.exists():
+            replace_file(self.traces_path, _lines_up_to(self.traces_path, resume_step))
         self.trackers = open_trackers(config or Config(), output_dir, resume_step, resumed_runs or {})
 
     @property
@@ -64,16 +68,7 @@ class MetricsLogger:
         if self.trackers is None:
             return
         defined = {name: value if math.isfinite(value) else None for name, value in metrics.items()}
-        line = json.dumps({"step": step, **defined}, allow_nan=False) + "\n"
-        with disk_faults(self.path.parent, f"step {step}'s line of {self.path.name}", len(line)):
-            with open(self.path, "a") as handle:
-                end = handle.tell()
-                try:
-                    handle.write(line)
-                    handle.flush()
-                except BaseException:
-                    handle.truncate(end)  # no part of a line left behind
-                    raise
+        _append_line(self.path, step, json.dumps({"step": step, **defined}, allow_nan=False) + "\n")
         finite = {name: value for name, value in defined.items() if value is not None}
         for tracker in self.trackers:
             what = f"step {step}'s {tracker.name} events"
@@ -107,6 +102,25 @@ class MetricsLogger:
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
+
+    def log_traces(self, step: int, rows: list[dict], rollouts: Rollouts, rewards: list[float], tokenizer, count: int) -> None:
+        """One line of `traces.jsonl` for `step`: the first response to each of the first `count`
+        prompts of this rank's share (`rows` and `rewards` are per response; rank 0's alone is
+        written), each with its data_source, prompt text, ground truth, turns (`trajectory_turns`:
+        {"model": text} and {"tool": text} in order) and reward."""
+        if self.trackers is None:
+            return
+        traces = [
+            {
+                "data_source": rows[row]["data_source"],
+                "prompt": tokenizer.decode(rollouts.prompt_ids[row][rollouts.prompt_mask[row].bool()].tolist()),
+                "ground_truth": rows[row]["reward_model"]["ground_truth"],
+                "turns": trajectory_turns(rollouts, row, tokenizer),
+                "reward": rewards[row],
+            }
+            for row in range(0, min(count * rollouts.group_size, len(rewards)), rollouts.group_size)
+        ]
+        _append_line(self.traces_path, step, json.dumps({"step": step, "trajectories": traces}, allow_nan=False) + "\n")
 
     def close(self) -> None:
         for tracker in self.trackers or []:
@@ -155,8 +169,29 @@ def summary_lines(output_dir: Path, config: Config) -> list[str]:
     return lines
 
 
+def _append_line(path: Path, step: int, line: str) -> None:
+    """Append `line`, `step`'s, to `path`, whole or not at all."""
+    with disk_faults(path.parent, f"step {step}'s line of {path.name}", len(line.encode())):
+        with open(path, "a") as handle:
+            end = handle.tell()
+            try:
+                handle.write(line)
+                handle.flush()
+            except BaseException:
+                handle.truncate(end)  # no part of a line left behind
+                raise
+
+
+def _lines_up_to(path: Path, resume_step: int) -> str:
+    """The complete lines of `path` (one JSON object with its "step" a line) whose step is at most
+    `resume_step`; none on a fresh run (resume_step 0) or without the file."""
+    if not resume_step or not path.exists():
+        return ""
+    return "".join(line + "\n" for line in _complete_lines(path) if json.loads(line)["step"] <= resume_step)
+
+
 def _complete_lines(path: Path) -> list[str]:
-    """The lines of a metrics file, without a last line cut short by a killed process (it can only
+    """The lines of a metrics or traces file, without a last line cut short by a killed process (it can only
     describe a step after the checkpoint being resumed); any other unreadable line is an error."""
     lines = path.read_text().splitlines()
     for number, line in enumerate(lines, start=1):
@@ -165,5 +200,5 @@ def _complete_lines(path: Path) -> list[str]:
         except json.JSONDecodeError as error:
             if number == len(lines):
                 return lines[:-1]
-            raise ValueError(f"{path}, line {number}: not a JSON object ({error}); cannot resume its metrics") from None
+            raise ValueError(f"{path}, line {number}: not a JSON object ({error}); cannot resume it") from None
     return lines

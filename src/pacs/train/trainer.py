@@ -64,7 +64,7 @@ from pacs.rollout.base import (
     SamplingParams,
     rank_seed,
 )
-from pacs.rollout.multiturn import ToolCallingEngine, tool_calling_engine, tool_metrics
+from pacs.rollout.multiturn import ToolCallingEngine, tool_metrics, with_tools
 from pacs.train.async_generator import (
     RolloutPipeline,
     in_flight_to_resume,
@@ -325,9 +325,9 @@ class Trainer:
             )
         ):
             console.print(f"warning: {warning}")
-        engine = build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer)
-        if config.rollout.tools is not None:
-            engine = tool_calling_engine(engine, policy.tokenizer, config.rollout)
+        engine = with_tools(
+            build_engine(config, world, language_model(unwrap(policy.model)), policy.tokenizer), policy.tokenizer, config.rollout
+        )
         pipeline = None
         if config.rollout.max_staleness:
             pipeline = start_pipeline(
@@ -440,6 +440,8 @@ class Trainer:
         rows, rollouts, scored = sample.rows, sample.rollouts, sample.scored
         if self.config.train.save_rollouts:
             logger.log_rollouts(step, rows, rollouts.response_texts, scored.scores)
+        if self.config.rollout.tools is not None and self.config.train.traces_per_step:
+            logger.log_traces(step, rows, rollouts, scored.scores, self.policy.tokenizer, self.config.train.traces_per_step)
         batch_dtype = Precision(self.config.model.dtype).tensors
         batch = PolicyBatch.from_rollouts(rollouts, torch.tensor(scored.scores), batch_dtype).to(self.world.device)
         updates_policy = self.critic is None or step > self.config.critic.warmup_steps

@@ -70,6 +70,7 @@ NOT_OPTIMISATION = (
     "train.micro_batch_size",
     "train.peak_flops",
     "train.save_rollouts",
+    "train.traces_per_step",
     "train.report_to",
     "train.run_name",
     "train.wandb_project",
@@ -180,6 +181,7 @@ def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -
 STOPPED_RUN_ENTRIES = {
     "config.yaml",
     "metrics.jsonl",
+    "traces.jsonl",
     "tensorboard",
     "checkpoints",
     "rollouts",
