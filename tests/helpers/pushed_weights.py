@@ -22,7 +22,7 @@ import torch
 from pacs.models.loading import load_causal_lm, load_tokenizer
 from pacs.rollout.base import Rollouts, SamplingParams
 from pacs.rollout.hf import TransformersEngine
-from pacs.train.async_generator import ROLLOUT_FIELDS, AsyncGenerator, GeneratorSpec
+from pacs.train.async_generator import ROLLOUT_FIELDS, AsyncGenerator, GeneratorSpec, _visible_device
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, return_logprobs=True)
@@ -44,7 +44,7 @@ def start_generator(model_dir: Path, device: torch.device, slots: int) -> AsyncG
         model_path=str(model_dir),
         engine="hf",
         dtype="float32",
-        device="cpu" if device.type == "cpu" else str(device.index or 0),
+        device=_visible_device(device),
         threads=1,
         max_sequences_per_call=64,
         max_model_len=64,
