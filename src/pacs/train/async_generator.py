@@ -22,9 +22,10 @@ The weight ring. R = k buffers ("slots"), each one flat tensor holding every wei
 in the engine's dtype, on the trainer's device; allocated once, at the first push (its layout, the
 (name, shape) list, read from a first pass over the weights, so that no second copy is ever
 staged), and shared with the generator once, in that push's message (a CPU slot as a shared-memory
-file descriptor, a CUDA slot and its interprocess event as IPC handles). Then, for version v:
+file descriptor, a CUDA slot and its interprocess event as IPC handles). Then, for version v,
+the run's n-th push:
 
-    trainer    acquire(free)  ->  copy the weights into slot v mod R  ->  [CUDA: record slot's event]
+    trainer    acquire(free)  ->  copy the weights into slot n mod R  ->  [CUDA: record slot's event]
                ->  send ("weights", v, slot)
     generator  on ("weights", v, slot): if a version is noted and not yet loaded, release(free) for
                it (skipped: no batch asked for it) and note v instead
@@ -32,18 +33,21 @@ file descriptor, a CUDA slot and its interprocess event as IPC handles). Then, f
                -> copy the slot into the engine -> [CUDA: synchronize] -> release(free); then generate
 
 `free` is a counting semaphore that starts at R. Its invariants:
-- writes take the slots in order (push n writes slot n mod R) and the generator releases versions in
+- writes take the slots in turn and the generator releases versions in
   the order they were written (each one once: loaded or skipped), so a push that holds `free` writes
-  a slot whose previous version the generator has loaded or skipped: a slot being read is never
-  overwritten, and a version noted is never overwritten before it is loaded;
+  a slot whose previous version the generator has loaded or skipped: a slot being read, or holding
+  a version the generator may still load, is never overwritten;
 - the generator loads when a batch starts, the newest version noted before that batch's request in
   the pipe, which is exactly version(step): the schedule above is unchanged;
 - a push waits only for a load, never for a batch: at the push of version j the trainer holds batch
   j, so the generator has started (or is about to start) batch j + 1, which loads version j − k,
-  the previous occupant of slot j mod k; versions j − k + 1 .. j − 1 sit in the other k − 1 slots.
+  the previous occupant of the slot the push takes (pushes are one per version, so slots hold
+  consecutive versions); versions j − k + 1 .. j − 1 sit in the other k − 1 slots.
 A push thus costs one copy of the model into the slot (on the device: one device copy); the ring
 holds k models in the engine's dtype beside the generator's own copy (the pages of a slot are taken
-when it is first written, so a run that stops early never touches the rest).
+when it is first written, so a run that stops early never touches the rest). Under FSDP each
+rank feeds a generator of its own, which needs the whole model: `policy_weights` gathers it one
+tensor at a time, and the one all-gather per tensor is what every rank's generator reads.
 
 The objective under staleness is AReaL's decoupled one: the behaviour policy μ is the generator's
 (its log-probs come with the rollouts as the sampler's), the proximal policy π_old is the trainer's
@@ -264,8 +268,6 @@ class RingReader:
         self.events: list[torch.cuda.Event] = []
         self.noted: tuple[int, int] | None = None
         """(version, slot) of the newest version written and not yet loaded."""
-        self.loaded: int | None = None
-        """The version the engine holds."""
 
     def note(self, version: int, slot: int, shared: SharedRing | None) -> None:
         """The trainer wrote `version` into `slot` (`shared`: the ring's handles, with the first)."""
@@ -279,13 +281,13 @@ class RingReader:
         """Hand the newest version noted to `load` (views of its slot, by name), then release the slot."""
         if self.noted is None:
             return
-        version, slot = self.noted
+        _, slot = self.noted
         if self.events:
             self.events[slot].synchronize()
         load(_unflattened(self.buffers[slot], self.layout))
         if self.events:
             torch.cuda.synchronize()
-        self.noted, self.loaded = None, version
+        self.noted = None
         self.free.release()
 
     def _open(self, shared: SharedRing) -> None:
