@@ -15,7 +15,8 @@ from pushed_weights import perturbed, sampled_by_generator, sampled_here, start_
 from torchrun_jobs import TESTS, read_jsonl, torchrun
 
 from pacs.models.loading import load_causal_lm
-from pacs.train.async_generator import RingReader, WeightRing
+from pacs.rollout.base import SamplingParams
+from pacs.train.async_generator import RingReader, RolloutPipeline, WeightRing, version_of
 
 CPU = torch.device("cpu")
 
@@ -108,3 +109,40 @@ def test_a_batch_is_sampled_by_the_newest_version_pushed_before_it_was_asked_for
 def test_each_fsdp_rank_pushes_its_gathered_weights_to_its_generator_bit_for_bit(tiny_model_dir, tmp_path):
     torchrun(str(TESTS / "pushed_weights.py"), str(tiny_model_dir), str(tmp_path), timeout=300)
     assert [read_jsonl(tmp_path / f"rank{rank}.json")[0]["same"] for rank in (0, 1)] == [[True, True], [True, True]]
+
+
+class RecordingGenerator:
+    """Stands in for `AsyncGenerator`: records what the pipeline sends it, in order."""
+
+    def __init__(self):
+        self.sent: list[tuple] = []
+
+    def push(self, version, weights):
+        self.sent.append(("weights", version))
+
+    def request(self, step, prompts, params, seed):
+        self.sent.append(("generate", step))
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_every_version_pushed_is_followed_by_the_batch_it_samples_and_the_last_ones_are_not_pushed(max_staleness):
+    generator = RecordingGenerator()
+    pipeline = RolloutPipeline(
+        generator,
+        max_staleness=max_staleness,
+        last_step=6,
+        params=SamplingParams(),
+        seed=0,
+        rank=0,
+        next_prompts=lambda: [0],
+        token_ids=lambda indices: [[1]] * len(indices),
+    )
+    pipeline.begin(0, weights_of(0.0))
+    for step in range(1, 7):
+        pipeline.advance(step, weights_of(float(step)))
+    pushed = [version for kind, version in generator.sent if kind == "weights"]
+    assert pushed == list(range(0, 6 - max_staleness))
+    for index, (kind, version) in enumerate(generator.sent):
+        if kind == "weights":
+            assert generator.sent[index + 1][0] == "generate"
+            assert version_of(generator.sent[index + 1][1], max_staleness) == version

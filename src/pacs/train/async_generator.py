@@ -14,7 +14,8 @@ The schedule is fixed, so a run does not depend on timing and resumes exactly:
     staleness(j) = (j − 1) − version(j) = min(j − 1, k)   versions between sampler and trained policy
 
 The trainer sends the weights of version v = j before it asks for the batch of step j + 1 + k, and
-the generator serves messages in order, so batch j is sampled by exactly version(j). Step j's
+the generator serves messages in order, so batch j is sampled by exactly version(j). The weights of
+the last k + 1 updates sample no batch and are not sent. Step j's
 batch thus needs no update after step j − 1 − k: with k = 1 the generator samples step j + 1's
 batch while the trainer updates on step j's.
 
@@ -39,6 +40,9 @@ the run's n-th push:
   a version the generator may still load, is never overwritten;
 - the generator loads when a batch starts, the newest version noted before that batch's request in
   the pipe, which is exactly version(step): the schedule above is unchanged;
+- every version pushed is followed by a request it samples (the last k + 1 are not pushed), so
+  every slot is released: with R = 1 a version that no batch loads would hold the only slot, and
+  the next push would wait for ever;
 - a push waits only for a load, never for a batch: at the push of version j the trainer holds batch
   j, so the generator has started (or is about to start) batch j + 1, which loads version j − k,
   the previous occupant of the slot the push takes (pushes are one per version, so slots hold
@@ -520,10 +524,11 @@ class RolloutPipeline:
 
     def advance(self, step: int, weights: WeightSource) -> None:
         """After the update of `step`: its weights to the generator, and the batch they sample,
-        `max_staleness` + 1 steps ahead, asked for."""
-        self.generator.push(step, weights)
+        `max_staleness` + 1 steps ahead, asked for; nothing in the last `max_staleness` + 1 steps,
+        whose weights sample no batch (every version pushed is loaded: see the module docstring)."""
         ahead = step + 1 + self.max_staleness
         if ahead <= self.last_step:
+            self.generator.push(step, weights)
             self.request(ahead, self.next_prompts())
 
     def request(self, step: int, prompt_indices: list[int]) -> None:
