@@ -3,10 +3,10 @@
 Each training process starts one generator process of its own (`serve`), which holds its own copy
 of the policy in its own engine (transformers or vLLM) and generates the process's share of the
 coming steps' prompts while the trainer scores, recomputes log-probs and updates. After every
-update the trainer pushes the new weights over a private two-member gloo process group (one
-broadcast of one flat host buffer, started asynchronously: the trainer goes on while the
-generator receives it between two batches; never a copy through the disk), and control messages
-(what to generate, the rollouts back) go through a pipe.
+update the trainer writes the new weights into a ring of shared buffers on its own device
+(`WeightRing`: shared memory on a CPU, CUDA IPC on a GPU; never through gloo, a socket or the
+disk), and control messages (which ring slot holds which version, what to generate, the rollouts
+back) go through a pipe.
 
 The schedule is fixed, so a run does not depend on timing and resumes exactly:
 
@@ -14,9 +14,44 @@ The schedule is fixed, so a run does not depend on timing and resumes exactly:
     staleness(j) = (j − 1) − version(j) = min(j − 1, k)   versions between sampler and trained policy
 
 The trainer sends the weights of version v = j before it asks for the batch of step j + 1 + k, and
-the generator serves messages in order, so batch j is sampled by exactly version(j). Step j's
+the generator serves messages in order, so batch j is sampled by exactly version(j). The weights of
+the last k + 1 updates sample no batch and are not sent. Step j's
 batch thus needs no update after step j − 1 − k: with k = 1 the generator samples step j + 1's
 batch while the trainer updates on step j's.
+
+The weight ring. R = k buffers ("slots"), each one flat tensor holding every weight of the policy
+in the engine's dtype, on the trainer's device; allocated once, at the first push (its layout, the
+(name, shape) list, read from a first pass over the weights, so that no second copy is ever
+staged), and shared with the generator once, in that push's message (a CPU slot as a shared-memory
+file descriptor, a CUDA slot and its interprocess event as IPC handles). Then, for version v,
+the run's n-th push:
+
+    trainer    acquire(free)  ->  copy the weights into slot n mod R  ->  [CUDA: record slot's event]
+               ->  send ("weights", v, slot)
+    generator  on ("weights", v, slot): if a version is noted and not yet loaded, release(free) for
+               it (skipped: no batch asked for it) and note v instead
+               on ("generate", step, ...): if a version is noted: [CUDA: wait for its slot's event]
+               -> copy the slot into the engine -> [CUDA: synchronize] -> release(free); then generate
+
+`free` is a counting semaphore that starts at R. Its invariants:
+- writes take the slots in turn and the generator releases versions in
+  the order they were written (each one once: loaded or skipped), so a push that holds `free` writes
+  a slot whose previous version the generator has loaded or skipped: a slot being read, or holding
+  a version the generator may still load, is never overwritten;
+- the generator loads when a batch starts, the newest version noted before that batch's request in
+  the pipe, which is exactly version(step): the schedule above is unchanged;
+- every version pushed is followed by a request it samples (the last k + 1 are not pushed), so
+  every slot is released: with R = 1 a version that no batch loads would hold the only slot, and
+  the next push would wait for ever;
+- a push waits only for a load, never for a batch: at the push of version j the trainer holds batch
+  j, so the generator has started (or is about to start) batch j + 1, which loads version j − k,
+  the previous occupant of the slot the push takes (pushes are one per version, so slots hold
+  consecutive versions); versions j − k + 1 .. j − 1 sit in the other k − 1 slots.
+A push thus costs one copy of the model into the slot (on the device: one device copy); the ring
+holds k models in the engine's dtype beside the generator's own copy (the pages of a slot are taken
+when it is first written, so a run that stops early never touches the rest). Under FSDP each
+rank feeds a generator of its own, which needs the whole model: `policy_weights` gathers it one
+tensor at a time, and the one all-gather per tensor is what every rank's generator reads.
 
 The objective under staleness is AReaL's decoupled one: the behaviour policy μ is the generator's
 (its log-probs come with the rollouts as the sampler's), the proximal policy π_old is the trainer's
@@ -32,7 +67,6 @@ seeds fail on a CPU), so a resumed run with vLLM regenerates the version-s batch
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import queue
@@ -44,12 +78,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Semaphore
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch._C._distributed_c10d import BroadcastOptions
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from pacs.config import Config, VllmConfig
 from pacs.distributed.world import World
@@ -133,19 +167,167 @@ class Request:
     prompt_indices: list[int]
 
 
+# ----- the weight ring ---------------------------------------------------------------------------
+
+Layout = list[tuple[str, tuple[int, ...]]]
+WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+"""The policy's weights, whole, by Hugging Face name, one at a time: each call iterates them afresh
+(under FSDP every rank must iterate in step: each tensor is gathered in its turn)."""
+
+
+@dataclass
+class SharedRing:
+    """What the generator needs to open the ring, sent once: the layout, each slot's handle (a CPU
+    tensor in shared memory, or a CUDA tensor's IPC arguments) and, on CUDA, each slot's
+    interprocess event handle."""
+
+    layout: Layout
+    slots: list[Any]
+    events: list[bytes]
+
+
+class WeightRing:
+    """The trainer's side of the ring (the module's docstring gives the protocol): `slots` flat
+    buffers of the weights in `dtype` on `device`, written in turn; `free` counts the slots the
+    generator has released (it starts at `slots`); while `write` waits for a slot it calls
+    `check_generator` every second, which raises if the generator has ended."""
+
+    def __init__(
+        self,
+        slots: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        free: Semaphore,
+        check_generator: Callable[[], None],
+        timeout_s: float,
+    ):
+        if slots < 1:
+            raise ValueError(f"a weight ring needs at least 1 slot, not {slots} (rollout.max_staleness >= 1)")
+        self.size, self.device, self.dtype, self.free = slots, device, dtype, free
+        self.check_generator, self.timeout_s = check_generator, timeout_s
+        self.buffers: list[torch.Tensor] = []
+        self.events: list[torch.cuda.Event] = []
+        self.layout: Layout = []
+        self.writes = 0
+
+    def write(self, weights: WeightSource) -> tuple[int, SharedRing | None]:
+        """Copy the weights into the next slot (waiting until the generator has released it):
+        that slot's index, and the ring's handles on the first write (None after). The first write
+        reads the layout from one pass over `weights` (each tensor dropped once seen) and allocates
+        the ring, so no more than one model (the slot) and one tensor are ever held."""
+        shared = None
+        if not self.buffers:
+            self.layout = [(name, tuple(tensor.shape)) for name, tensor in weights()]
+            shared = self._allocate()
+        slot = self.writes % self.size
+        self._acquire_slot()
+        for (name, tensor), (expected, place) in zip(weights(), _unflattened(self.buffers[slot], self.layout), strict=True):
+            if name != expected or tuple(tensor.shape) != tuple(place.shape):
+                raise ValueError(
+                    f"weight {name} {tuple(tensor.shape)} where the ring's layout has {expected} {tuple(place.shape)}"
+                )
+            place.copy_(tensor.detach())
+        if self.events:
+            self.events[slot].record(torch.cuda.current_stream(self.device))
+        self.writes += 1
+        return slot, shared
+
+    def _allocate(self) -> SharedRing:
+        numel = sum(math.prod(shape) for _, shape in self.layout)
+        if self.device.type == "cuda":
+            self.buffers = [torch.empty(numel, dtype=self.dtype, device=self.device) for _ in range(self.size)]
+            with torch.cuda.device(self.device):
+                self.events = [torch.cuda.Event(interprocess=True) for _ in range(self.size)]
+                events = [event.ipc_handle() for event in self.events]
+            # the generator sees the trainer's device alone, as cuda:0: it opens each handle there
+            handles = [reduce_tensor(buffer)[1] for buffer in self.buffers]
+            return SharedRing(self.layout, handles, events)
+        self.buffers = [_shared_memory_tensor(numel, self.dtype) for _ in range(self.size)]
+        return SharedRing(self.layout, list(self.buffers), [])
+
+    def _acquire_slot(self) -> None:
+        waited = 0.0
+        while not self.free.acquire(timeout=1.0):
+            waited += 1.0
+            self.check_generator()
+            if waited >= self.timeout_s:
+                raise RuntimeError(
+                    f"the rollout generator released no weight slot within {self.timeout_s:g} s "
+                    "(train.distributed_timeout_s): it is stuck loading weights"
+                )
+
+
+def _shared_memory_tensor(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised flat tensor allocated in shared memory from the start (`share_memory_` on an
+    ordinary tensor would copy it into a second allocation); its pages are taken when written."""
+    storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+
+
+class RingReader:
+    """The generator's side of the ring: the newest version noted and not yet loaded, loaded when a
+    batch starts (`load_newest`); every version noted is released once, loaded or skipped."""
+
+    def __init__(self, free: Semaphore):
+        self.free = free
+        self.layout: Layout = []
+        self.buffers: list[torch.Tensor] = []
+        self.events: list[torch.cuda.Event] = []
+        self.noted: tuple[int, int] | None = None
+        """(version, slot) of the newest version written and not yet loaded."""
+
+    def note(self, version: int, slot: int, shared: SharedRing | None) -> None:
+        """The trainer wrote `version` into `slot` (`shared`: the ring's handles, with the first)."""
+        if shared is not None:
+            self._open(shared)
+        if self.noted is not None:
+            self.free.release()
+        self.noted = (version, slot)
+
+    def load_newest(self, load: Callable[[Iterator[tuple[str, torch.Tensor]]], None]) -> None:
+        """Hand the newest version noted to `load` (views of its slot, by name), then release the slot."""
+        if self.noted is None:
+            return
+        _, slot = self.noted
+        if self.events:
+            self.events[slot].synchronize()
+        load(_unflattened(self.buffers[slot], self.layout))
+        if self.events:
+            torch.cuda.synchronize()
+        self.noted = None
+        self.free.release()
+
+    def _open(self, shared: SharedRing) -> None:
+        self.layout = shared.layout
+        if shared.events:
+            self.buffers = [rebuild_cuda_tensor(*handle[:6], 0, *handle[7:]) for handle in shared.slots]
+            self.events = [torch.cuda.Event.from_ipc_handle(0, handle) for handle in shared.events]
+        else:
+            self.buffers = shared.slots
+
+
+def _unflattened(buffer: torch.Tensor, layout: Layout) -> Iterator[tuple[str, torch.Tensor]]:
+    offset = 0
+    for name, shape in layout:
+        count = math.prod(shape)
+        yield name, buffer[offset : offset + count].view(shape)
+        offset += count
+
+
 # ----- the generator process ---------------------------------------------------------------------
 
 
-def serve(spec: GeneratorSpec, store_port: int, timeout_s: float, connection: Connection) -> None:
-    """The generator process: join the private group (rank 1), build the engine, then serve the
-    trainer's messages in order until "stop" or until the trainer is gone (the pipe closes):
+def serve(spec: GeneratorSpec, free: Semaphore, connection: Connection) -> None:
+    """The generator process: build the engine, then serve the trainer's messages in order until
+    "stop" or until the trainer is gone (the pipe closes):
 
-        ("weights", version, layout)        receive the flat buffer, load it (layout: (name, shape) list)
+        ("weights", version, slot, shared)  the ring's slot holds `version` (`RingReader.note`;
+                                            shared: the ring's handles, with the first push only)
         ("generate", step, prompts, params, seed) -> ("rollouts", step, arrays, texts, n, seconds)
 
     Replies go out through `Outbox`, so that a batch larger than the pipe's buffer never holds the
-    loop up: the trainer may be waiting for this process to take the next weights before it reads
-    (with max_staleness >= 2 it is). Any error is sent back as ("error", traceback) before the process ends."""
+    loop up: the trainer may be waiting for this process to release a slot before it reads. Any
+    error is sent back as ("error", traceback) before the process ends."""
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
     if spec.device != "cpu":
@@ -153,11 +335,8 @@ def serve(spec: GeneratorSpec, store_port: int, timeout_s: float, connection: Co
     torch.set_num_threads(spec.threads)
     outbox = Outbox(connection)
     try:
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", store_port, 2, False, timeout=timeout)
-        group = dist.ProcessGroupGloo(store, 1, 2, timeout)
         engine = _build_engine(spec)
-        _serve_messages(engine, group, connection, outbox, DTYPES[spec.dtype])
+        _serve_messages(engine, RingReader(free), connection, outbox)
     except EOFError:
         return
     except BaseException:
@@ -208,21 +387,16 @@ def _build_engine(spec: GeneratorSpec) -> TransformersEngine | VllmEngine:
     )
 
 
-def _serve_messages(engine, group, connection: Connection, outbox: Outbox, dtype: torch.dtype) -> None:
-    layout: list[tuple[str, tuple[int, ...]]] = []
-    buffer = torch.empty(0, dtype=dtype)
+def _serve_messages(engine, reader: RingReader, connection: Connection, outbox: Outbox) -> None:
     while True:
         message = connection.recv()
         if message[0] == "stop":
             return
         if message[0] == "weights":
-            if message[2] is not None:  # the first push says where each tensor lies; later ones reuse it
-                layout = message[2]
-                buffer = torch.empty(sum(math.prod(shape) for _, shape in layout), dtype=dtype)
-            group.broadcast([buffer], _from_trainer()).wait()
-            _load(engine, _unflattened(buffer, layout))
+            reader.note(*message[1:])
             continue
         _, step, prompts, params, seed = message
+        reader.load_newest(lambda weights: _load(engine, weights))
         started = time.perf_counter()
         torch.manual_seed(seed)
         with torch.inference_mode():
@@ -244,73 +418,44 @@ def _load(engine: TransformersEngine | VllmEngine, weights: Iterator[tuple[str, 
             state[name].copy_(tensor)
 
 
-def _from_trainer() -> BroadcastOptions:
-    options = BroadcastOptions()
-    options.rootRank = 0
-    return options
-
-
-def _unflattened(buffer: torch.Tensor, layout: list[tuple[str, tuple[int, ...]]]) -> Iterator[tuple[str, torch.Tensor]]:
-    offset = 0
-    for name, shape in layout:
-        count = math.prod(shape)
-        yield name, buffer[offset : offset + count].view(shape)
-        offset += count
-
-
 # ----- the trainer's side ------------------------------------------------------------------------
 
 
 class AsyncGenerator:
-    """This training process's generator process and the two ways to it: the private group for
-    weights, the pipe for everything else. `close` ends it; it also ends when this process dies."""
+    """This training process's generator process, the ring of weights it reads (`WeightRing`, with
+    `slots` slots on `device`) and the pipe for everything else. `close` ends it; it also ends when
+    this process dies."""
 
-    def __init__(self, spec: GeneratorSpec, timeout_s: float):
-        timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+    def __init__(self, spec: GeneratorSpec, timeout_s: float, *, device: torch.device, slots: int):
         context = mp.get_context("spawn")
+        free = context.Semaphore(slots)
         self.connection, child_end = context.Pipe()
-        self.process = context.Process(
-            target=serve, args=(spec, self.store.port, timeout_s, child_end), name="pacs-generator", daemon=False
-        )
+        self.process = context.Process(target=serve, args=(spec, free, child_end), name="pacs-generator", daemon=False)
         self.process.start()
         child_end.close()
-        self.group = dist.ProcessGroupGloo(self.store, 0, 2, timeout)
-        self.dtype = DTYPES[spec.dtype]
-        self.buffer: torch.Tensor | None = None
-        self.layout: list[tuple[str, tuple[int, ...]]] = []
-        self.sending: dist.Work | None = None
+        self.ring = WeightRing(slots, device, DTYPES[spec.dtype], free, self.raise_if_ended, timeout_s)
 
-    def push(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send `weights` (the policy's, whole, by Hugging Face name) as `version`: copied into one
-        flat host buffer, whose broadcast runs on while the trainer goes on. The first push builds
-        the buffer and sends its layout; every later one waits for the previous broadcast and copies
-        each tensor into its place in the same buffer.
-
-        The first push cannot size the buffer before the weights arrive (each is gathered in its
-        turn): it keeps them in host memory, then copies them into the buffer one at a time and
-        releases each once copied. The buffer's pages are taken as they are written, so the host
-        holds about one model in `dtype` at a time (plus its largest tensor), never the pieces and
-        their concatenation (two models)."""
-        if self.buffer is None:
-            pieces = []
-            for name, tensor in weights:
-                pieces.append(tensor.detach().reshape(-1).to("cpu", self.dtype))
-                self.layout.append((name, tuple(tensor.shape)))
-            self.buffer = torch.empty(sum(piece.numel() for piece in pieces), dtype=self.dtype)
-            pieces.reverse()
-            for _, place in _unflattened(self.buffer, self.layout):
-                place.view(-1).copy_(pieces.pop())
-            self.connection.send(("weights", version, self.layout))
-        else:
-            self.sending.wait()
-            for (_, tensor), (_, place) in zip(weights, _unflattened(self.buffer, self.layout), strict=True):
-                place.copy_(tensor.detach())
-            self.connection.send(("weights", version, None))
-        self.sending = self.group.broadcast([self.buffer], _from_trainer())
+    def push(self, version: int, weights: WeightSource) -> None:
+        """Write `weights` into the ring as `version` and tell the generator which slot holds it; the
+        generator loads it when it starts the next batch it is asked for (`WeightRing.write`)."""
+        slot, shared = self.ring.write(weights)
+        self.connection.send(("weights", version, slot, shared))
 
     def request(self, step: int, prompts: list[list[int]], params: SamplingParams, seed: int) -> None:
         self.connection.send(("generate", step, prompts, params, seed))
+
+    def raise_if_ended(self) -> None:
+        """Raise, with its error if it sent one, when the generator process has ended."""
+        if self.process.is_alive():
+            return
+        try:
+            while self.connection.poll():
+                message = self.connection.recv()
+                if message[0] == "error":
+                    raise RuntimeError(f"the rollout generator process failed:\n{message[1]}")
+        except EOFError:
+            pass
+        raise RuntimeError(f"the rollout generator process ended (exit code {self.process.exitcode})")
 
     def receive(self) -> tuple[int, Rollouts, float]:
         """The next batch the generator finished: (step, rollouts, its seconds of generation)."""
@@ -370,7 +515,7 @@ class RolloutPipeline:
         self.resent: list[Request] = []
         """The requests a checkpoint kept (`restore`), to send again once the generator has the weights."""
 
-    def begin(self, start_step: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def begin(self, start_step: int, weights: WeightSource) -> None:
         """Give the generator the weights the run starts from (after `start_step` updates) and ask
         for the first batches: those whose prompts a checkpoint kept, then new ones up to
         `max_staleness` + 1 steps ahead."""
@@ -382,12 +527,13 @@ class RolloutPipeline:
             if step not in self.ready and step not in self.requested:
                 self.request(step, self.next_prompts())
 
-    def advance(self, step: int, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def advance(self, step: int, weights: WeightSource) -> None:
         """After the update of `step`: its weights to the generator, and the batch they sample,
-        `max_staleness` + 1 steps ahead, asked for."""
-        self.generator.push(step, weights)
+        `max_staleness` + 1 steps ahead, asked for; nothing in the last `max_staleness` + 1 steps,
+        whose weights sample no batch (every version pushed is loaded: see the module docstring)."""
         ahead = step + 1 + self.max_staleness
         if ahead <= self.last_step:
+            self.generator.push(step, weights)
             self.request(ahead, self.next_prompts())
 
     def request(self, step: int, prompt_indices: list[int]) -> None:
@@ -478,7 +624,9 @@ def start_pipeline(
         max_new_tokens=data.max_response_length,
         return_logprobs=True,
     )
-    generator = AsyncGenerator(spec, timeout_s=config.train.distributed_timeout_s)
+    generator = AsyncGenerator(
+        spec, timeout_s=config.train.distributed_timeout_s, device=world.device, slots=rollout.max_staleness
+    )
     pipeline = RolloutPipeline(
         generator,
         max_staleness=rollout.max_staleness,

@@ -150,6 +150,7 @@ PARTS = (
     "validation: transformers KV cache of one call (hf)",
     "generator process: vLLM, never asleep (weights, KV cache, activations)",
     "generator process: its model and KV cache (hf)",
+    "weight ring: rollout.max_staleness copies of the model (compute dtype)",
 )
 """What a phase holds (`Plan.phases`), in the order the tables print."""
 GATHERED = {"Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"}
@@ -452,7 +453,7 @@ def world_of(config: Config, world_size: int) -> World:
 
 
 CRITIC, GATHERED_PART, ACTIVATIONS, HF_MODEL, HF_CACHE, VLLM_WEIGHTS, VLLM_REST = PARTS[4:11]
-VALIDATION_MODEL, VALIDATION_CACHE, GENERATOR_VLLM, GENERATOR_HF = PARTS[11:]
+VALIDATION_MODEL, VALIDATION_CACHE, GENERATOR_VLLM, GENERATOR_HF, WEIGHT_RING = PARTS[11:]
 
 
 def plan(config_path: str, world_size: int, gpu_gib: float = GPU_GIB, overrides: tuple[str, ...] = ()) -> Plan:
@@ -549,7 +550,9 @@ def generator_process(
     (`pacs.train.async_generator`), on the same GPU in every phase: it never sleeps. vLLM holds its
     whole `gpu_memory_utilization` x the GPU (or its weights and `kv_cache_gib`); transformers
     holds its own copy of the model in the compute dtype and the KV cache of one generation call.
-    Its CUDA context and the host buffers of the weight push are not counted (notes)."""
+    The weight ring the trainer pushes through (`pacs.train.async_generator`) holds
+    `rollout.max_staleness` copies of the model in the compute dtype on the same GPU, in every
+    phase. The generator's CUDA context is not counted (notes)."""
     if config.rollout.engine == "vllm":
         engine = vllm_engine(config, hf_config, world_size, gpu_gib, weights, compute_bytes, notes)
         held = {GENERATOR_VLLM: engine[VLLM_WEIGHTS] + engine[VLLM_REST]}
@@ -557,11 +560,11 @@ def generator_process(
         sequences = generation_sequences(config, world_size)
         tokens = config.data.max_prompt_length + config.data.max_response_length
         held = {GENERATOR_HF: weights + sequences * tokens * kv_bytes_per_token(hf_config, compute_bytes)}
+    held[WEIGHT_RING] = config.rollout.max_staleness * weights
     notes.append(
-        f"rollout.max_staleness={config.rollout.max_staleness}: the generator process holds "
+        f"rollout.max_staleness={config.rollout.max_staleness}: the generator process and the weight ring hold "
         f"{sum(held.values()) / GIB:.2f} GiB of the GPU in every phase (never asleep), plus a CUDA context of its own; "
-        f"the weight push holds the model in the compute dtype twice in host memory per rank "
-        f"(the trainer's send buffer and the generator's receive buffer): {2 * weights / GIB:.2f} GiB"
+        "no host memory holds the weights on their way"
     )
     return held
 
@@ -588,7 +591,9 @@ def validation(
     tokens = config.data.max_prompt_length + config.data.max_response_length
     cache = sequences * tokens * kv_bytes_per_token(hf_config, compute_bytes)
     notes.append(f"validation: transformers' KV cache for {sequences} sequences of {tokens} tokens")
-    generator = {part: size for part, size in phases["generation"].items() if part.startswith("generator process")}
+    generator = {
+        part: size for part, size in phases["generation"].items() if part.startswith("generator process") or part == WEIGHT_RING
+    }
     gathered = 0 if world.strategy == "none" else weights
     return {**kept, VALIDATION_MODEL: gathered, VALIDATION_CACHE: cache, **generator}
 
@@ -665,7 +670,8 @@ def least_bytes(config: Config, numel: int, kv_per_token: int, world: World, gpu
     with `hf`, or in any asynchronous run) holds the model gathered in the compute dtype (under FSDP)
     and the KV cache of one call, sequences x (max_prompt_length + max_response_length) x
     `kv_per_token` bytes (`kv_bytes_per_token`); so does transformers' generator process, with its
-    own copy of the model. The same closed forms as the simulated plan's (`generator_process`,
+    own copy of the model. With `rollout.max_staleness` = k >= 1 the weight ring holds k copies of
+    the model in the compute dtype in every phase. The same closed forms as the simulated plan's (`generator_process`,
     `validation`)."""
     shards = world.world_size if world.strategy == "fsdp" else 1
     compute_bytes = 2 if config.model.dtype == "bfloat16" else 4
@@ -692,6 +698,8 @@ def least_bytes(config: Config, numel: int, kv_per_token: int, world: World, gpu
             GENERATE_MODEL: gathered,
             GENERATE_CACHE: generation_sequences(config, world.world_size) * tokens * kv_per_token,
         }
+    if config.rollout.max_staleness:
+        engine[RING] = config.rollout.max_staleness * weights
     asynchronous = bool(config.rollout.max_staleness)
     never_sleeps = asynchronous or (config.rollout.engine == "vllm" and settings.sleep_mode is False)
     beside = engine if never_sleeps else {}
@@ -703,6 +711,7 @@ def least_bytes(config: Config, numel: int, kv_per_token: int, world: World, gpu
 
 
 GENERATE_MODEL, GENERATE_CACHE = "model gathered for generate", "KV cache of one generate call"
+RING = "weight ring"
 VALIDATION_GENERATE_MODEL, VALIDATION_GENERATE_CACHE = f"validation: {GENERATE_MODEL}", f"validation: {GENERATE_CACHE}"
 
 
@@ -718,7 +727,7 @@ def settings_to_change(config: Config, world: World, parts: Iterable[str]) -> li
             f"lower rollout.vllm.gpu_memory_utilization (now {rollout.vllm.gpu_memory_utilization}) "
             "or set rollout.vllm.kv_cache_gib"
         )
-    if rollout.max_staleness and any(part == "vLLM" or part.startswith("generator") for part in parts):
+    if rollout.max_staleness and any(part in ("vLLM", RING) or part.startswith("generator") for part in parts):
         fixes.append(f"set rollout.max_staleness=0 (now {rollout.max_staleness}; a synchronous engine sleeps through the update)")
     elif "vLLM" in parts and rollout.vllm.sleep_mode is False:
         fixes.append("turn rollout.vllm.sleep_mode on (now off: the engine holds its memory through the update)")

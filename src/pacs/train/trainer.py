@@ -393,7 +393,7 @@ class Trainer:
                 run_on_rank0(world, lambda: check_run_in_place(output_dir, run_lock))
                 logger.log(0, validation)
             if self.pipeline is not None:
-                self.pipeline.begin(self.start_step, self.engine_weights())
+                self.pipeline.begin(self.start_step, self.engine_weights)
             for step in steps:
                 metrics = {**self.step(step, logger), **checkpoint_time}
                 if self.validates_at(step):
@@ -454,7 +454,7 @@ class Trainer:
         metrics = {"lr": lr, **sampling_metrics, **self.update(batch, updates_policy, first_update_rows, times)}
         if self.pipeline is not None:
             with times.phase("weight_sync"):
-                self.pipeline.advance(step, self.engine_weights())
+                self.pipeline.advance(step, self.engine_weights)
         if self.config.train.reference_reset_every:
             metrics["reference/reset"] = float(resets_reference)
         metrics.update(self.sampler_metrics(batch))
