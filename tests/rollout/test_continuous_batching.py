@@ -189,8 +189,8 @@ def test_training_and_validation_sample_continuously_when_asked(tmp_path, tiny_m
     ]
     train(load_config("builtin:demo", settings), show_progress=False)
     rows = read_metrics(tmp_path / "run")
-    assert [row["step"] for row in rows] == [1, 2] and "val/arithmetic/pass@1" in rows[-1]
-    assert continuous_calls == [4, 4, 4], "two steps' rollouts, then the validation"
+    assert [row["step"] for row in rows] == [0, 1, 2] and all("val/arithmetic/pass@1" in rows[i] for i in (0, -1))
+    assert continuous_calls == [4, 4, 4, 4], "the validation before training, two steps' rollouts, then the validation"
 
 
 @pytest.mark.slow

@@ -86,7 +86,8 @@ def test_every_phase_of_a_step_is_timed_and_the_phases_add_up_to_the_step(tmp_pa
         "train.old_logprobs_from_first_update=false",
     ]
     train(small_config(tmp_path / "run", warm_model_dir, *settings), show_progress=False)
-    rows = read_metrics(tmp_path / "run")
+    validation_at_start, *rows = read_metrics(tmp_path / "run")
+    assert validation_at_start["step"] == 0 and validation_at_start["time/validate_s"] > 0
     parameters = sum(tensor.numel() for tensor in weights(warm_model_dir).values())
     critic_parameters = weights(tmp_path / "run" / "checkpoints" / "final" / "critic")
     critic_parameters = sum(t.numel() for name, t in critic_parameters.items() if "embed_tokens" not in name)
@@ -104,14 +105,14 @@ def test_every_phase_of_a_step_is_timed_and_the_phases_add_up_to_the_step(tmp_pa
 
 def test_the_optimizer_takes_each_steps_learning_rate_from_the_schedule(tmp_path, warm_model_dir):
     train(small_config(tmp_path / "run", warm_model_dir, "train.lr_schedule=linear", "train.lr=2e-4"), show_progress=False)
-    assert [row["lr"] for row in read_metrics(tmp_path / "run")] == pytest.approx([2e-4, 1.5e-4, 1e-4, 0.5e-4])
+    assert [row["lr"] for row in read_metrics(tmp_path / "run") if row["step"] > 0] == pytest.approx([2e-4, 1.5e-4, 1e-4, 0.5e-4])
 
 
 def test_training_changes_the_weights(tmp_path, warm_model_dir):
     """Every group holds both outcomes (`MIXED_GROUPS`), so each step has a gradient whatever the
     model samples."""
     result = train(small_config(tmp_path / "run", warm_model_dir, *MIXED_GROUPS), show_progress=False)
-    assert all(row["reward/groups_mixed_fraction"] == 1.0 for row in read_metrics(tmp_path / "run"))
+    assert all(row["reward/groups_mixed_fraction"] == 1.0 for row in read_metrics(tmp_path / "run") if row["step"] > 0)
     before, after = weights(warm_model_dir), weights(result.final_checkpoint)
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
