@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
+from instruct_style import instruct_generation_config
 from running import run
-from transformers import GenerationConfig
 
 from pacs.config import load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
@@ -94,15 +94,7 @@ def instruct_style_engine(tiny_model_dir, tokenizer):
     """The tiny model with an instruct model's generation defaults (a repetition penalty, its own
     temperature / top-p / top-k) and two end-of-turn tokens, batching continuously."""
     model = load_causal_lm(str(tiny_model_dir), dtype="float64")
-    model.generation_config = GenerationConfig(
-        repetition_penalty=1.05,
-        temperature=0.7,
-        top_p=0.8,
-        top_k=20,
-        do_sample=True,
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    model.generation_config = instruct_generation_config(tokenizer)
     return TransformersEngine(model, tokenizer, continuous_batching=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from instruct_style import instruct_generation_config
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, StaticCache
 
@@ -101,15 +102,7 @@ def instruct_style_model_dir(tiny_model_dir, tmp_path_factory):
     directory = tmp_path_factory.mktemp("instruct") / "model"
     model = load_causal_lm(str(tiny_model_dir), dtype="float64")
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    model.generation_config = GenerationConfig(
-        repetition_penalty=1.05,
-        temperature=0.7,
-        top_p=0.8,
-        top_k=20,
-        do_sample=True,
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    model.generation_config = instruct_generation_config(tokenizer)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
