@@ -176,10 +176,11 @@ def _prepare(args: argparse.Namespace) -> None:
     from pacs.data.prepare import prepare_dataset, read_rows, write_parquet
 
     if args.check:
+        from pacs.data.loading import row_location
         from pacs.rewards.checks import check_scoring, first_row_of_each_source
 
         rows = read_rows(args.check)
-        check_scoring({args.check: rows}, args.reward_function, timeout_s=args.reward_timeout)
+        check_scoring({args.check: rows}, args.reward_function, timeout_s=args.reward_timeout, where=row_location)
         sources = ", ".join(first_row_of_each_source({args.check: rows}))
         scorer = args.reward_function or "the built-in reward function of each"
         print(f"{args.check}: {len(rows)} rows, all valid; data_source {sources}, scored by {scorer}")

@@ -59,7 +59,8 @@ CASES = {
     ),
     "an empty file": ("", "", None, r"data\.jsonl contains no rows"),
     "a data_source no reward function scores": (
-        lines(row(data_source="my_task")), "", None, r"no reward function for data_source 'my_task' \(first at .*data\.jsonl: row 0\)",
+        lines(row()) + "\n" + lines(row(data_source="my_task")), "", None,
+        r"no reward function for data_source 'my_task' \(first at .*data\.jsonl: line 3\)",
     ),
     "a model that cannot be reached": (
         lines(row()), UNREACHABLE_MODEL, None, r"Could not reach the Hugging Face Hub .* 'pacs-test/no-such-model'",

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pacs.data.loading import row_location
 from pacs.data.prepare import prepare_dataset, read_rows
 from pacs.data.schema import MAX_REPORTED_ROWS
 
@@ -92,3 +93,14 @@ def test_prepare_reports_every_row_it_cannot_convert(tmp_path: Path) -> None:
     lines = _error(prepare_dataset, path).splitlines()
     assert lines[0] == f"{path}: 2 bad rows, numbered by line of the file, the first line being 1:"
     assert lines[1].startswith("    line 2: field 'answer': missing") and lines[2].startswith("    line 4: field 'question'")
+
+
+def test_a_loaded_rows_location_is_numbered_as_the_data_checks_number_it(tmp_path: Path) -> None:
+    """What names a row once it loaded (a reward probe, pacs eval) uses the checks' numbering."""
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text(json.dumps(_row()) + "\n\n" + json.dumps(_row()) + "\n")
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([_row(), _row()]), parquet)
+    assert [row_location(str(jsonl), position) for position in (0, 1)] == [f"{jsonl}: line 1", f"{jsonl}: line 3"]
+    assert row_location(str(parquet), 1) == f"{parquet}: row 2"
+    assert row_location("builtin:arithmetic", 0) == "builtin:arithmetic: row 1"

@@ -165,5 +165,5 @@ def test_prepare_check_refuses_a_data_source_that_no_reward_function_scores(own_
     assert run(["prepare", "--input", str(own_files / "problems.jsonl"), "--out", str(out), "--data-source", "my_sums"]) == 0
     assert run(["prepare", "--check", str(out)]) == 2
     error = " ".join(capsys.readouterr().err.split())
-    assert f"no reward function for data_source 'my_sums' (first at {out}: row 0)" in error
+    assert f"no reward function for data_source 'my_sums' (first at {out}: row 1)" in error
     assert len(read_rows(out)) == 4

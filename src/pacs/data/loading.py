@@ -11,6 +11,7 @@ A data spec is one of:
 
 from __future__ import annotations
 
+import functools
 import typing
 import urllib.parse
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from pacs.data.arithmetic import SPLITS, generate_problems
-from pacs.data.prepare import INPUT_SUFFIXES, RECORD_SUFFIXES, read_rows
+from pacs.data.prepare import INPUT_SUFFIXES, RECORD_SUFFIXES, read_numbered_records, read_rows
 
 DEFAULT_SIZES = {"train": 2000, "val": 200}
 """Rows per split when the spec gives no size (or all there are, if fewer)."""
@@ -97,6 +98,23 @@ def load_rows(spec: str, *, default_split: str) -> list[dict]:
         f"({', '.join(sorted(BUILTIN_DATASETS))}, optionally with ?key=value parameters) "
         f"or a path to a prepared file of rows ({', '.join(RECORD_SUFFIXES)}){convert}"
     )
+
+
+def row_location(spec: str, position: int) -> str:
+    """Where the row at `position` (0-based) of ``load_rows(spec)`` lies, numbered as the data
+    checks number rows (`pacs.data.prepare.RecordFile`), from 1: "FILE: line 5" in a json, jsonl
+    or csv file, "FILE: row 5" in a parquet file, "SPEC: row 5" in a built-in task."""
+    if spec.startswith("builtin:"):
+        return f"{spec}: row {position + 1}"
+    unit, numbers = _numbering(spec)
+    return f"{spec}: {unit} {numbers[position]}"
+
+
+@functools.lru_cache(maxsize=8)
+def _numbering(spec: str) -> tuple[str, tuple[int, ...]]:
+    """The unit ("line" or "row") and each record's number in the file of `spec` (read once)."""
+    read = read_numbered_records(Path(spec).expanduser())
+    return read.numbering.unit, tuple(read.numbers)
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:

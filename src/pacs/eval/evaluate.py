@@ -62,7 +62,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from pacs import EVAL_SAMPLING
 from pacs.config import RolloutConfig, VllmConfig
-from pacs.data.loading import load_rows
+from pacs.data.loading import load_rows, row_location
 from pacs.data.prompts import encode_prompts
 from pacs.distributed.collectives import gather_objects_on_rank0, run_on_every_rank, run_on_rank0
 from pacs.distributed.world import World
@@ -317,7 +317,7 @@ def merge_repeats(rows: list[dict], locations: list[str] | None = None) -> list[
     share `data_source` and `index`; they must then ask the same prompt with the same ground
     truth and number their `repeat` 0..R-1 (`_check_copies`). Any other row is its own problem.
     Every problem of one data source must have the same number of copies. `locations[i]` names
-    row i in errors (default "row i"), e.g. "data/aime.parquet: row 7".
+    row i in errors (default "row i"), e.g. "data/aime.jsonl: line 7" (`row_location`).
     """
     locations = locations or [f"row {position}" for position in range(len(rows))]
     problems: list[list[int]] = []
@@ -532,7 +532,7 @@ def evaluate_model(
         locations: list[str] = []
         for spec in specs:
             rows += rows_by_spec[spec]
-            locations += [f"{spec}: row {position}" for position in range(len(rows_by_spec[spec]))]
+            locations += [row_location(spec, position) for position in range(len(rows_by_spec[spec]))]
         return tokenizer, hf_engine_or_model_dir, getattr(config, "max_position_embeddings", None), rows, locations
 
     tokenizer, hf_engine_or_model_dir, context_length, rows, locations = run_on_every_rank(
@@ -650,7 +650,7 @@ def _checked_inputs(
         if reward_function is not None:
             load_reward_function(reward_function)
         if probe or reward_function is None:
-            check_scoring(rows_by_spec, reward_function, timeout_s=reward_timeout_s)
+            check_scoring(rows_by_spec, reward_function, timeout_s=reward_timeout_s, where=row_location)
 
     checks: list[tuple[str, Callable[[], object]]] = [
         ("--model", lambda: check_model_reachable(model_path)),

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 from pacs.rewards.pool import ScoringPool
 from pacs.rewards.registry import REWARD_FUNCTIONS, load_reward_function, reward_function_for
@@ -29,12 +30,23 @@ def probe_response(row: dict) -> str:
     return "\\boxed{" + row["reward_model"]["ground_truth"] + "}"
 
 
-def first_row_of_each_source(rows_by_spec: dict[str, list[dict]]) -> dict[str, tuple[str, dict]]:
-    """data_source -> (where its first row is, e.g. "data/train.parquet: row 0", the row)."""
+RowLocation = Callable[[str, int], str]
+"""Where the row at a 0-based position of a data spec lies, e.g. "data/train.jsonl: line 5"
+(`pacs.data.loading.row_location`)."""
+
+
+def row_number(spec: str, position: int) -> str:
+    """The location of rows that come with none: their position from 1, "SPEC: row 5"."""
+    return f"{spec}: row {position + 1}"
+
+
+def first_row_of_each_source(rows_by_spec: dict[str, list[dict]], where: RowLocation = row_number) -> dict[str, tuple[str, dict]]:
+    """data_source -> (where its first row is, by `where`, e.g. "data/train.jsonl: line 5", the row)."""
     first: dict[str, tuple[str, dict]] = {}
     for spec, rows in rows_by_spec.items():
         for position, row in enumerate(rows):
-            first.setdefault(row["data_source"], (f"{spec}: row {position}", row))
+            if row["data_source"] not in first:
+                first[row["data_source"]] = (where(spec, position), row)
     return first
 
 
@@ -44,16 +56,17 @@ def check_scoring(
     *,
     timeout_s: float,
     memory_limit_mib: int | None = None,
+    where: RowLocation = row_number,
 ) -> None:
     """Raise ValueError unless every row of `rows_by_spec` (data spec -> its rows) can be scored:
     by the built-in reward function of its data_source (`function_spec` None), or by
     `function_spec`, probed on one real row per data source (module docstring) with a limit of
-    max(`timeout_s`, `PROBE_LIMIT_S`)."""
-    first_rows = first_row_of_each_source(rows_by_spec)
+    max(`timeout_s`, `PROBE_LIMIT_S`). Errors name a source's first row by `where`."""
+    first_rows = first_row_of_each_source(rows_by_spec, where)
     if function_spec is None:
-        unscored = {source: where for source, (where, _) in first_rows.items() if reward_function_for(source) is None}
+        unscored = {source: location for source, (location, _) in first_rows.items() if reward_function_for(source) is None}
         if unscored:
-            named = "; ".join(f"{source!r} (first at {where})" for source, where in unscored.items())
+            named = "; ".join(f"{source!r} (first at {location})" for source, location in unscored.items())
             raise ValueError(
                 f"no reward function for data_source {named}; built-in: {', '.join(sorted(REWARD_FUNCTIONS))}, "
                 "each also as KIND/NAME (math/algebra is scored as math). Give a reward function of your own as "
@@ -64,8 +77,8 @@ def check_scoring(
     _check_signature(function_spec)
     limit_s = max(timeout_s, PROBE_LIMIT_S)
     with ScoringPool(function_spec, num_workers=1, timeout_s=limit_s, memory_limit_mib=memory_limit_mib) as pool:
-        for where, row in first_rows.values():
-            _probe(pool, function_spec, where, row, limit_s)
+        for location, row in first_rows.values():
+            _probe(pool, function_spec, location, row, limit_s)
 
 
 def _check_signature(function_spec: str) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pacs.config import Config, ConfigError, DataConfig, load_config
-from pacs.data.loading import load_rows
+from pacs.data.loading import load_rows, row_location
 from pacs.models.loading import check_model_reachable
 from pacs.outputs import unusable_inputs
 from pacs.plugins import PYTHON_TOOL, import_function
@@ -109,7 +109,9 @@ def _check_scoring(config: Config, rows_by_spec: dict[str, list[dict]]) -> None:
         except ValueError:
             return
     reward = config.reward
-    check_scoring(rows_by_spec, reward.function, timeout_s=reward.timeout_s, memory_limit_mib=reward.memory_limit_mib)
+    check_scoring(
+        rows_by_spec, reward.function, timeout_s=reward.timeout_s, memory_limit_mib=reward.memory_limit_mib, where=row_location
+    )
 
 
 def _refuse_unusable(checks: list[tuple[str, Callable[[], object]]]) -> None:
