@@ -75,7 +75,7 @@ from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
 from pacs.train.builtin_models import warm_started_tiny
 from pacs.train.metrics import read_metrics
-from pacs.train.preflight import check_run_inputs
+from pacs.train.preflight import check_run_inputs, load_run_config
 from pacs.train.trainer import train
 
 PAPER_BASELINES = [
@@ -391,11 +391,11 @@ def run_comparison(
         )
     if not seeds:
         raise ValueError("pacs compare needs at least one seed")
-    config = load_config(config_source, list(overrides), algorithm=algorithms[0])
+    config = load_run_config(config_source, list(overrides), algorithm=algorithms[0])
     if not config.data.val:
         raise ConfigError(f"{config_source}: pacs compare evaluates on data.val, which is not set")
     for algorithm, method_overrides, _ in methods.values():
-        check_run_inputs(load_config(config_source, [*overrides, *method_overrides], algorithm=algorithm))
+        check_run_inputs(load_run_config(config_source, [*overrides, *method_overrides], algorithm=algorithm))
     val_specs = [config.data.val] if isinstance(config.data.val, str) else list(config.data.val)
     out = Path(out_dir)
     claim_output_dir(out, "pacs compare", reuse=True)

@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pacs import EVAL_SAMPLING
-from pacs.config import Config, load_config
+from pacs.config import Config
 from pacs.distributed.world import World
 from pacs.eval.evaluate import evaluate_model
 from pacs.outputs import claim_output_dir
 from pacs.plots import plot_runs
 from pacs.train.builtin_models import warm_started_tiny
-from pacs.train.preflight import check_run_inputs
+from pacs.train.preflight import check_run_inputs, load_run_config
 from pacs.train.trainer import train
 
 DEMO_EVAL = {"spec": "builtin:arithmetic?max_operand=19", "n": 16, **EVAL_SAMPLING, "max_tokens": 16}
@@ -35,7 +35,7 @@ def run_demo(seed: int = 0, out_dir: str = "runs/demo", overrides: list[str] = (
     out = Path(out_dir)
 
     def recipe(model_path: str) -> Config:
-        return load_config(
+        return load_run_config(
             "builtin:demo",
             [*overrides, f"seed={seed}", f"output_dir={out / 'train'}", f"model.path={model_path}", "resume=never"],
         )

@@ -192,3 +192,24 @@ def test_the_same_inputs_without_a_fault_get_past_the_checks_to_the_model_loader
     with pytest.raises(pytest.fail.Exception, match="loaded"):
         run(train(work / "out", work / "data.jsonl", str(tiny_model_dir), "refusal_rewards:fine"))
     assert loads == [str(tiny_model_dir)]
+
+
+@pytest.mark.parametrize("command", ["compare", "demo"])
+def test_compare_and_demo_refuse_a_config_error_and_bad_data_rows_in_one_message(tmp_path, loads, capsys, command):
+    work = tmp_path / "work"
+    work.mkdir()
+    data = work / "val.jsonl"
+    data.write_text(lines(row(), row(), row(), row()) + '{"oops"}\n' + lines(row(ground_truth=7)))
+    before = tree_hash(work)
+    settings = [f"data.val={data}", "train.stpes=3"]
+    if command == "compare":
+        arguments = ["compare", "--config", "builtin:compare-demo", "--out", str(work / "out"), *settings]
+    else:
+        arguments = ["demo", "--out", str(work / "out"), *settings]
+    assert run(arguments) == 2
+    error = capsys.readouterr().err
+    typo, line_5, line_6 = (
+        error.find(text) for text in ("train.stpes: unknown key (did you mean 'steps'?)", "line 5:", "line 6:")
+    )
+    assert -1 < typo < line_5 < line_6, error
+    assert loads == [] and tree_hash(work) == before

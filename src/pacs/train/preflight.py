@@ -46,12 +46,12 @@ def check_run_inputs(config: Config) -> None:
     _refuse_unusable([*_node_input_checks(config, rows_by_spec), *critic_check, scoring_check, tracker_check])
 
 
-def load_run_config(source: str | None, overrides: Sequence[str] = ()) -> Config:
-    """`load_config`, whose refusal of a configuration that does not validate also lists the data
+def load_run_config(source: str | None, overrides: Sequence[str] = (), *, algorithm: str | None = None) -> Config:
+    """`load_config` (`pacs train`, `pacs compare`, `pacs demo`), whose refusal of a configuration that does not validate also lists the data
     files it names (`data.train`, `data.val`, as given or by default) that do not load, after the
     configuration's own problems: one refusal for both, before anything is written or loaded."""
     try:
-        return load_config(source, overrides)
+        return load_config(source, overrides, algorithm=algorithm)
     except ConfigError as error:
         if error.settings is None:
             raise
