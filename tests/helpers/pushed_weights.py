@@ -13,8 +13,10 @@ weights sample here.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -71,6 +73,18 @@ def sampled_here(model_dir: Path, weights: Iterable[tuple[str, torch.Tensor]], d
     torch.manual_seed(seed)
     with torch.inference_mode():
         return engine.generate(PROMPTS, PARAMS)
+
+
+def sampled_in_a_fresh_process(model_dir: Path, weights: Iterable[tuple[str, torch.Tensor]], seed: int) -> Rollouts:
+    """`sampled_here` on the CPU in a new interpreter, as the generator samples in its own: what
+    earlier tests left in this process's global state (torch's, transformers') cannot change it."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_sampled_on_one_cpu_thread, str(model_dir), dict(weights), seed).result(timeout=300)
+
+
+def _sampled_on_one_cpu_thread(model_dir: str, weights: dict[str, torch.Tensor], seed: int) -> Rollouts:
+    torch.set_num_threads(1)
+    return sampled_here(Path(model_dir), weights.items(), torch.device("cpu"), seed)
 
 
 def equal(first: Rollouts, second: Rollouts) -> bool:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from pushed_weights import equal as equal_rollouts
-from pushed_weights import perturbed, sampled_by_generator, sampled_here, start_generator, whole_weights
+from pushed_weights import perturbed, sampled_by_generator, sampled_in_a_fresh_process, start_generator, whole_weights
 from torchrun_jobs import TESTS, read_jsonl, torchrun
 
 from pacs.models.loading import load_causal_lm
@@ -87,8 +87,10 @@ def test_the_generator_samples_with_the_trainers_weights_bit_for_bit(tiny_model_
         pushed = sampled_by_generator(generator, 1, seed=7)
     finally:
         generator.close()
-    assert equal_rollouts(pushed, sampled_here(tiny_model_dir, whole_weights(model)(), CPU, seed=7))
-    assert not equal_rollouts(pushed, sampled_here(tiny_model_dir, [], CPU, seed=7))  # the saved weights sample otherwise
+    assert equal_rollouts(pushed, sampled_in_a_fresh_process(tiny_model_dir, whole_weights(model)(), seed=7))
+    assert not equal_rollouts(
+        pushed, sampled_in_a_fresh_process(tiny_model_dir, [], seed=7)
+    )  # the saved weights sample otherwise
 
 
 @pytest.mark.slow
@@ -102,7 +104,7 @@ def test_a_batch_is_sampled_by_the_newest_version_pushed_before_it_was_asked_for
         pushed = sampled_by_generator(generator, 1, seed=7)
     finally:
         generator.close()
-    assert equal_rollouts(pushed, sampled_here(tiny_model_dir, whole_weights(newer)(), CPU, seed=7))
+    assert equal_rollouts(pushed, sampled_in_a_fresh_process(tiny_model_dir, whole_weights(newer)(), seed=7))
 
 
 @pytest.mark.slow
