@@ -95,7 +95,7 @@ def test_eval_refuses_two_benchmarks_prepared_under_one_source_naming_their_rows
             ]
         )
     assert (
-        f"{prepared / 'aime2025.parquet'}: row 0 and {mislabelled}: row 0 share data_source 'aime2025', "
+        f"{prepared / 'aime2025.parquet'}: row 1 and {mislabelled}: row 1 share data_source 'aime2025', "
         "extra_info.index 0 but their prompts differ"
     ) in capsys.readouterr().err
     assert not (tmp_path / "eval" / "eval_metrics.json").exists()
