@@ -87,3 +87,15 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def finished(job: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait for `job` (started with `start_new_session=True`, stderr piped) and check it succeeded,
+    showing the end of its stderr otherwise; a job still running after `timeout` s is killed with
+    everything it started, so a hung run cannot outlive the test."""
+    try:
+        _, stderr = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(job)
+        raise
+    assert job.returncode == 0, stderr[-3000:]

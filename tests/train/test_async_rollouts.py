@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from killing import kill_job, kill_once_checkpointed
+from killing import finished, kill_once_checkpointed
 from safetensors.torch import load_file
 from torchrun_jobs import process_env, read_jsonl, torchrun
 
@@ -131,15 +131,6 @@ def pacs_train(output_dir: Path, model_dir: Path, *extra: str) -> subprocess.Pop
     return subprocess.Popen(
         command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-
-
-def finished(job: subprocess.Popen, timeout: float = 300) -> None:
-    try:
-        _, stderr = job.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(job)
-        raise
-    assert job.returncode == 0, stderr[-3000:]
 
 
 @pytest.mark.slow

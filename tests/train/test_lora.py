@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from killing import kill_once_checkpointed
+from killing import finished, kill_once_checkpointed
 from mixed_rewards import MIXED_GROUPS
 from safetensors.torch import load_file
 from tiny_architectures import tiny_causal_lm
@@ -283,11 +283,6 @@ def pacs_train(output_dir: Path, model_dir: Path, *options: str) -> subprocess.P
     return subprocess.Popen(
         command, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-
-
-def finished(job: subprocess.Popen) -> None:
-    _, stderr = job.communicate(timeout=300)
-    assert job.returncode == 0, stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from killing import kill_once_checkpointed
+from killing import finished, kill_once_checkpointed
 from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 from torchrun_jobs import process_env
@@ -98,19 +98,14 @@ def pacs_train(output_dir, model_dir, *options: str) -> subprocess.Popen:
     )
 
 
-def finished(job: subprocess.Popen) -> None:
-    _, stderr = job.communicate(timeout=600)
-    assert job.returncode == 0, stderr[-3000:]
-
-
 @pytest.mark.slow
 def test_a_killed_run_with_a_tool_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, tiny_model_dir):
     options = ("train.steps=4", "train.save_every=1")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    finished(pacs_train(straight, tiny_model_dir, *options))
+    finished(pacs_train(straight, tiny_model_dir, *options), timeout=600)
     job = pacs_train(killed, tiny_model_dir, *options)
     kill_once_checkpointed(job, killed)
-    finished(pacs_train(killed, tiny_model_dir, *options, "resume=auto"))
+    finished(pacs_train(killed, tiny_model_dir, *options, "resume=auto"), timeout=600)
     expected = load_file(straight / "checkpoints" / "final" / "model.safetensors")
     got = load_file(killed / "checkpoints" / "final" / "model.safetensors")
     assert all(torch.equal(got[name], expected[name]) for name in expected)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from killing import kill_once_checkpointed
+from killing import finished, kill_once_checkpointed
 
 from pacs.config import ConfigError, load_config
 from pacs.train.metrics import read_metrics
@@ -53,11 +53,6 @@ def pacs_train(output_dir: Path, *options: str, env: dict[str, str] | None = Non
     return subprocess.Popen(
         command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-
-
-def finished(job: subprocess.Popen) -> None:
-    _, stderr = job.communicate(timeout=300)
-    assert job.returncode == 0, stderr[-3000:]
 
 
 def killed_and_resumed(output_dir: Path, *options: str, env: dict[str, str] | None = None) -> None:
