@@ -29,11 +29,10 @@ the model writes
 and ends its turn with its end-of-sequence token; the output is appended as the tokenizer's own chat
 template renders a ``{"role": "tool"}`` message and the generation prompt after it (`ChatFormat`).
 
-The model then generates its next turn from the whole
-trajectory, until it ends the response (an end-of-sequence token), the response reaches
-`max_new_tokens` (`data.max_response_length`: model and tool tokens together; a tool output that
-would pass it is cut there), or it has had `max_turns` turns: the last one is not stopped at a
-block's end and its blocks are not run.
+The model then generates its next turn from the whole trajectory, until it ends the response (an
+end-of-sequence token ending a turn without a call), the response reaches `max_new_tokens`
+(`data.max_response_length`: model and tool tokens together; a tool output that would pass it is
+cut there), or it has had `max_turns` turns: the last one is not stopped at a call and makes none.
 
 Trajectories are token ids end to end: each turn's tokens are the ones the model sampled, kept as
 they are (never decoded and encoded again, which could change what the trainer scores), and each
@@ -171,7 +170,7 @@ class ChatFormat:
                 "format ends a turn there: use rollout.tool_format=tir, or a tokenizer whose template does"
             )
         self._prefix, self._after_end = prefix, prefix[end_at + len(tokenizer.eos_token) :]
-        self.output_text("")
+        self.output_text("")  # a template that renders no tool message after the probe fails here, before any rollout
 
     def _render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
         try:
@@ -411,6 +410,15 @@ def tool_settings(rollout: RolloutConfig) -> dict | None:
     return None if rollout.tools is None else {name: getattr(rollout, name) for name in TOOL_SETTINGS}
 
 
+def tool_format_of(rollout: RolloutConfig, tokenizer) -> ToolFormat:
+    """`rollout.tool_format` for `tokenizer` and `rollout.tools`; ValueError naming the fix when the
+    tokenizer's chat template cannot carry the chat format (`ChatFormat`), which training and
+    `pacs eval` call once the tokenizer is read, before the model loads."""
+    if rollout.tool_format == "chat" and rollout.tools is not None:
+        return ChatFormat(tokenizer, rollout.tools)
+    return TirFormat(tokenizer)
+
+
 def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> RolloutEngine:
     """The engine training and evaluation generate with: `engine` calling `rollout.tools` in
     `rollout.tool_format` with `rollout`'s limits (`ToolCallingEngine`), or `engine` itself without
@@ -418,7 +426,7 @@ def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> Roll
     cannot carry the chat format (`ChatFormat`)."""
     if rollout.tools is None:
         return engine
-    tool_format = ChatFormat(tokenizer, rollout.tools) if rollout.tool_format == "chat" else TirFormat(tokenizer)
+    tool_format = tool_format_of(rollout, tokenizer)
     tools = ToolRunner(
         rollout.tools,
         num_workers=rollout.tool_workers,
