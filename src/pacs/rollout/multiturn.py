@@ -37,9 +37,9 @@ cut there), or it has had `max_turns` turns: the last one is not stopped at a ca
 Trajectories are token ids end to end: each turn's tokens are the ones the model sampled, kept as
 they are (never decoded and encoded again, which could change what the trainer scores), and each
 tool output is tokenised once and marked 0 in `Rollouts.model_token_mask`, so that no algorithm
-scores it (`pacs.train.batch.PolicyBatch.loss_mask`). Cutting a turn at the fence, or at the
-length limit, decides from the tokens sampled so far only, so the kept tokens are exactly the
-policy's samples; the tokens sampled after the cut are dropped.
+scores it (`pacs.train.batch.PolicyBatch.loss_mask`). Cutting a turn at its call (a fence, an
+end-of-sequence token), or at the length limit, decides from the tokens sampled so far only, so
+the kept tokens are exactly the policy's samples; the tokens sampled after the cut are dropped.
 """
 
 from __future__ import annotations
