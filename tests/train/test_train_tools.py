@@ -16,7 +16,7 @@ from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 from torchrun_jobs import process_env
 
-from pacs.config import load_config
+from pacs.config import ConfigError, load_config
 from pacs.rollout import multiturn
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
@@ -40,6 +40,14 @@ def test_a_run_whose_model_never_calls_the_tool_trains_the_weights_of_the_run_wi
     metrics = with_tool.last_metrics
     assert all(name in metrics for name in TOOL_METRICS)
     assert (metrics["rollout/tool_calls_mean"], metrics["rollout/turns_mean"]) == (0.0, 1.0)
+
+
+def test_tools_with_a_tensor_parallel_vllm_engine_are_refused_naming_the_fix():
+    """Every rank of a tensor-parallel engine runs the tool itself: outputs that differ between
+    ranks would feed the engine's ranks different prompts."""
+    with pytest.raises(ConfigError, match=r"rollout.vllm.tensor_parallel_size=2: .*set tensor_parallel_size=1"):
+        load_config(None, ["rollout.tools=python", "rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2"])
+    assert load_config(None, ["rollout.tools=python", "rollout.engine=vllm"]).rollout.engine == "vllm"
 
 
 @pytest.fixture
