@@ -4,12 +4,11 @@ at most 1.3x on a CPU).
     OMP_NUM_THREADS=1 python benchmarks/tool_step.py                      # tiny and small shapes
     OMP_NUM_THREADS=1 python benchmarks/tool_step.py --shapes tiny --steps 8 --repeats 2
 
-Each run is `pacs train --config builtin:demo` in this process (two updates a step as the demo,
-`data.val=null`, no checkpoints
-but the final one), on a randomly initialised model of the built-in character tokenizer
-(`pacs.models.tiny.save_builtin_tiny`): `tiny`, the built-in tiny model's shape, or `small`
-(`SHAPES`), with `--batch` prompts x `--n` responses of exactly `--tokens` tokens a step, and one
-pair of runs that differ only in the tool:
+Each run is `pacs train --config builtin:demo` in this process (two updates a step as the demo's,
+`data.val=null`, no checkpoint but the final one), on a randomly initialised model of the built-in
+character tokenizer (`pacs.models.tiny.save_builtin_tiny`): `tiny`, the built-in tiny model's
+shape, or `small` (`SHAPES`), with `--batch` prompts x `--n` responses of exactly `--tokens`
+tokens a step; a pair of runs per shape that differ only in the tool:
 
 - `single-turn`: every response one turn of `--tokens` sampled tokens;
 - `multi-turn`: `rollout.tools=python`, `rollout.max_turns=3`, every turn but the last a call of
@@ -23,9 +22,9 @@ tool's among the multi-turn run's. From each run's metrics.jsonl, leaving out th
 starts the tool's workers and warms the allocators): the median `time/step_s` and of its phases,
 the tool calls per response, and the tokens the engine sampled per response (every turn's, those
 dropped after a call included; counted around `TransformersEngine.generate`, over every step); the
-ratio is the multi-turn step's median over the single-turn one's. With `--repeats` > 1 the pairs alternate (single, multi,
-single, multi, ...) and each row is one run. Timings mean something only on a quiet machine: the
-table gives the 1-minute load average before and after each run.
+ratio is the multi-turn step's median over the single-turn one's. With `--repeats` > 1 the pairs
+alternate (single, multi, single, multi, ...) and each row is one run. Timings mean something only
+on a quiet machine: the table gives the 1-minute load average before and after each run.
 """
 
 from __future__ import annotations
