@@ -512,6 +512,22 @@ def test_asleep_the_engine_wakes_its_weights_before_each_push_and_its_kv_cache_a
     assert {event["level"] for event in events if event["event"] == "sleep"} == {2}
 
 
+@pytest.mark.slow
+def test_a_vllm_evaluation_with_a_tool_generates_trajectories_and_reports_their_tool_use(
+    tiny_model_dir, tmp_path, calls_after_the_first_token
+):
+    """`pacs eval --engine vllm --tools python`: every sample calls the tool once (two turns), its
+    output is in the response, and the tool use is reported as with the hf engine."""
+    out = tmp_path / "eval"
+    arguments = ["eval", "--model", str(tiny_model_dir), "--data", "builtin:arithmetic?size=4", "-n", "2", "--max-tokens", "32",
+                 "--reward-workers", "0", "--engine", "vllm", "--tools", "python", "--max-turns", "2", "--out", str(out)]  # fmt: skip
+    assert run(arguments) == 0
+    tool_use = json.loads((out / "eval_metrics.json").read_text())["data_sources"]["arithmetic"]["tools"]
+    assert (tool_use["tool_calls_mean"], tool_use["turns_mean"], tool_use["tool_errors_fraction"]) == (1.0, 2.0, 0.0)
+    samples = [json.loads(line) for line in (out / "eval_rollout.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 and all("1024" in sample["response"] for sample in samples)
+
+
 # ----- `pacs eval` with either engine ----------------------------------------------------------------
 # Last in the file: they use the warm-started model, which `make test` builds while the tests above run.
 
