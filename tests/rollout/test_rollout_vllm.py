@@ -188,7 +188,7 @@ def untied_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     model = transformers.Qwen2ForCausalLM(config)
     directory = tmp_path_factory.mktemp("untied") / "model"
     model.save_pretrained(directory)
-    transformers.AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast.from_pretrained(tiny_model_dir).save_pretrained(directory)
     transformers.GenerationConfig.from_pretrained(tiny_model_dir).save_pretrained(directory)
     return directory
 

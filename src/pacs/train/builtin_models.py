@@ -31,7 +31,7 @@ gain reliably (docs/results.md, "The demo over ten seeds")."""
 
 def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
     """Directory of the tiny model (initialised with `seed`) after the warm-start; cached."""
-    settings = {**WARM_START, "seed": seed, "format": 2}
+    settings = {**WARM_START, "seed": seed, "format": 3}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     directory = cache_dir() / "models" / f"tiny-arithmetic-seed{seed}-{key}"
     if (directory / "config.json").is_file():
