@@ -4,6 +4,9 @@
   the page the site shows are one text. CONTRIBUTING.md lives at the repository root and links into
   the docs as `docs/PAGE.md`; on the site it sits beside those pages, so its links lose the `docs/`
   prefix.
+- the configuration reference, reference/configuration.md, is generated from `pacs.config.Config`
+  by tools/config_reference.py as the site is built, never written to docs/: it cannot fall behind
+  the code, and a new algorithm's section joins it with no file edited.
 - the nav's Algorithms section and the list on docs/algorithms/index.md are the pages of
   docs/algorithms/, found, not listed: a new algorithm's page joins both. The index first, the
   default algorithm's page (`pacs.config.DEFAULT_ALGORITHM`), the others by file name, and the page
@@ -13,7 +16,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.structure.files import File, Files
@@ -23,6 +28,8 @@ DOCS_LINK = re.compile(r"\]\(docs/")
 ALGORITHMS = "algorithms"
 """The folder of docs/ that holds the algorithms' pages, and the nav section that lists them."""
 INDEX_PAGE, DEFAULT_ALGORITHM_PAGE, OWN_ALGORITHM_PAGE = "index", "pacs", "custom"
+CONFIGURATION_REFERENCE = "reference/configuration.md"
+"""Where the generated configuration reference sits among the site's pages."""
 LIST_MARKER = "<!-- the algorithms' pages: listed here by tools/docs_hooks.py when the site is built -->"
 
 
@@ -54,6 +61,15 @@ def algorithm_list(docs_dir: Path) -> str:
     return "\n".join(f"- [{page_title(page)}]({page.name})" for page in algorithm_pages(docs_dir)[1:])
 
 
+def config_reference():
+    """tools/config_reference.py as a module (registered in `sys.modules`, as its dataclasses need)."""
+    if "config_reference" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("config_reference", ROOT / "tools" / "config_reference.py")
+        sys.modules["config_reference"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["config_reference"])
+    return sys.modules["config_reference"]
+
+
 def on_config(config):
     sections = [entry for entry in config["nav"] if isinstance(entry, dict) and ALGORITHMS.capitalize() in entry]
     if len(sections) != 1:
@@ -73,4 +89,5 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 def on_files(files: Files, config) -> Files:
     text = DOCS_LINK.sub("](", (ROOT / "CONTRIBUTING.md").read_text())
     files.append(File.generated(config, "contributing.md", content=text))
+    files.append(File.generated(config, CONFIGURATION_REFERENCE, content=config_reference().reference()))
     return files

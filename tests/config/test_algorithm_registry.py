@@ -1,6 +1,6 @@
 """The built-in algorithms are found, not listed: `pacs.config.algorithms.registry` walks
-`pacs.config.algorithms.builtin`, one module per algorithm, so adding a built-in adds its modules
-(the algorithm in `pacs.algos`, its section here), its docs page and its tests, and edits no list."""
+`pacs.algos`, where each built-in's module holds its math and its section, so adding a built-in adds
+its module, its docs page and its tests, and edits no list."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 
 import pacs
-import pacs.config.algorithms.builtin as builtin
 from pacs.config import ALGORITHM_CONFIGS, DEFAULT_ALGORITHM
 from pacs.config.algorithms import builtin_sections
 
 SECTION_OF_RLOO = """
 from typing import Literal
 
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.rloo import RLOO
-from pacs.config.algorithms.base import ClippedPolicyGradientConfig
 
 
 class {cls}(ClippedPolicyGradientConfig):
@@ -34,9 +33,15 @@ class {cls}(ClippedPolicyGradientConfig):
 """
 
 
-def test_every_module_of_the_builtin_package_is_a_registered_algorithm_of_its_name():
-    modules = {module.name: f"{builtin.__name__}.{module.name}" for module in pkgutil.iter_modules(builtin.__path__)}
-    assert {name: section.__module__ for name, section in ALGORITHM_CONFIGS.items()} == modules
+def test_every_built_in_is_registered_from_the_module_of_pacs_algos_of_its_name():
+    assert {name: section.__module__ for name, section in ALGORITHM_CONFIGS.items()} == {
+        name: f"pacs.algos.{name}" for name in ALGORITHM_CONFIGS
+    }
+
+
+def test_the_modules_of_pacs_algos_without_a_section_are_not_algorithms():
+    modules = {module.name for module in pkgutil.iter_modules(pacs.algos.__path__)}
+    assert {"masks", "pg", "options"} <= modules - set(ALGORITHM_CONFIGS)
 
 
 def test_the_default_algorithm_is_listed_first_and_the_others_by_name():
@@ -62,17 +67,23 @@ def test_a_module_with_its_section_is_registered_under_its_name(tmp_path, monkey
     assert {name: section.__name__ for name, section in sections.items()} == {"mine": "MineConfig"}
 
 
+def test_a_module_that_defines_no_section_is_left_out_as_shared_math(tmp_path, monkeypatch):
+    package = package_of(
+        tmp_path, monkeypatch, {"mine": SECTION_OF_RLOO.format(cls="MineConfig", name="mine"), "helpers": "X = 1\n"}
+    )
+    assert list(builtin_sections(package)) == ["mine"]
+
+
 @pytest.mark.parametrize(
     ("text", "held"),
     [
-        ("X = 1\n", "it defines none"),
         (SECTION_OF_RLOO.format(cls="OtherConfig", name="other"), "it defines OtherConfig (name='other')"),
         (
             SECTION_OF_RLOO.format(cls="MineConfig", name="mine") + SECTION_OF_RLOO.format(cls="AgainConfig", name="mine"),
             "it defines MineConfig (name='mine'), AgainConfig (name='mine')",
         ),
     ],
-    ids=["no-section", "another-name", "two-sections"],
+    ids=["another-name", "two-sections"],
 )
 def test_a_module_without_exactly_its_own_section_is_refused_naming_it(tmp_path, monkeypatch, text, held):
     package = package_of(tmp_path, monkeypatch, {"mine": text})
@@ -82,22 +93,16 @@ def test_a_module_without_exactly_its_own_section_is_refused_naming_it(tmp_path,
 
 
 ADDED_ALGORITHM = '''
-"""A test's built-in: RLOO under another name."""
+"""A test's built-in: RLOO under another name, and its section."""
 
+from typing import Literal
+
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.rloo import RLOO
 
 
 class Mine(RLOO):
     """RLOO's advantages and loss."""
-'''
-
-ADDED_SECTION = '''
-"""The section of the test's built-in `mine`."""
-
-from typing import Literal
-
-from pacs.algos.mine import Mine
-from pacs.config.algorithms.base import ClippedPolicyGradientConfig
 
 
 class MineConfig(ClippedPolicyGradientConfig):
@@ -124,13 +129,12 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-def test_a_built_in_added_as_its_two_modules_only_is_registered_loaded_built_and_compared(tmp_path):
-    """A copy of the package with `pacs/algos/mine.py` and `pacs/config/algorithms/builtin/mine.py`
-    added and nothing else edited, run in a fresh interpreter."""
+def test_a_built_in_added_as_its_one_module_only_is_registered_loaded_built_and_compared(tmp_path):
+    """A copy of the package with `pacs/algos/mine.py` (the algorithm and its section) added and
+    nothing else edited, run in a fresh interpreter."""
     copy = tmp_path / "src" / "pacs"
     shutil.copytree(Path(pacs.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "algos" / "mine.py").write_text(textwrap.dedent(ADDED_ALGORITHM))
-    (copy / "config" / "algorithms" / "builtin" / "mine.py").write_text(textwrap.dedent(ADDED_SECTION))
     result = subprocess.run(
         [sys.executable, "-c", CHECK_ADDED],
         cwd=tmp_path,

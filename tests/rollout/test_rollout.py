@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, StaticCache
 
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.models.tiny import build_char_tokenizer, tiny_model_config
 from pacs.rollout import hf
 from pacs.rollout.base import SamplingParams
 from pacs.rollout.hf import TransformersEngine
@@ -23,6 +24,14 @@ PROMPTS = ["<|user|>What is 3+4?<|end|><|assistant|>", "<|user|>Hi<|end|><|assis
 def engine(tiny_model_dir):
     tokenizer = load_tokenizer(str(tiny_model_dir))
     return TransformersEngine(load_causal_lm(str(tiny_model_dir), dtype="float64"), tokenizer, max_sequences_per_call=4)
+
+
+def test_a_model_without_generate_is_refused_naming_its_class_and_the_causal_lm_loader():
+    tokenizer = build_char_tokenizer()
+    config = tiny_model_config(len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    backbone = transformers.Qwen2Model(config)
+    with pytest.raises(TypeError, match=r"got Qwen2Model: load it with pacs\.models\.loading\.load_causal_lm"):
+        TransformersEngine(backbone, tokenizer)
 
 
 def prompt_ids(engine):

@@ -1,4 +1,9 @@
-"""Algorithms as pure tensor math: losses, scores and weights. Imports torch only."""
+"""Algorithms as pure tensor math: losses, scores and weights, each built-in's options (its
+configuration section, `pacs.algos.options`) beside its math. Imports torch and pydantic only.
+
+A module that defines a section is a built-in algorithm, found by `pacs.config.algorithms.registry`;
+the others are the math the algorithms share. This module re-exports the first algorithms for short
+imports; a new one need not be added here."""
 
 from __future__ import annotations
 

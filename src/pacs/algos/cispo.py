@@ -23,9 +23,14 @@ value); its gradient is the point.
 
 from __future__ import annotations
 
-import torch
+from typing import Literal
 
+import torch
+from pydantic import Field
+
+from pacs.algos.aggregation import LossAggregation
 from pacs.algos.masks import masked_mean
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 from pacs.algos.surrogates import MAX_LOG_RATIO, check_clip_range, per_token_advantages
 
@@ -84,7 +89,7 @@ class CISPO(ClippedPolicyGradient):
 
     ``clip_low`` and ``clip_high`` bound the importance weight, and there is no dual clip. Its
     options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.cispo`).
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.cispo.CispoConfig`).
     """
 
     min_group_size = 2
@@ -104,3 +109,19 @@ class CISPO(ClippedPolicyGradient):
         if dual_clip is not None:
             raise ValueError(f"CISPO has no dual clip (no token's gradient is clipped away); got dual_clip={dual_clip!r}")
         super().__init__(group_size, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg, **options)
+
+
+class CispoConfig(ClippedPolicyGradientConfig):
+    builds = CISPO
+
+    name: Literal["cispo"] = "cispo"
+    """CISPO: REINFORCE with each token's importance weight clipped and held constant
+    (`pacs.algos.cispo`)."""
+    clip_low: float = Field(1.0, gt=0, le=1)
+    """The importance weight is clipped below at 1 − clip_low (1: no lower bound, as the paper)."""
+    clip_high: float = Field(4.0, gt=0, allow_inf_nan=False)
+    """The importance weight is clipped above at 1 + clip_high (4: ScaleRL's cap of 5)."""
+    loss_agg: LossAggregation = "token-mean"
+    """How per-token losses are aggregated (CISPO: token-mean)."""
+    dual_clip: None = None
+    """CISPO has no dual clip: no token's gradient is clipped away."""

@@ -27,6 +27,12 @@ objective (verl adds its dual clip, ``clip_ratio_c = 3``, which DAPO does not ha
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
+
+from pacs.algos.aggregation import LossAggregation
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -35,10 +41,22 @@ class DAPO(ClippedPolicyGradient):
     clip-higher, token-level loss.
 
     Its options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.dapo`).
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.dapo.DapoConfig`).
     """
 
     min_group_size = 2
 
     def __init__(self, group_size: int, *, clip_high: float = 0.28, loss_agg: str = "token-mean", **options):
         super().__init__(group_size, clip_high=clip_high, loss_agg=loss_agg, **options)
+
+
+class DapoConfig(ClippedPolicyGradientConfig):
+    builds = DAPO
+
+    name: Literal["dapo"] = "dapo"
+    """DAPO's objective: GRPO's advantages, clip-higher, token-level loss (`pacs.algos.dapo`); its
+    dynamic sampling is rollout.dynamic_sampling, its overlong shaping algorithm.overlong_buffer."""
+    clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
+    """ε_high: the probability ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    loss_agg: LossAggregation = "token-mean"
+    """How per-token losses are aggregated (DAPO: token-mean, every token of the mini-batch alike)."""

@@ -19,8 +19,11 @@ m the response mask. The paper's code divides the token sum by the generation bu
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -29,7 +32,7 @@ class DrGRPO(ClippedPolicyGradient):
     ``seq-mean-token-sum-norm``.
 
     Its options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.dr_grpo`).
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.dr_grpo.DrGrpoConfig`).
     """
 
     min_group_size = 2
@@ -38,3 +41,11 @@ class DrGRPO(ClippedPolicyGradient):
         """{"advantages": (B,) R_i − mean_j R_j of the step's ``sequence_rewards``} (and the
         ``rollout_is_terms``)."""
         return self.group_relative_terms(batch, norm_by_std=False)
+
+
+class DrGrpoConfig(ClippedPolicyGradientConfig):
+    builds = DrGRPO
+
+    name: Literal["dr_grpo"] = "dr_grpo"
+    """Dr. GRPO: group-centred rewards (no std division) and a constant token-sum divisor
+    (`pacs.algos.dr_grpo`)."""

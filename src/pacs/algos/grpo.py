@@ -14,10 +14,12 @@ of i; rows ``[g*n, (g+1)*n)`` of every batch belong to prompt g.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
 from pacs.algos.groups import GRPO_STD_EPS, check_group_size, group_normalised
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -60,7 +62,7 @@ class GRPO(ClippedPolicyGradient):
     """GRPO as a trainer plug-in: ``grpo_advantages`` per step, then the clipped policy gradient.
 
     Its options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.grpo`). With ``kl_coef = 0`` and
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.grpo.GrpoConfig`). With ``kl_coef = 0`` and
     ``entropy_coef = 0``, ``needs`` is empty: no reference model is loaded.
     """
 
@@ -75,3 +77,12 @@ class GRPO(ClippedPolicyGradient):
         """{"advantages": (B,) ``grpo_advantages`` of the step's ``sequence_rewards``} (and the
         ``rollout_is_terms``)."""
         return self.group_relative_terms(batch, norm_by_std=self.norm_by_std, eps=self.eps)
+
+
+class GrpoConfig(ClippedPolicyGradientConfig):
+    builds = GRPO
+
+    name: Literal["grpo"] = "grpo"
+    """GRPO: group-normalised outcome rewards as every token's advantage (`pacs.algos.grpo`)."""
+    norm_by_std: bool = True
+    """Divide group-centred rewards by the group's standard deviation."""

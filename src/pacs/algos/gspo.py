@@ -24,9 +24,14 @@ optional dual clip c acts on s_i as PPO's acts on ρ. |log s_i| is clamped at 20
 
 from __future__ import annotations
 
-import torch
+from typing import Literal
 
+import torch
+from pydantic import Field
+
+from pacs.algos.aggregation import LossAggregation
 from pacs.algos.masks import check_same_shape, masked_sum
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 from pacs.algos.surrogates import clipped_surrogate
 
@@ -87,7 +92,7 @@ class GSPO(ClippedPolicyGradient):
     sequence-level clipped surrogate (``sequence_clipped_surrogate``), ``seq-mean-token-mean``.
 
     Its options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.gspo`).
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.gspo.GspoConfig`).
     """
 
     min_group_size = 2
@@ -110,3 +115,17 @@ class GSPO(ClippedPolicyGradient):
         equally many of (`sequence_clipped_surrogate`)."""
         weights = super().metric_weights(minibatch)
         return {key: value for key, value in weights.items() if key not in ("actor/clip_fraction", "actor/approx_kl")}
+
+
+class GspoConfig(ClippedPolicyGradientConfig):
+    builds = GSPO
+
+    name: Literal["gspo"] = "gspo"
+    """GSPO: one length-normalised importance ratio per response, clipped per response
+    (`pacs.algos.gspo`)."""
+    clip_low: float = Field(3e-4, gt=0, lt=1)
+    """ε_low of the sequence ratio's clip range (the paper: 3e-4)."""
+    clip_high: float = Field(4e-4, gt=0, allow_inf_nan=False)
+    """ε_high of the sequence ratio's clip range (the paper: 4e-4)."""
+    loss_agg: LossAggregation = "seq-mean-token-mean"
+    """How per-token losses are aggregated (GSPO: seq-mean-token-mean, a mean over responses)."""

@@ -30,16 +30,20 @@ Training the critic itself (its model, optimizer, gradient clip and warm-up) is 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from pacs.algos.aggregation import (
     LOSS_AGG_MODES,
+    LossAggregation,
     aggregation_weights,
     weighted_token_sum,
 )
 from pacs.algos.base import MiniBatchTotals, SumOverRanks
 from pacs.algos.masks import check_choice, check_same_shape
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 
 WHITEN_EPS = 1e-8
@@ -216,7 +220,7 @@ class PPO(ClippedPolicyGradient):
     """PPO's actor as a trainer plug-in, plus the loss of its critic.
 
     Its options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.ppo`).
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.ppo.PpoConfig`).
     ``needs`` holds "values": the critic's values of the rollout.
 
     The critic's update follows the same contract as the actor's: per mini-batch
@@ -299,3 +303,20 @@ class PPO(ClippedPolicyGradient):
             "critic/value_loss": float(loss),
             "critic/explained_variance": explained_variance(values, minibatch["returns"], minibatch["response_mask"]),
         }
+
+
+class PpoConfig(ClippedPolicyGradientConfig):
+    builds = PPO
+
+    name: Literal["ppo"] = "ppo"
+    """PPO: GAE advantages from a learned critic (settings under `critic`; `pacs.algos.ppo`)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """GAE's discount γ."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE's λ."""
+    value_clip: float | None = Field(0.5, gt=0, allow_inf_nan=False)
+    """Clip range of the critic's values around their rollout-time values; None: no clipping."""
+    critic_loss_agg: LossAggregation = "token-mean"
+    """How the per-token value loss ½·max((V − G)², (V_clipped − G)²) is aggregated."""
+    critic_loss_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Multiplies the value loss (16 for the paper's verl critic: 2 for its missing ½, times 8)."""

@@ -13,9 +13,12 @@ the PACS gradient is β times this one (``tests/algos/test_algos_property.py``).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from pacs.algos.groups import check_group_size, leave_one_out_centred
+from pacs.algos.options import ClippedPolicyGradientConfig
 from pacs.algos.pg import ClippedPolicyGradient
 
 
@@ -43,7 +46,7 @@ class RLOO(ClippedPolicyGradient):
     """RLOO as a trainer plug-in: ``rloo_advantages`` per step, then the clipped policy gradient.
 
     Its options are its constructor's keywords, each described in the configuration reference
-    (docs/reference/configuration.md, generated from its section, `pacs.config.algorithms.builtin.rloo`).
+    (docs/reference/configuration.md, generated from its section below, `pacs.algos.rloo.RlooConfig`).
     """
 
     min_group_size = 2
@@ -52,3 +55,10 @@ class RLOO(ClippedPolicyGradient):
         """{"advantages": (B,) ``rloo_advantages`` of the step's ``sequence_rewards``} (and the
         ``rollout_is_terms``)."""
         return {**self.rollout_is_terms(batch), "advantages": rloo_advantages(self.sequence_rewards(batch), self.group_size)}
+
+
+class RlooConfig(ClippedPolicyGradientConfig):
+    builds = RLOO
+
+    name: Literal["rloo"] = "rloo"
+    """RLOO: each reward minus the mean of the others to its prompt as the advantage (`pacs.algos.rloo`)."""

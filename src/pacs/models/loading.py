@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import TypedDict, TypeVar, cast
 
 import torch
 from huggingface_hub import constants as hub_constants
@@ -220,7 +221,10 @@ def check_model_reachable(path: str, *, needs_tokenizer: bool = True) -> None:
         )
 
 
-def _from_pretrained(load: Callable[..., object], path: str) -> object:
+Loaded = TypeVar("Loaded")
+
+
+def _from_pretrained(load: Callable[..., Loaded], path: str) -> Loaded:
     """Call ``load(resolved_path)``; for a hub id, check the hub first and fall back to its cache.
 
     A hub id the hub cannot serve fails fast with an error that names it (see
@@ -321,7 +325,14 @@ def load_causal_lm(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     return disable_dropout(_from_pretrained(load, path))
 
 
-def _dtype_options(dtype: str) -> dict[str, object]:
+class _DtypeOptions(TypedDict, total=False):
+    """The ``from_pretrained`` keywords that set a model's precision (`_dtype_options`)."""
+
+    dtype: torch.dtype
+    experts_implementation: str
+
+
+def _dtype_options(dtype: str) -> _DtypeOptions:
     """``from_pretrained`` options for parameters in ``dtype`` (a key of ``DTYPES``): in float64 a
     mixture of experts runs its experts one by one (``experts_implementation="eager"``), as
     transformers' grouped-matmul kernels have no float64."""
@@ -338,7 +349,7 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     unless the config says otherwise). A critic saved with ``save_pretrained`` loads back here
     with its value head.
     """
-    load = partial(_value_model_from_pretrained, **_dtype_options(dtype), output_loading_info=True)
+    load = partial(_value_model_from_pretrained, **_dtype_options(dtype))
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # its load report would list the new head as MISSING
     try:
@@ -350,11 +361,22 @@ def load_value_model(path: str, *, dtype: str = "float32") -> PreTrainedModel:
     return disable_dropout(critic)
 
 
-def _value_model_from_pretrained(path: str, *, local_files_only: bool = False, **options) -> PreTrainedModel:
+def _value_model_from_pretrained(
+    path: str, *, local_files_only: bool = False, **options
+) -> tuple[PreTrainedModel, dict[str, list[str]]]:
+    """The critic at ``path`` (`load_value_model`) and transformers' loading report of it (its
+    ``missing_keys``, ...)."""
     config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=local_files_only)
-    return token_classification_class(config).from_pretrained(
-        path, config=config, local_files_only=local_files_only, adapter_kwargs=LOCAL_ADAPTER_LOOKUP, **options
+    loaded = token_classification_class(config).from_pretrained(
+        path,
+        config=config,
+        local_files_only=local_files_only,
+        adapter_kwargs=LOCAL_ADAPTER_LOOKUP,
+        output_loading_info=True,
+        **options,
     )
+    # with output_loading_info, from_pretrained returns (model, report); its annotation says the model alone
+    return cast(tuple[PreTrainedModel, dict[str, list[str]]], loaded)
 
 
 def token_classification_class(config: PretrainedConfig) -> type[PreTrainedModel]:
@@ -366,14 +388,15 @@ def token_classification_class(config: PretrainedConfig) -> type[PreTrainedModel
     have the layout of transformers' token-classification models, so a causal LM checkpoint
     loads into its backbone, and its own checkpoints load back whole.
     """
+    # transformers' auto mappings return one model class per config class; their annotation says a pair
     if type(config) in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING:
-        return MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(config)]
+        return cast(type[PreTrainedModel], MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(config)])
     if type(config) not in MODEL_MAPPING:
         raise ValueError(
             f"Cannot build a critic for model_type {config.model_type!r}: transformers has neither a "
             "token-classification model nor a backbone (AutoModel) for it"
         )
-    return _critic_class_over(MODEL_MAPPING[type(config)])
+    return _critic_class_over(cast(type[PreTrainedModel], MODEL_MAPPING[type(config)]))
 
 
 _BUILT_CRITIC_CLASSES: dict[str, type[PreTrainedModel]] = {}
@@ -400,7 +423,7 @@ def __getattr__(name: str) -> type[PreTrainedModel]:
     if name.endswith("ForTokenClassification"):
         for model_type, class_names in MODEL_MAPPING_NAMES.items():
             if backbone_name in ((class_names,) if isinstance(class_names, str) else class_names):
-                return _critic_class_over(MODEL_MAPPING[CONFIG_MAPPING[model_type]])
+                return _critic_class_over(cast(type[PreTrainedModel], MODEL_MAPPING[CONFIG_MAPPING[model_type]]))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

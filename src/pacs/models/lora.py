@@ -23,9 +23,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:  # peft is an optional extra: imported when LoRA is asked for (`require_peft`)
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+    from typing_extensions import TypeIs
 
 ADAPTER_DIR = "adapter"
 ADAPTER_NAME = "default"
@@ -44,10 +50,15 @@ def require_peft() -> ModuleType:
     return peft
 
 
-def is_lora(model: torch.nn.Module) -> bool:
+def is_lora(model: torch.nn.Module) -> TypeIs[PeftModel]:
     """Whether `model` is a peft model (False whenever peft was never imported)."""
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def _is_lora_layer(module: object) -> TypeIs[LoraLayer]:
+    """Whether `module` is one of peft's LoRA layers (a linear layer or a parameter wrapper)."""
+    return isinstance(module, require_peft().tuners.lora.LoraLayer)
 
 
 def language_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -145,9 +156,7 @@ def merged_tensors(
     """
     prefix = "base_model.model."
     adapted = {
-        _adapted_weight_key(name, module): (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, require_peft().tuners.lora.LoraLayer)
+        _adapted_weight_key(name, module): (name, module) for name, module in model.named_modules() if _is_lora_layer(module)
     }
     for key, value in named_tensors:
         if key in adapted:
@@ -158,16 +167,16 @@ def merged_tensors(
         yield ".".join(part for part in key.split(".") if part != "base_layer").removeprefix(prefix), value
 
 
-def _adapted_weight_key(name: str, layer: torch.nn.Module) -> str:
+def _adapted_weight_key(name: str, layer: LoraLayer | torch.nn.Module) -> str:
     """The state-dict key of the weight that the LoRA layer `name` adapts: `weight` (or, for a
     parameter wrapper, its `parameter_name`) of the module under its chain of `base_layer`s."""
     base_name, base = name, layer
-    while isinstance(base, require_peft().tuners.lora.LoraLayer):
+    while _is_lora_layer(base):
         base_name, base = f"{base_name}.base_layer", base.base_layer
     return f"{base_name}.{getattr(layer, 'parameter_name', 'weight')}"
 
 
-def _lora_delta(layer: torch.nn.Module, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+def _lora_delta(layer: LoraLayer, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
     """scaling * B A in the adapted weight's shape, as peft merges it.
 
     A linear layer: A (r, in), B (out, r) -> B A (out, in), transposed for fan_in_fan_out.
@@ -179,15 +188,15 @@ def _lora_delta(layer: torch.nn.Module, lora_a: torch.Tensor, lora_b: torch.Tens
     experts = getattr(layer, "num_experts", 1)
     if experts == 1:
         delta = lora_b @ lora_a
-        return (delta.T if layer.fan_in_fan_out else delta) * scaling
+        return (delta.T if getattr(layer, "fan_in_fan_out", False) else delta) * scaling  # a linear layer's (lora.Linear)
     per_expert_a = lora_a.reshape(experts, -1, lora_a.shape[-1])
     per_expert_b = lora_b.reshape(lora_b.shape[0], -1, experts)
     layout = "eio" if getattr(layer.get_base_layer(), "is_transposed", False) else "eoi"
     return torch.einsum(f"ore,eri->{layout}", per_expert_b, per_expert_a) * scaling
 
 
-def save_adapter(model: torch.nn.Module, directory: Path, adapters: dict[str, torch.Tensor]) -> None:
+def save_adapter(model: PeftModel, directory: Path, adapters: dict[str, torch.Tensor]) -> None:
     """Write the adapter of the peft `model` (adapter_config.json, adapter_model.safetensors) to
     `directory`, with the weights `adapters` (its adapter tensors by state-dict key, e.g. gathered
     from FSDP shards)."""
-    model.save_pretrained(directory, state_dict=adapters, safe_serialization=True, save_embedding_layers=False)
+    model.save_pretrained(str(directory), state_dict=adapters, safe_serialization=True, save_embedding_layers=False)

@@ -59,7 +59,8 @@ def with_umask_modes(directory: Path) -> Path:
 def save_from_this_process(model: PreTrainedModel, directory: Path, **options) -> None:
     """`model.save_pretrained(directory, **options)`, written by this process even when it is
     not global rank 0 of a process group."""
-    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    # an instance attribute over transformers' method, deleted below: save_pretrained asks it whether this process writes
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process  # type: ignore[method-assign]
     try:
         model.save_pretrained(directory, **options)
     finally:

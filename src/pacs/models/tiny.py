@@ -117,7 +117,7 @@ def save_builtin_tiny(directory: Path, *, seed: int = 0, **shape: int) -> Path:
         **shape,
     )
     torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(config).to(torch.float32)
+    model = transformers.Qwen2ForCausalLM(config).float()
     model.generation_config = transformers.GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

@@ -109,9 +109,12 @@ class RolloutEngine(Protocol):
     """True when the engine samples from a copy of the weights (vLLM), which the trainer must push
     with `load_weights` after each update and whose log-probs it checks against its own; False when
     it generates with the trained module itself (transformers), always the policy's weights."""
-    has_weights: bool
-    """False while an engine that holds its own copy has none to generate with (started without
-    reading the checkpoint, or dropped it asleep): `load_weights` must come before `generate`."""
+
+    @property
+    def has_weights(self) -> bool:
+        """False while an engine that holds its own copy has none to generate with (started without
+        reading the checkpoint, or dropped it asleep): `load_weights` must come before `generate`."""
+        ...
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """Sample `params.n` responses for each prompt (a list of token ids, no padding)."""

@@ -40,12 +40,12 @@ batching run.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig
 
 CONTINUOUS_BATCHING_DEVICES = ("cuda",)
 """Device types `rollout.hf.continuous_batching: auto` batches continuously on."""
@@ -59,8 +59,21 @@ def continuous_batching_on(setting: Literal["auto"] | bool, device: torch.device
     return bool(setting)
 
 
+class ContinuouslyBatchingModel(Protocol):
+    """What `generate_continuously` uses of a model: a transformers causal LM, a `PreTrainedModel`
+    with `GenerationMixin`'s continuous batching (one class to Python, two to transformers' types)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def init_continuous_batching(self) -> Callable[..., Any]: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+
 def generate_continuously(
-    model: PreTrainedModel,
+    model: ContinuouslyBatchingModel,
     prompt_token_ids: Sequence[Sequence[int]],
     generation_config: GenerationConfig,
     n: int,
@@ -138,7 +151,7 @@ def _cache_settings(generation_config: GenerationConfig, longest_prompt: int, pr
 
 
 @contextmanager
-def _weights_in(model: PreTrainedModel, dtype: torch.dtype | None) -> Iterator[None]:
+def _weights_in(model: ContinuouslyBatchingModel, dtype: torch.dtype | None) -> Iterator[None]:
     """While inside, every floating-point parameter of `model` holds a copy of its values in
     `dtype` (the originals kept aside and put back on exit, untouched); None changes nothing."""
     originals = {}

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache, StaticLayer
 
 from pacs.models.cache import CACHE_ARGUMENT
@@ -67,6 +67,11 @@ class TransformersEngine:
     ):
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs an end-of-sequence token and a padding token to generate")
+        if not isinstance(model, GenerationMixin):
+            raise TypeError(
+                f"TransformersEngine generates with a causal LM, a model with transformers' generate (GenerationMixin); "
+                f"got {type(model).__name__}: load it with pacs.models.loading.load_causal_lm (AutoModelForCausalLM)"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.max_sequences_per_call = max_sequences_per_call
@@ -191,19 +196,23 @@ class TransformersEngine:
 
 def _preallocated(cache: Cache, config: PretrainedConfig, max_length: int) -> Cache:
     """`cache`'s keys and values (B, heads, L, head_dim) per layer, copied into a `StaticCache`
-    of `max_length` positions when every layer of both is a plain full-attention layer and no
-    autocast is on; otherwise `cache` itself. Under bf16 autocast the prompt's keys and values
-    come out in float32 and each new token's values in bfloat16: a growing cache's `torch.cat`
-    promotes them, a static cache's in-place copy refuses them."""
-    if not all(type(layer) is DynamicLayer for layer in cache.layers):
-        return cache
-    if torch.is_autocast_enabled(cache.layers[0].keys.device.type):
+    of `max_length` positions when every layer of both is a plain full-attention layer (each of
+    `cache`'s holding the prompt's keys and values) and no autocast is on; otherwise `cache`
+    itself. Under bf16 autocast the prompt's keys and values come out in float32 and each new
+    token's values in bfloat16: a growing cache's `torch.cat` promotes them, a static cache's
+    in-place copy refuses them."""
+    filled = [
+        (layer.keys, layer.values)
+        for layer in cache.layers
+        if type(layer) is DynamicLayer and layer.keys is not None and layer.values is not None
+    ]
+    if len(filled) != len(cache.layers) or torch.is_autocast_enabled(filled[0][0].device.type):
         return cache
     static = StaticCache(config=config, max_cache_len=max_length)
     if len(static.layers) != len(cache.layers) or not all(type(layer) is StaticLayer for layer in static.layers):
         return cache
-    for index, layer in enumerate(cache.layers):
-        static.update(layer.keys, layer.values, index)
+    for index, (keys, values) in enumerate(filled):
+        static.update(keys, values, index)
     return static
 
 

@@ -38,6 +38,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pacs.plugins import PYTHON_TOOL, import_function
 from pacs.rewards.workers import NO_RESULT, TimeLimitedWorkers, check_timeout_s, exception_text
@@ -187,7 +188,7 @@ class ToolRunner:
             if result is NO_RESULT:
                 outputs.append(ToolOutput(self._lost_call_text(timed_out=index in outcome.timed_out_calls), True))
             else:
-                text, failed = result
+                text, failed = cast(list, result)  # tool_call's [text, failed]; the workers hand back each call's value as object
                 outputs.append(ToolOutput(text, failed))
         return outputs
 

@@ -60,7 +60,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -69,6 +69,9 @@ from pacs.config import VllmConfig
 from pacs.models.loading import resolve_model_path
 from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
 from pacs.rollout.hf import end_of_sequence_ids
+
+if TYPE_CHECKING:  # imported where the random states are taken and put back
+    import numpy
 
 CPU_KV_CACHE_GIB = 0.5
 """KV cache of an engine on a CPU when `rollout.vllm.kv_cache_gib` is not set."""
@@ -145,8 +148,8 @@ class RandomState:
     """The states of the generators vLLM seeds and draws from: Python's `random`, NumPy's global
     one, torch's CPU generator and every visible CUDA device's."""
 
-    python: object
-    numpy: object
+    python: tuple[Any, ...]
+    numpy: dict[str, Any] | tuple[str, numpy.ndarray, int, int, float]
     torch_cpu: torch.Tensor
     torch_cuda: tuple[torch.Tensor, ...]
 

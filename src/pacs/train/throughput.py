@@ -1,4 +1,4 @@
-"""The model FLOPs utilisation of a step, `perf/mfu` (`step_mfu`), with `train.peak_flops`.
+"""The model FLOPs utilisation of a step, `perf/mfu` (`step_mfu` of a step's `StepWork`), with `train.peak_flops`.
 
 MFU counts the model's multiply-adds as the 6ND rule does (Kaplan et al. 2020; PaLM's MFU): a
 pass over T tokens of a model of N parameters costs 2·N·T FLOPs forward and 6·N·T forward and
@@ -9,6 +9,7 @@ checkpointing, the no-grad passes an update makes for its metrics) are not count
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -41,37 +42,45 @@ def flops_utilisation(flops: float, seconds: float, peak_flops: float, processes
     return flops / (seconds * peak_flops * processes) if seconds > 0 else math.nan
 
 
-def step_mfu(
-    world: World,
-    batch: PolicyBatch,
-    *,
-    peak_flops: float | None,
-    step_s: float,
-    policy_parameters: float,
-    critic_parameters: float | None,
-    reference_pass: bool,
-    first_update_rows: int,
-    epochs: int,
-    updates_policy: bool,
-) -> dict[str, float]:
+@dataclass(frozen=True)
+class StepWork:
+    """What one step did that `step_mfu` counts: its time and the passes it made over its batch."""
+
+    seconds: float
+    """The step's wall time (`time/step_s`, the slowest rank's)."""
+    policy_parameters: float
+    """N_π: the policy's `flop_parameters`."""
+    critic_parameters: float | None
+    """N_V: the critic's `flop_parameters`; None without a critic (no values' pass, no critic update)."""
+    reference_pass: bool
+    """Whether the reference model's log-probs were computed (one forward pass per row)."""
+    first_update_rows: int
+    """The first rows of the batch whose old log-probs the first update gave (no pass of their own)."""
+    epochs: int
+    """E: the updates over each row (`train.epochs`)."""
+    updates_policy: bool
+    """Whether the policy was updated (False in a critic's warm-up)."""
+
+
+def step_mfu(world: World, batch: PolicyBatch, work: StepWork, peak_flops: float | None) -> dict[str, float]:
     """{"perf/mfu": ...} of one step over every rank; {} when `peak_flops` is None.
 
         T_i   = prompt tokens + response tokens of row i of this rank's batch
         F_i   = 1 (generation) + 1 (the old log-probs' pass; 0 for the first `first_update_rows`
                 rows, whose first update gives them) + 1 (the reference's, with `reference_pass`)
         FLOPs = Σ_ranks Σ_i T_i · [N_π·(2·F_i + 6·E_π) + N_V·(2 + 6·E)]
-        mfu   = FLOPs / (step_s · peak_flops · world.world_size)
+        mfu   = FLOPs / (seconds · peak_flops · world.world_size)
 
-    N_π = `policy_parameters`, N_V = `critic_parameters` (0 without a critic: its values' pass and
-    updates), E = `epochs`, E_π = E when the step `updates_policy` (0 in a critic's warm-up).
-    batch.prompt_mask: (B, P); batch.response_mask: (B, R)."""
+    N_π, N_V (0 without a critic), E and the rest are `work`'s (`StepWork`); E_π = E when the step
+    `updates_policy` (0 in a critic's warm-up). batch.prompt_mask: (B, P); batch.response_mask: (B, R)."""
     if peak_flops is None:
         return {}
     tokens = (batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)).double()
-    forward = torch.full_like(tokens, 2.0 + reference_pass)
-    forward[:first_update_rows] -= 1
-    flops = model_flops(policy_parameters, tokens, forward_passes=forward, training_passes=epochs if updates_policy else 0)
-    if critic_parameters is not None:
-        flops = flops + model_flops(critic_parameters, tokens, forward_passes=1, training_passes=epochs)
+    forward = torch.full_like(tokens, 2.0 + work.reference_pass)
+    forward[: work.first_update_rows] -= 1
+    policy_training = work.epochs if work.updates_policy else 0
+    flops = model_flops(work.policy_parameters, tokens, forward_passes=forward, training_passes=policy_training)
+    if work.critic_parameters is not None:
+        flops = flops + model_flops(work.critic_parameters, tokens, forward_passes=1, training_passes=work.epochs)
     total = float(sum_over_ranks(world, flops.sum()))
-    return {"perf/mfu": flops_utilisation(total, step_s, peak_flops, world.world_size)}
+    return {"perf/mfu": flops_utilisation(total, work.seconds, peak_flops, world.world_size)}

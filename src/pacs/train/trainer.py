@@ -119,7 +119,7 @@ from pacs.train.memory_plan import check_fits_device
 from pacs.train.metrics import MetricsLogger
 from pacs.train.preflight import check_node_inputs
 from pacs.train.sampler import PromptSampler
-from pacs.train.throughput import step_mfu
+from pacs.train.throughput import StepWork, step_mfu
 from pacs.train.timing import (
     PhaseTimes,
     timed,
@@ -460,23 +460,25 @@ class Trainer:
         metrics.update(self.sampler_metrics(batch))
         metrics.update(slowest_timings(self.world, times.metrics(), by="time/step_s"))
         metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
-        metrics.update(
-            step_mfu(
-                self.world,
-                batch,
-                peak_flops=train.peak_flops,
-                step_s=metrics["time/step_s"],
-                policy_parameters=self.policy.flop_parameters,
-                critic_parameters=None if self.critic is None else self.critic.flop_parameters,
-                reference_pass="ref_logprobs" in self.algorithm.needs,
-                first_update_rows=first_update_rows,
-                epochs=train.epochs,
-                updates_policy=updates_policy,
-            )
-        )
+        work = self.step_work(metrics["time/step_s"], first_update_rows, updates_policy)
+        metrics.update(step_mfu(self.world, batch, work, train.peak_flops))
         if step == self.start_step + 1:
             metrics.update(self.policy.sizes)
         return metrics
+
+    def step_work(self, seconds: float, first_update_rows: int, updates_policy: bool) -> StepWork:
+        """What a step of `seconds` did, for `perf/mfu` (`StepWork`): this run's models and passes, the
+        old log-probs of its first `first_update_rows` rows given by the first update, the policy
+        updated or not (`updates_policy`)."""
+        return StepWork(
+            seconds=seconds,
+            policy_parameters=self.policy.flop_parameters,
+            critic_parameters=None if self.critic is None else self.critic.flop_parameters,
+            reference_pass="ref_logprobs" in self.algorithm.needs,
+            first_update_rows=first_update_rows,
+            epochs=self.config.train.epochs,
+            updates_policy=updates_policy,
+        )
 
     def tool_use(self, times: PhaseTimes) -> dict[str, float]:
         """With rollout.tools, the step's tool use over every rank (`tool_metrics`), the seconds

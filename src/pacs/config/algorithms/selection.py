@@ -16,7 +16,7 @@ from pydantic import (
     WrapValidator,
 )
 
-from pacs.config.algorithms.base import BaseAlgorithmConfig, is_import_path
+from pacs.algos.options import BaseAlgorithmConfig, is_import_path
 from pacs.config.algorithms.registry import ALGORITHM_CONFIGS, DEFAULT_ALGORITHM
 from pacs.plugins import import_function
 

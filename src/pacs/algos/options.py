@@ -1,23 +1,52 @@
-"""What every algorithm's section is: `BaseAlgorithmConfig` (the options every algorithm shares,
-and how a section builds its algorithm), `ClippedPolicyGradientConfig` (the clipped baselines'
-options), and the checks that a user's section (`algorithm.name` an import path) can build its
-algorithm before any model loads."""
+"""The options of an algorithm, as a configuration section: `Section` (the base of every section
+of a run's configuration, these and `pacs.config`'s), `BaseAlgorithmConfig` (the options every
+algorithm shares, and how a section builds its algorithm), `ClippedPolicyGradientConfig` (the
+clipped baselines' options), and the checks that a user's section (`algorithm.name` an import path)
+can build its algorithm before any model loads.
+
+A built-in algorithm's section is a subclass of one of these written in its own module beside its
+math (`pacs.algos.gspo.GspoConfig` is the model); `pacs.config.algorithms.registry` finds it there.
+They live in `pacs.algos`, below `pacs.config`, so that a section can sit beside the algorithm it
+builds: they import pydantic and `pacs.algos`' own modules only, and read the rest of a run's
+configuration through `RunSettings`, a description of its shape.
+"""
 
 from __future__ import annotations
 
 import inspect
+import types
+import typing
 from collections.abc import Callable
 from typing import ClassVar, Protocol
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from pacs.algos.aggregation import LossAggregation
 from pacs.algos.base import CRITIC_METHODS, NEEDS, Algorithm
 from pacs.algos.importance import ROLLOUT_IS_LEVELS, RolloutIsLevel, RolloutIsMode, check_rollout_is
 from pacs.algos.kl import KlEstimator, check_kl_penalty
 from pacs.algos.pg import ClippedPolicyGradient
-from pacs.config.base import Section
-from pacs.config.sections import DataConfig, RolloutConfig
+
+
+class Section(BaseModel):
+    """A section of the configuration: its fields' docstrings are their descriptions (`model_fields`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _refuse_booleans_for_numbers(cls, value: object, info: ValidationInfo) -> object:
+        """pydantic would read true as 1; YAML reads yes/no/on/off as booleans."""
+        if isinstance(value, bool) and info.field_name and _is_numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, got {value!r} (YAML reads yes/no/on/off/true/false as booleans)")
+        return value
+
+
+def _is_numeric(annotation: object) -> bool:
+    """Whether a field of this type holds an int or a float (``float | None`` included)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_numeric(member) for member in typing.get_args(annotation))
+    return annotation in (int, float)
 
 
 def is_import_path(name: object) -> bool:
@@ -26,14 +55,35 @@ def is_import_path(name: object) -> bool:
     return isinstance(name, str) and ":" in name
 
 
+class RolloutSettings(Protocol):
+    """What a section's `problems` reads of the run's `rollout` section (`pacs.config.sections.RolloutConfig`)."""
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def max_staleness(self) -> int: ...
+
+
+class DataSettings(Protocol):
+    """What a section's `problems` reads of the run's `data` section (`pacs.config.sections.DataConfig`)."""
+
+    @property
+    def max_response_length(self) -> int: ...
+
+
 class RunSettings(Protocol):
-    """What an algorithm's `problems` reads of the run's configuration (`pacs.config.run.Config`)."""
+    """What an algorithm's `problems` reads of the run's configuration (`pacs.config.run.Config`),
+    described here by shape so that the sections, below `pacs.config`, need not import it."""
 
     @property
-    def rollout(self) -> RolloutConfig: ...
+    def rollout(self) -> RolloutSettings: ...
 
     @property
-    def data(self) -> DataConfig: ...
+    def data(self) -> DataSettings: ...
 
 
 class BaseAlgorithmConfig(Section):
