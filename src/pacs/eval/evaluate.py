@@ -490,9 +490,7 @@ def evaluate_model(
     rollout = tool_rollout(tools)
     rows_by_spec = run_on_every_rank(
         processes,
-        lambda: _checked_inputs(
-            model_path, specs, reward_function, reward_timeout_s, engine, rollout, probe=processes.is_writer
-        ),
+        lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, engine, rollout, probe=processes.is_writer),
         how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
     run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
