@@ -6,7 +6,8 @@ back-propagates its own rows (see `pacs.algos.base`). When a mini-batch is a sin
 the forward that gives `prepare_update` the current log-probs keeps its graph and is the one
 that back-propagates: one forward per update instead of two. A mini-batch whose loss or
 gradient norm is not finite is skipped (no optimizer step) and counted. The same loop updates
-PPO's critic.
+PPO's critic. Micro-batches are consecutive rows, `train.micro_batch_size` of them or, with
+`train.micro_batch_tokens`, as many as that many tokens hold (`micro_batch_slices`).
 
 With several processes each rank holds its share of every mini-batch (`pacs.distributed`):
 the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
