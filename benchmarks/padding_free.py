@@ -6,7 +6,9 @@ old-log-prob pass (`fill_rollout_logprobs`) with the padded passes (each group's
 responses in length buckets) and with the packed ones (rows end to end in bins of the longest row,
 restarting position ids, a causal mask blocked per row), each over the shape's fixed micro-batches
 and, with `--tokens N`, over micro-batches of at most N real tokens (and at most the shape's
-`budgeted_rows` rows); median of `--repeats`, on shapes with random weights and random tokens:
+`budgeted_rows` rows); median of `--repeats` rounds after a warm-up round, each round running
+every variant in turn (so a machine whose load drifts slows them alike), on shapes with random
+weights and random tokens:
 
 - `demo`: the built-in tiny model, 32 prompts x 8 responses, prompts of 8-24 tokens, responses of
   1-16 (the demo's micro-batch of 256 rows);
@@ -90,36 +92,30 @@ def settings_of(shape: dict, padding_free: bool, tokens: int | None) -> UpdateSe
     )
 
 
-def update_seconds(model, batch: PolicyBatch, shape: dict, settings: UpdateSettings, repeats: int) -> float:
-    """Median seconds of one step's update."""
-    algorithm = PACS(shape["n"])
-    times = []
-    for _ in range(repeats + 1):  # the first warms up
-        trained = copy.deepcopy(model)
-        optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-5)
-        start = time.perf_counter()
-        update_policy(trained, optimizer, World.single(), copy.deepcopy(batch), algorithm, settings)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+def update_seconds(model, batch: PolicyBatch, shape: dict, settings: UpdateSettings) -> float:
+    """Seconds of one step's update."""
+    trained = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-5)
+    batch = copy.deepcopy(batch)
+    start = time.perf_counter()
+    update_policy(trained, optimizer, World.single(), batch, PACS(shape["n"]), settings)
+    return time.perf_counter() - start
 
 
-def old_logprob_seconds(model, batch: PolicyBatch, settings: UpdateSettings, repeats: int) -> float:
-    """Median seconds of the old-log-prob pass (no gradient) over every row."""
-    times = []
-    for _ in range(repeats + 1):  # the first warms up
-        filled = copy.deepcopy(batch)
-        start = time.perf_counter()
-        fill_rollout_logprobs(
-            model,
-            filled,
-            slice(None),
-            micro_batch_size=settings.micro_batch_size,
-            micro_batch_tokens=settings.micro_batch_tokens,
-            padding_free=settings.padding_free,
-            temperature=1.0,
-        )
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+def old_logprob_seconds(model, batch: PolicyBatch, settings: UpdateSettings) -> float:
+    """Seconds of the old-log-prob pass (no gradient) over every row."""
+    filled = copy.deepcopy(batch)
+    start = time.perf_counter()
+    fill_rollout_logprobs(
+        model,
+        filled,
+        slice(None),
+        micro_batch_size=settings.micro_batch_size,
+        micro_batch_tokens=settings.micro_batch_tokens,
+        padding_free=settings.padding_free,
+        temperature=1.0,
+    )
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -138,24 +134,30 @@ def main() -> None:
             batch = ragged_batch(shape, model.config.vocab_size)
             fill_rollout_logprobs(model, batch, slice(None), micro_batch_size=shape["micro"], temperature=1.0)
             tokens = str(int(batch.prompt_mask.sum() + batch.response_mask.sum()))
-            baseline = None
-            for budget in (None, args.tokens) if args.tokens else (None,):
-                for padding_free in (False, True):
-                    settings = settings_of(shape, padding_free, budget)
-                    update = update_seconds(model, batch, shape, settings, args.repeats)
-                    old = old_logprob_seconds(model, batch, settings, args.repeats)
-                    baseline = baseline or (update, old)
-                    table.add_row(
-                        name,
-                        str(len(batch)),
-                        tokens,
-                        "padding-free" if padding_free else "padded",
-                        f"{shape['micro']} rows" if budget is None else f"<= {budget} tokens, <= {shape['budgeted_rows']} rows",
-                        f"{update:.3f}",
-                        f"{update / baseline[0]:.2f}x",
-                        f"{old:.3f}",
-                        f"{old / baseline[1]:.2f}x",
-                    )
+            variants = [
+                (padding_free, budget, settings_of(shape, padding_free, budget))
+                for budget in ((None, args.tokens) if args.tokens else (None,))
+                for padding_free in (False, True)
+            ]
+            times: list[list[tuple[float, float]]] = [[] for _ in variants]
+            for _ in range(args.repeats + 1):  # the first round warms up; each round runs every variant in turn
+                for timed, (_, _, settings) in zip(times, variants):
+                    timed.append((update_seconds(model, batch, shape, settings), old_logprob_seconds(model, batch, settings)))
+            medians = [
+                (statistics.median(u for u, _ in timed[1:]), statistics.median(o for _, o in timed[1:])) for timed in times
+            ]
+            for (padding_free, budget, _), (update, old) in zip(variants, medians):
+                table.add_row(
+                    name,
+                    str(len(batch)),
+                    tokens,
+                    "padding-free" if padding_free else "padded",
+                    f"{shape['micro']} rows" if budget is None else f"<= {budget} tokens, <= {shape['budgeted_rows']} rows",
+                    f"{update:.3f}",
+                    f"{update / medians[0][0]:.2f}x",
+                    f"{old:.3f}",
+                    f"{old / medians[0][1]:.2f}x",
+                )
     Console().print(table)
 
 
