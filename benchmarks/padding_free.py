@@ -7,8 +7,9 @@ responses in length buckets) and with the packed ones (rows end to end in bins o
 restarting position ids, a causal mask blocked per row), each over the shape's fixed micro-batches
 and, with `--tokens N`, over micro-batches of at most N real tokens (and at most the shape's
 `budgeted_rows` rows); median of `--repeats` rounds after a warm-up round, each round running
-every variant in turn (so a machine whose load drifts slows them alike), on shapes with random
-weights and random tokens:
+every variant in turn (so a machine whose load drifts slows them alike), in wall-clock seconds
+and in this process's CPU seconds (which waiting for a busy core does not add to: the figure to
+compare on a shared machine, with one thread), on shapes with random weights and random tokens:
 
 - `demo`: the built-in tiny model, 32 prompts x 8 responses, prompts of 8-24 tokens, responses of
   1-16 (the demo's micro-batch of 256 rows);
@@ -92,20 +93,20 @@ def settings_of(shape: dict, padding_free: bool, tokens: int | None) -> UpdateSe
     )
 
 
-def update_seconds(model, batch: PolicyBatch, shape: dict, settings: UpdateSettings) -> float:
-    """Seconds of one step's update."""
+def update_seconds(model, batch: PolicyBatch, shape: dict, settings: UpdateSettings) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of one step's update."""
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-5)
     batch = copy.deepcopy(batch)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     update_policy(trained, optimizer, World.single(), batch, PACS(shape["n"]), settings)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
-def old_logprob_seconds(model, batch: PolicyBatch, settings: UpdateSettings) -> float:
-    """Seconds of the old-log-prob pass (no gradient) over every row."""
+def old_logprob_seconds(model, batch: PolicyBatch, settings: UpdateSettings) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of the old-log-prob pass (no gradient) over every row."""
     filled = copy.deepcopy(batch)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     fill_rollout_logprobs(
         model,
         filled,
@@ -115,7 +116,7 @@ def old_logprob_seconds(model, batch: PolicyBatch, settings: UpdateSettings) -> 
         padding_free=settings.padding_free,
         temperature=1.0,
     )
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def main() -> None:
@@ -125,8 +126,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="also time micro-batches of at most this many tokens")
     args = parser.parse_args()
     table = Table(
-        "shape", "rows", "tokens (real)", "passes", "micro-batches", "update s", "/ padded", "old log-probs s", "/ padded"
-    )
+        "shape", "rows", "tokens (real)", "passes", "micro-batches",
+        "update s", "cpu s", "cpu / padded", "old log-probs s", "cpu s", "cpu / padded",
+    )  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.shapes.split(","):
             shape = SHAPES[name]
@@ -139,14 +141,13 @@ def main() -> None:
                 for budget in ((None, args.tokens) if args.tokens else (None,))
                 for padding_free in (False, True)
             ]
-            times: list[list[tuple[float, float]]] = [[] for _ in variants]
+            times: list[list[tuple[float, ...]]] = [[] for _ in variants]
             for _ in range(args.repeats + 1):  # the first round warms up; each round runs every variant in turn
                 for timed, (_, _, settings) in zip(times, variants):
-                    timed.append((update_seconds(model, batch, shape, settings), old_logprob_seconds(model, batch, settings)))
-            medians = [
-                (statistics.median(u for u, _ in timed[1:]), statistics.median(o for _, o in timed[1:])) for timed in times
-            ]
-            for (padding_free, budget, _), (update, old) in zip(variants, medians):
+                    timed.append((*update_seconds(model, batch, shape, settings), *old_logprob_seconds(model, batch, settings)))
+            medians = [[statistics.median(column) for column in zip(*timed[1:])] for timed in times]
+            padded = medians[0]
+            for (padding_free, budget, _), (update, update_cpu, old, old_cpu) in zip(variants, medians):
                 table.add_row(
                     name,
                     str(len(batch)),
@@ -154,9 +155,11 @@ def main() -> None:
                     "padding-free" if padding_free else "padded",
                     f"{shape['micro']} rows" if budget is None else f"<= {budget} tokens, <= {shape['budgeted_rows']} rows",
                     f"{update:.3f}",
-                    f"{update / medians[0][0]:.2f}x",
+                    f"{update_cpu:.3f}",
+                    f"{update_cpu / padded[1]:.2f}x",
                     f"{old:.3f}",
-                    f"{old / medians[0][1]:.2f}x",
+                    f"{old_cpu:.3f}",
+                    f"{old_cpu / padded[3]:.2f}x",
                 )
     Console().print(table)
 
