@@ -38,6 +38,19 @@ GROUP_SIZE = 4
 """Responses per prompt in `ragged_batch`."""
 RAGGED_PROMPTS = 4
 """Prompts in `ragged_batch`."""
+ALGORITHMS = {
+    "pacs": {"name": "pacs", "beta": 2.0},
+    "pacs mean_logprob, kl, entropy": {"name": "pacs", "proxy": "mean_logprob", "kl_coef": 0.1, "entropy_coef": 0.01},
+    "grpo with kl": {"name": "grpo", "kl_coef": 0.1, "kl_estimator": "k2"},
+    "dr_grpo": {"name": "dr_grpo"},
+    "rloo": {"name": "rloo", "loss_agg": "seq-mean-token-sum"},
+    "dapo": {"name": "dapo", "loss_agg": "token-mean"},
+    "gspo": {"name": "gspo"},
+    "cispo": {"name": "cispo", "entropy_coef": 0.01},
+    "ppo": {"name": "ppo", "entropy_coef": 0.01},
+}
+"""Every built-in algorithm, some with KL and entropy terms, as the exactness tests on
+`ragged_batch` build them (`ALGORITHM_CONFIGS[options["name"]](**options)`)."""
 
 
 def ragged_batch(vocab_size: int, *, empty_response: bool = False) -> PolicyBatch:

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from batches import GROUP_SIZE, ragged_batch
+from batches import ALGORITHMS, GROUP_SIZE, ragged_batch
 from exact_float64 import GradientRecordingAdamW, normalise_float64_in_float64
 from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
@@ -25,17 +25,6 @@ from pacs.train.logprobs import fill_rollout_logprobs, response_logprobs_no_grad
 from pacs.train.trainer import train
 from pacs.train.update import UpdateSettings, update_critic, update_policy
 
-ALGORITHMS = {
-    "pacs": {"name": "pacs", "beta": 2.0},
-    "pacs mean_logprob, kl, entropy": {"name": "pacs", "proxy": "mean_logprob", "kl_coef": 0.1, "entropy_coef": 0.01},
-    "grpo with kl": {"name": "grpo", "kl_coef": 0.1, "kl_estimator": "k2"},
-    "dr_grpo": {"name": "dr_grpo"},
-    "rloo": {"name": "rloo", "loss_agg": "seq-mean-token-sum"},
-    "dapo": {"name": "dapo", "loss_agg": "token-mean"},
-    "gspo": {"name": "gspo"},
-    "cispo": {"name": "cispo", "entropy_coef": 0.01},
-    "ppo": {"name": "ppo", "entropy_coef": 0.01},
-}
 BUDGETS = [9, 16, 25]
 """Tokens per micro-batch over `ragged_batch`'s rows of 5-10 tokens: 9 leaves the rows of 10
 alone, 16 makes pairs and single rows, 25 triples."""
