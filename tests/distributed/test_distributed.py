@@ -35,6 +35,8 @@ case costs seconds in the one launch); FSDP takes each algorithm with its first.
 LORA_CASES = ["pacs:token-mean:lora", "ppo:seq-mean-token-sum-norm:lora"]
 PACKED_CASES = ["pacs:token-mean:packed", "ppo:seq-mean-token-sum-norm:packed", "grpo:seq-mean-token-sum:lora:packed"]
 """Padding-free update passes, compared with one process's padded ones."""
+TOKEN_CASES = ["pacs:token-mean:tokens", "ppo:seq-mean-token-sum-norm:packed:tokens", "grpo:seq-mean-token-sum:lora:tokens"]
+"""Micro-batches budgeted in tokens (cut alike on both ranks), compared with one process's fixed-size padded ones."""
 TOOL_CASES = ["pacs:token-mean:tools", "ppo:seq-mean-token-sum-norm:tools:packed", "grpo:seq-mean-token-sum:tools"]
 """Responses holding a tool's output, whose tokens no algorithm scores (`PolicyBatch.loss_mask`)."""
 LOCAL_TOTALS_CASES = ["pacs:token-mean", "pacs:seq-mean-token-sum-norm", "grpo:seq-mean-token-sum", "ppo:seq-mean-token-mean"]
@@ -60,11 +62,13 @@ def two_process_weights(narrow_model_dir, tmp_path_factory):
         *DDP_CASES,
         *LORA_CASES,
         *PACKED_CASES,
+        *TOKEN_CASES,
         *TOOL_CASES,
         "fsdp",
         *FSDP_CASES,
         *LORA_CASES,
         *PACKED_CASES,
+        *TOKEN_CASES,
         *TOOL_CASES,
         "ddp-local-totals",
         *LOCAL_TOTALS_CASES,
@@ -150,6 +154,16 @@ def test_two_processes_with_padding_free_passes_update_exactly_like_one_with_pad
 ):
     got = load_file(str(two_process_weights / strategy / f"{case}.safetensors"))
     assert max_difference(got, one_process_weights(case.removesuffix(":packed"))) <= EXACT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("case", TOKEN_CASES)
+def test_two_processes_with_token_budgeted_micro_batches_update_exactly_like_one_with_fixed_ones(
+    case, strategy, two_process_weights, one_process_weights
+):
+    got = load_file(str(two_process_weights / strategy / f"{case}.safetensors"))
+    assert max_difference(got, one_process_weights(case.removesuffix(":tokens").removesuffix(":packed"))) <= EXACT
 
 
 @pytest.mark.slow

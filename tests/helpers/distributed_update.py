@@ -15,7 +15,9 @@ by its own rows and tokens instead of the global mini-batch's (the mistake the e
 must catch).
 A case is "algorithm:loss_agg", or "algorithm:loss_agg:lora" to train LoRA adapters (rank 4, on
 every linear projection; the reference is the policy with its adapters disabled), ":packed" after
-either for padding-free update passes (`UpdateSettings.padding_free`), ":tools" for responses that
+either for padding-free passes (`UpdateSettings.padding_free`, the no-grad passes too), ":tokens"
+for micro-batches of at most MICRO_BATCH_TOKENS tokens (`UpdateSettings.micro_batch_tokens`, the
+no-grad passes too), ":tools" for responses that
 hold a tool's output (`tool_tokens`); "NAME/" before
 either takes the model in MODEL_DIR/NAME instead of MODEL_DIR itself (one launch, many models).
 `--checks OUT.json` then runs `distributed_checks.observe` on the model in MODEL_DIR, in the same
@@ -61,6 +63,9 @@ GROUP_SIZE = 4
 MINI_BATCH_PROMPTS = 4
 MICRO_BATCH_SIZE = 3
 """Sequences per pass: splits groups across micro-batches on purpose."""
+MICRO_BATCH_TOKENS = 20
+"""Tokens per pass in the ":tokens" cases: rows hold 4-16 tokens, so micro-batches of 1-3 rows,
+cut where either rank's would pass it."""
 
 
 def global_rollouts(vocab_size: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
@@ -106,13 +111,14 @@ def local_batch(world: World, vocab_size: int, *, with_tools: bool = False) -> P
 
 
 def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora][:tools][:packed]", KL and entropy terms on): the full
+    """The step of `case` ("[NAME/]algorithm:loss_agg[:lora][:tools][:packed][:tokens]", KL and entropy terms on): the full
     weights after it on rank 0 (policy keys as they are, critic keys prefixed "critic."), None
     elsewhere, and the metrics of the critic's and the policy's updates."""
     model_name, _, case = case.rpartition("/")
     model_dir = str(Path(model_dir) / model_name)
     name, loss_agg, *variant = case.split(":")
     lora, padding_free = "lora" in variant, "packed" in variant
+    micro_batch_tokens = MICRO_BATCH_TOKENS if "tokens" in variant else None
     options = ALGORITHM_CONFIGS[name](loss_agg=loss_agg, kl_coef=0.05, kl_estimator="k2", entropy_coef=0.01)
     algorithm = options.build(group_size=GROUP_SIZE, max_response_length=8)
     torch.manual_seed(0)
@@ -134,15 +140,22 @@ def run_case(world: World, model_dir: str, case: str) -> tuple[dict[str, torch.T
         epochs=2,
         grad_clip=0.5,
         padding_free=padding_free,
+        micro_batch_tokens=micro_batch_tokens,
     )
-    batch.old_logprobs = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
+    passes = {
+        "micro_batch_size": MICRO_BATCH_SIZE,
+        "micro_batch_tokens": micro_batch_tokens,
+        "world": world,
+        "padding_free": padding_free,
+    }
+    batch.old_logprobs = response_logprobs_no_grad(model, batch, **passes)
     if lora:
         with unwrap(model).disable_adapter():
-            batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(model, batch, micro_batch_size=MICRO_BATCH_SIZE)
+            batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(model, batch, **passes)
     else:
-        batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(reference, batch, micro_batch_size=MICRO_BATCH_SIZE)
+        batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(reference, batch, **passes)
     if critic is not None:
-        batch.row_terms["values"] = response_values_no_grad(critic, batch, micro_batch_size=MICRO_BATCH_SIZE)
+        batch.row_terms["values"] = response_values_no_grad(critic, batch, **passes)
     batch.row_terms.update(
         algorithm.prepare_step(batch.tensors(), sum_over_ranks=lambda value: collectives.sum_over_ranks(world, value))
     )

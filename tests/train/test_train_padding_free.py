@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from batches import policy_batch
+from batches import ALGORITHMS, GROUP_SIZE, ragged_batch
 from exact_float64 import GradientRecordingAdamW, normalise_float64_in_float64
 from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
@@ -20,45 +20,11 @@ from pacs.train.logprobs import fill_rollout_logprobs, packed_bins, response_log
 from pacs.train.trainer import train
 from pacs.train.update import UpdateSettings, update_policy
 
-GROUP_SIZE = 4
-PROMPTS = 4
-ALGORITHMS = {
-    "pacs": {"name": "pacs", "beta": 2.0},
-    "pacs mean_logprob, kl, entropy": {"name": "pacs", "proxy": "mean_logprob", "kl_coef": 0.1, "entropy_coef": 0.01},
-    "grpo with kl": {"name": "grpo", "kl_coef": 0.1, "kl_estimator": "k2"},
-    "dr_grpo": {"name": "dr_grpo"},
-    "rloo": {"name": "rloo", "loss_agg": "seq-mean-token-sum"},
-    "dapo": {"name": "dapo", "loss_agg": "token-mean"},
-    "gspo": {"name": "gspo"},
-    "cispo": {"name": "cispo", "entropy_coef": 0.01},
-    "ppo": {"name": "ppo", "entropy_coef": 0.01},
-}
-
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
     normalise_float64_in_float64()
     return load_causal_lm(str(tiny_model_dir), dtype="float64")
-
-
-def ragged_batch(vocab_size: int, *, empty_response: bool = False):
-    """4 prompts of 3-8 tokens x 4 responses of 1-6 tokens (one of 0 with `empty_response`),
-    mixed rewards, random reference log-probs and values."""
-    generator = torch.Generator().manual_seed(0)
-    prompts, responses = [], []
-    for _ in range(PROMPTS):
-        prompt = torch.randint(1, vocab_size, (int(torch.randint(3, 9, (1,), generator=generator)),), generator=generator)
-        for _ in range(GROUP_SIZE):
-            prompts.append(prompt)
-            length = int(torch.randint(1, 7, (1,), generator=generator))
-            responses.append(torch.randint(1, vocab_size, (length,), generator=generator))
-    if empty_response:
-        responses[5] = responses[5][:0]
-    batch = policy_batch(prompts, responses, [1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0])
-    shape = batch.response_mask.shape
-    batch.row_terms["ref_logprobs"] = -torch.rand(shape, generator=generator, dtype=torch.float64) * 3
-    batch.row_terms["values"] = torch.rand(shape, generator=generator, dtype=torch.float64)
-    return batch
 
 
 def test_packed_bins_place_rows_first_fit_by_decreasing_length_within_the_capacity():

@@ -61,6 +61,7 @@ class Config(Section):
                 f"train.mini_batch_size={train.mini_batch_size} must divide "
                 f"train.batch_size={train.batch_size} (prompts per optimizer update)"
             )
+        problems += self._micro_batch_token_problems()
         problems += self.algorithm.problems(self)
         problems += self._sampling_and_reference_problems()
         problems += self._staleness_problems()
@@ -101,6 +102,19 @@ class Config(Section):
             elif isinstance(algorithm, dict) and "rollout_is_cap" not in algorithm:
                 data = {**data, "algorithm": {**algorithm, "rollout_is_cap": ASYNC_IS_CAP}}
         return data
+
+    def _micro_batch_token_problems(self) -> list[str]:
+        """A token budget that can never end a micro-batch: its rows, each at most
+        data.max_prompt_length + data.max_response_length tokens, reach train.micro_batch_size first."""
+        budget, rows = self.train.micro_batch_tokens, self.train.micro_batch_size
+        longest = self.data.max_prompt_length + self.data.max_response_length
+        if budget is None or rows * longest > budget:
+            return []
+        return [
+            f"train.micro_batch_tokens={budget} never limits a micro-batch: train.micro_batch_size={rows} rows of at "
+            f"most data.max_prompt_length + data.max_response_length = {longest} tokens hold at most {rows * longest}; "
+            f"set micro_batch_tokens below {rows * longest} (or raise train.micro_batch_size), or leave it null"
+        ]
 
     def _staleness_problems(self) -> list[str]:
         """What asynchronous generation (rollout.max_staleness >= 1) cannot run with."""

@@ -196,6 +196,15 @@ class TrainConfig(Section):
     """Prompts per optimizer update; must divide `batch_size`."""
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward pass; any value gives the same update."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Also at most this many tokens per forward/backward pass (verl's dynamic batch size): each
+    micro-batch takes the next whole rows while they hold at most this many real tokens (prompt +
+    response, never padding, whether the passes pad or pack) and at most `micro_batch_size` rows;
+    a longer row is a micro-batch of its own. The same update as fixed micro-batches, and the
+    no-grad passes (old log-probs, the reference's, the critic's values) split alike. With
+    several processes every rank cuts its share at the same rows (a micro-batch ends where any
+    rank's would pass the budget). Packed passes (`padding_free`) compute on about these many
+    tokens; padded ones on more. null: `micro_batch_size` rows each."""
     epochs: int = Field(1, ge=1)
     """Passes over each step's rollouts."""
     lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
@@ -249,7 +258,8 @@ class TrainConfig(Section):
     the sampler correction (`algorithm.rollout_is_cap`) takes the first rows' weights from the same
     forward pass (docs/rollout-engines.md)."""
     padding_free: bool = False
-    """The policy's update passes pack a micro-batch's rows, [prompt | response] without padding,
+    """The policy's passes (updates, old log-probs, the reference's log-probs) and the critic's
+    (values, updates) pack a micro-batch's rows, [prompt | response] without padding,
     end to end into rows as long as its longest, with position ids restarting at each row and a
     causal mask blocked per row (`pacs.train.logprobs`); false: the padded passes, each group's
     prompt run once and the responses in length buckets. The same numbers (float64 tests). Off by

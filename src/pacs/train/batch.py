@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from pacs.distributed.collectives import gather_rows
+from pacs.distributed.world import World
 from pacs.rollout.base import Rollouts
 
 
@@ -122,3 +124,45 @@ def not_computed(response_mask: torch.Tensor) -> torch.Tensor:
     read before it is computed turns every result it enters into NaN instead of passing for a
     log-prob of 0; 0 at padding, as computed values are there."""
     return torch.full_like(response_mask, float("nan")).masked_fill(response_mask == 0, 0.0)
+
+
+def row_tokens(batch: PolicyBatch) -> torch.Tensor:
+    """(B,) real tokens of each row: its prompt's plus its response's (a tool's output included),
+    without padding."""
+    return batch.prompt_mask.sum(dim=1).long() + batch.response_mask.sum(dim=1).long()
+
+
+def micro_batch_slices(
+    batch: PolicyBatch, *, max_rows: int, max_tokens: int | None = None, world: World | None = None
+) -> list[slice]:
+    """Consecutive micro-batches of whole rows that cover `batch` in order, each of at most
+    `max_rows` rows (`train.micro_batch_size`) and, with `max_tokens` (`train.micro_batch_tokens`),
+    at most `max_tokens` real tokens (`row_tokens`: prompt + response, never padding, whether
+    the passes pad or pack); a row longer than `max_tokens` is a micro-batch of its own.
+
+    Each micro-batch is as long as both limits allow, taken greedily from the first row. With
+    several processes (`world`) the slices are the same on every rank (one collective gathers
+    every rank's `row_tokens`): a micro-batch ends where any rank's share would pass the budget.
+    Every rank then runs as many passes of as many rows as the others, which DDP and FSDP need
+    (each forward is a collective there, and the padded passes' forwards depend on the rows,
+    `pacs.train.logprobs.length_buckets`). Every rank's `batch` must have the same number of rows.
+    """
+    if max_tokens is None:
+        return [slice(start, min(start + max_rows, len(batch))) for start in range(0, len(batch), max_rows)]
+    tokens = row_tokens(batch).unsqueeze(0)
+    if world is not None:
+        tokens = gather_rows(world, tokens)
+    per_rank = tokens.tolist()
+    slices: list[slice] = []
+    start = 0
+    while start < len(batch):
+        held = [rank[start] for rank in per_rank]
+        stop = start + 1
+        while (
+            stop < len(batch) and stop - start < max_rows and all(h + rank[stop] <= max_tokens for h, rank in zip(held, per_rank))
+        ):
+            held = [h + rank[stop] for h, rank in zip(held, per_rank)]
+            stop += 1
+        slices.append(slice(start, stop))
+        start = stop
+    return slices

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +21,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from pacs.distributed.world import World
 from pacs.models.cache import CACHE_ARGUMENT
 from pacs.models.loading import eval_mode
 from pacs.models.logits import LogitMap
-from pacs.train.batch import PolicyBatch
+from pacs.train.batch import PolicyBatch, micro_batch_slices, row_tokens
 
 
 def _sequence_inputs(batch: PolicyBatch) -> dict[str, torch.Tensor]:
@@ -34,15 +36,24 @@ def _sequence_inputs(batch: PolicyBatch) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
-def response_values(critic: PreTrainedModel, batch: PolicyBatch) -> torch.Tensor:
-    """The critic's value of the state before each response token: (B, R), in float32 or wider.
+def response_values(critic: PreTrainedModel, batch: PolicyBatch, *, padding_free: bool = False) -> torch.Tensor:
+    """The critic's value of the state before each response token: (B, R), in float32 or wider;
+    exactly 0.0 at padding.
 
     `critic` is a token-classification model with one output (a value head); position t of the
     response is valued from the hidden state that predicts token t, as log-probs are.
+    `padding_free`: one forward over the rows' real tokens packed end to end (`packed_layout`),
+    as the policy's padding-free passes run, instead of one over [prompt | response] padded.
     """
-    response_width = batch.response_ids.shape[1]
-    scores = critic(**_sequence_inputs(batch)).logits[:, -response_width - 1 : -1, 0]
-    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    if padding_free:
+        layout = packed_layout(batch)
+        packed_scores = critic(input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False).logits[..., 0]
+        scores = packed_scores[layout.predictor_bin, layout.predictor_place]
+    else:
+        response_width = batch.response_ids.shape[1]
+        scores = critic(**_sequence_inputs(batch)).logits[:, -response_width - 1 : -1, 0]
+    scores = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    return scores.masked_fill(batch.response_mask == 0, 0.0)
 
 
 @torch.no_grad()
@@ -50,27 +61,38 @@ def per_token_no_grad(
     model: PreTrainedModel,
     compute: Callable[[PolicyBatch], torch.Tensor | tuple[torch.Tensor, ...]],
     batch: PolicyBatch,
-    *,
-    micro_batch_size: int,
+    micro_batches: list[slice],
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """`compute(micro)` -> (b, R) tensor(s) of `model`, over the whole batch in micro-batches,
-    without gradient and in eval mode: (B, R), or a tuple of them when `compute` returns a tuple."""
+    """`compute(micro)` -> (b, R) tensor(s) of `model`, over the whole batch one micro-batch of
+    `micro_batches` (`micro_batch_slices`) at a time, without gradient and in eval mode: (B, R),
+    or a tuple of them when `compute` returns a tuple."""
     outputs: list[torch.Tensor] = []
     with eval_mode(model):
-        for start in range(0, len(batch), micro_batch_size):
-            micro = batch.rows(slice(start, start + micro_batch_size))
+        for rows in micro_batches:
+            micro = batch.rows(rows)
             results = compute(micro)
             results = results if isinstance(results, tuple) else (results,)
             if not outputs:
                 outputs = [torch.zeros_like(batch.response_mask) for _ in results]
             for out, result in zip(outputs, results):
-                out[start : start + micro_batch_size, : micro.response_ids.shape[1]] = result.to(out.dtype)
+                out[rows, : micro.response_ids.shape[1]] = result.to(out.dtype)
     return tuple(outputs) if len(outputs) > 1 else outputs[0]
 
 
-def response_values_no_grad(critic: PreTrainedModel, batch: PolicyBatch, *, micro_batch_size: int) -> torch.Tensor:
-    """`response_values` over the whole batch, without gradient: (B, R)."""
-    return per_token_no_grad(critic, lambda micro: response_values(critic, micro), batch, micro_batch_size=micro_batch_size)
+def response_values_no_grad(
+    critic: PreTrainedModel,
+    batch: PolicyBatch,
+    *,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+    world: World | None = None,
+    padding_free: bool = False,
+) -> torch.Tensor:
+    """`response_values` over the whole batch, without gradient, in `micro_batch_slices`: (B, R)."""
+    micro_batches = micro_batch_slices(batch, max_rows=micro_batch_size, max_tokens=micro_batch_tokens, world=world)
+    return per_token_no_grad(
+        critic, lambda micro: response_values(critic, micro, padding_free=padding_free), batch, micro_batches
+    )
 
 
 LOGITS_CHUNK_BYTES = 64 * 2**20
@@ -317,22 +339,35 @@ def packed_bins(lengths: torch.Tensor, capacity: int) -> list[list[int]]:
     return bins
 
 
-def _packed_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bool) -> torch.Tensor:
-    """(B, R, C) terms from one forward over the rows' real tokens, [prompt | response] without
-    padding, packed into `packed_bins` of the longest row's length: (K, L) input ids with
-    position ids restarting at 0 for each row, no attention mask and no cache, from which
-    transformers makes a causal mask blocked per row (`masking_utils.find_packed_sequence_indices`,
-    for sdpa and eager attention as for flash attention; a cache would turn the detection off),
-    so no token attends to another row's. A bin's tail after its last
-    row continues that row's positions: causal attention keeps the row's tokens from seeing it.
-    A bin as long as the longest row costs attention no more than that row padded alone, and
-    K ≤ B rows run instead of B.
+@dataclass(frozen=True)
+class PackedLayout:
+    """A batch's rows laid end to end into K bins of L tokens (`packed_layout`).
+
+    input_ids:       (K, L) the rows' real tokens, [prompt | response] without padding
+    position_ids:    (K, L) restarting at 0 for each row
+    predictor_bin:   (B, R) the bin of the place whose hidden state predicts response token t of row i
+    predictor_place: (B, R) that place in its bin (clamped into the bin where t is padding)
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    predictor_bin: torch.Tensor
+    predictor_place: torch.Tensor
+
+
+def packed_layout(batch: PolicyBatch) -> PackedLayout:
+    """The rows' real tokens packed into `packed_bins` of the longest row's length, with position
+    ids restarting at 0 for each row. A forward over them with no attention mask and no cache gets
+    from transformers a causal mask blocked per row (`masking_utils.find_packed_sequence_indices`,
+    for sdpa and eager attention as for flash attention; a cache would turn the detection off), so
+    no token attends to another row's. A bin's tail after its last row continues that row's
+    positions: causal attention keeps the row's tokens from seeing it. A bin as long as the
+    longest row costs attention no more than that row padded alone, and K ≤ B rows run instead of B.
 
     The hidden state at packed place j predicts the token at j + 1: row i's response token t,
     laid out at offset o_i after its P_i prompt tokens, is predicted at o_i + P_i + t − 1."""
     prompt_lengths = batch.prompt_mask.sum(dim=1)
-    response_lengths = batch.response_mask.sum(dim=1).long()
-    lengths = prompt_lengths + response_lengths
+    lengths = row_tokens(batch)
     capacity = int(lengths.max())
     bins = packed_bins(lengths, capacity)
     device = batch.prompt_ids.device
@@ -354,15 +389,23 @@ def _packed_terms(model, batch: PolicyBatch, temperature: float, with_entropy: b
             predictor_place[row] = (offset + prompt_length - 1 + response_places).clamp(min=0, max=capacity - 1)
             offset += length
         position_ids[index, offset:] = position_ids[index, offset - 1] + 1 + torch.arange(capacity - offset, device=device)
+    return PackedLayout(input_ids, position_ids, predictor_bin, predictor_place)
+
+
+def _packed_terms(model, batch: PolicyBatch, temperature: float, with_entropy: bool) -> torch.Tensor:
+    """(B, R, C) terms from one forward over the rows' real tokens, packed (`packed_layout`)."""
+    layout = packed_layout(batch)
     head = _head(
         model,
-        lambda hidden: hidden[predictor_bin, predictor_place],
+        lambda hidden: hidden[layout.predictor_bin, layout.predictor_place],
         batch.response_ids,
         batch.response_mask,
         temperature,
         with_entropy,
     )
-    terms, _ = _forward_terms(model, head, input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0)
+    terms, _ = _forward_terms(
+        model, head, input_ids=layout.input_ids, position_ids=layout.position_ids, use_cache=False, logits_to_keep=0
+    )
     return terms
 
 
@@ -502,15 +545,31 @@ def length_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
 
 
 def fill_rollout_logprobs(
-    model: PreTrainedModel, batch: PolicyBatch, rows: slice, *, micro_batch_size: int, temperature: float
+    model: PreTrainedModel,
+    batch: PolicyBatch,
+    rows: slice,
+    *,
+    micro_batch_size: int,
+    temperature: float,
+    micro_batch_tokens: int | None = None,
+    world: World | None = None,
+    padding_free: bool = False,
 ) -> None:
     """Write the policy's log-probs and entropy at `batch.rows(rows)` (no gradient) into
-    `batch.old_logprobs` and `batch.entropy`; nothing when `rows` selects no row."""
+    `batch.old_logprobs` and `batch.entropy`; nothing when `rows` selects no row.
+    Every rank of `world` must select as many rows (`micro_batch_slices`)."""
     selected = batch.rows(rows)
     if len(selected) == 0:
         return
     logprobs, entropy = response_logprobs_no_grad(
-        model, selected, micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=True
+        model,
+        selected,
+        micro_batch_size=micro_batch_size,
+        micro_batch_tokens=micro_batch_tokens,
+        world=world,
+        temperature=temperature,
+        with_entropy=True,
+        padding_free=padding_free,
     )
     width = selected.response_ids.shape[1]
     batch.old_logprobs[rows, :width] = logprobs
@@ -522,16 +581,21 @@ def response_logprobs_no_grad(
     batch: PolicyBatch,
     *,
     micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+    world: World | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
     padding_free: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`response_logprobs` over the whole batch, without gradient: (B, R) (and the entropy)."""
+    """`response_logprobs` over the whole batch, without gradient, in `micro_batch_slices` of at
+    most `micro_batch_size` rows and `micro_batch_tokens` tokens (the same slices on every rank of
+    `world`): (B, R) (and the entropy)."""
+    micro_batches = micro_batch_slices(batch, max_rows=micro_batch_size, max_tokens=micro_batch_tokens, world=world)
     return per_token_no_grad(
         model,
         lambda micro: response_logprobs(
             model, micro, temperature=temperature, with_entropy=with_entropy, padding_free=padding_free
         ),
         batch,
-        micro_batch_size=micro_batch_size,
+        micro_batches,
     )

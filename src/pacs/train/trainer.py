@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import torch
 from rich.console import Console
@@ -619,24 +619,35 @@ class Trainer:
                 self.policy.model,
                 batch,
                 rows,
-                micro_batch_size=self.config.train.micro_batch_size,
                 temperature=self.config.rollout.temperature,
+                **self.no_grad_micro_batches(),
             )
+
+    def no_grad_micro_batches(self) -> dict[str, Any]:
+        """How the no-grad passes (old log-probs, the reference's, the critic's values) split and
+        run a batch: as the updates do (`update_settings`)."""
+        train = self.config.train
+        return {
+            "micro_batch_size": train.micro_batch_size,
+            "micro_batch_tokens": train.micro_batch_tokens,
+            "world": self.world,
+            "padding_free": train.padding_free,
+        }
 
     def fill_step_terms(self, batch: PolicyBatch, times: PhaseTimes, *, old_logprobs_known: bool) -> None:
         """The reference's log-probs and the critic's values the algorithm needs (the phases "ref"
         and "values"), then the algorithm's step terms (advantages), from every row's old log-probs
         if `old_logprobs_known` (else the first update gives some, and the algorithm sees none)."""
-        micro, temperature = self.config.train.micro_batch_size, self.config.rollout.temperature
+        micro_batches = self.no_grad_micro_batches()
         with self.settings.autocast():
             if "ref_logprobs" in self.algorithm.needs:
                 with times.phase("ref"), self.reference_policy() as reference:
                     batch.row_terms["ref_logprobs"] = response_logprobs_no_grad(
-                        reference, batch, micro_batch_size=micro, temperature=temperature
+                        reference, batch, temperature=self.config.rollout.temperature, **micro_batches
                     )
             if self.critic is not None:
                 with times.phase("values"):
-                    batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, micro_batch_size=micro)
+                    batch.row_terms["values"] = response_values_no_grad(self.critic.model, batch, **micro_batches)
         step_inputs = batch.tensors()
         if not old_logprobs_known:
             del step_inputs["old_logprobs"]
@@ -819,6 +830,7 @@ def update_settings(config: Config, world: World) -> UpdateSettings:
         temperature=config.rollout.temperature,
         autocast=Precision(config.model.dtype).autocast(world.device),
         padding_free=config.train.padding_free,
+        micro_batch_tokens=config.train.micro_batch_tokens,
     )
 
 

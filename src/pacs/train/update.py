@@ -6,7 +6,8 @@ back-propagates its own rows (see `pacs.algos.base`). When a mini-batch is a sin
 the forward that gives `prepare_update` the current log-probs keeps its graph and is the one
 that back-propagates: one forward per update instead of two. A mini-batch whose loss or
 gradient norm is not finite is skipped (no optimizer step) and counted. The same loop updates
-PPO's critic.
+PPO's critic. Micro-batches are consecutive rows, `train.micro_batch_size` of them or, with
+`train.micro_batch_tokens`, as many as that many tokens hold (`micro_batch_slices`).
 
 With several processes each rank holds its share of every mini-batch (`pacs.distributed`):
 the algorithm normalises by the global mini-batch (`MiniBatchTotals`), each local loss is scaled
@@ -29,7 +30,7 @@ from pacs.algos.base import Algorithm, CriticObjective, MiniBatchTotals
 from pacs.distributed.collectives import mean_over_ranks, sum_over_ranks
 from pacs.distributed.world import World
 from pacs.distributed.wrapping import gradient_sync
-from pacs.train.batch import PolicyBatch
+from pacs.train.batch import PolicyBatch, micro_batch_slices
 from pacs.train.logprobs import (
     response_logprobs,
     response_logprobs_no_grad,
@@ -49,8 +50,11 @@ class UpdateSettings:
     autocast: Callable[[], contextlib.AbstractContextManager] = nullcontext
     """The context every forward pass runs in (bf16 autocast under mixed precision)."""
     padding_free: bool = False
-    """The policy's passes pack each micro-batch's rows without padding (`train.padding_free`,
-    `pacs.train.logprobs.response_logprobs`)."""
+    """The policy's and the critic's passes pack each micro-batch's rows without padding
+    (`train.padding_free`, `pacs.train.logprobs.response_logprobs`, `response_values`)."""
+    micro_batch_tokens: int | None = None
+    """With it, a micro-batch also holds at most this many real tokens, a longer row alone
+    (`train.micro_batch_tokens`, `pacs.train.batch.micro_batch_slices`); None: rows alone count."""
 
 
 def scheduled_learning_rate(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -72,7 +76,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
 
 
 PrepareUpdate = Callable[
-    [PolicyBatch, slice, bool, MiniBatchTotals], tuple[dict[str, torch.Tensor], dict[str, float], dict[str, float]]
+    [PolicyBatch, slice, bool, MiniBatchTotals, list[slice]],
+    tuple[dict[str, torch.Tensor], dict[str, float], dict[str, float]],
 ]
 MicroBatchLoss = Callable[[PolicyBatch, slice], torch.Tensor]
 
@@ -88,10 +93,11 @@ def run_updates(
     micro_batch_loss: MicroBatchLoss,
 ) -> dict[str, float]:
     """The loop: for each epoch and local mini-batch of `rows_per_update` rows,
-    `prepare_update(minibatch, rows, model_changed, totals)` gives per-row terms, metrics of this
-    rank's share and their weights (`Algorithm.metric_weights`), each micro-batch back-propagates
-    `micro_batch_loss(micro, rows)`, then one clipped optimizer step (`rows`: where the mini- or
-    micro-batch lies in `batch`).
+    `prepare_update(minibatch, rows, model_changed, totals, micro_batches)` gives per-row terms,
+    metrics of this rank's share and their weights (`Algorithm.metric_weights`), each micro-batch
+    back-propagates `micro_batch_loss(micro, rows)`, then one clipped optimizer step (`rows`:
+    where the mini- or micro-batch lies in `batch`; `micro_batches`: the mini-batch's
+    `micro_batch_slices`, within it, the same on every rank).
     Returns the global mini-batches' metrics (the same on every rank) averaged over the updates
     that report them, `grad_norm`, and `updates/skipped`."""
     model_changed = False
@@ -102,15 +108,16 @@ def run_updates(
         for start in range(0, len(batch), rows_per_update):
             minibatch_rows = slice(start, min(start + rows_per_update, len(batch)))
             minibatch = batch.rows(minibatch_rows)
+            micro_batches = micro_batch_slices(
+                minibatch, max_rows=settings.micro_batch_size, max_tokens=settings.micro_batch_tokens, world=world
+            )
             row_terms, metrics, weights = prepare_update(
-                minibatch, minibatch_rows, model_changed, global_totals(minibatch, world)
+                minibatch, minibatch_rows, model_changed, global_totals(minibatch, world), micro_batches
             )
             minibatch.row_terms = {**minibatch.row_terms, **row_terms}
-            micro_starts = range(0, len(minibatch), settings.micro_batch_size)
-            for micro_start in micro_starts:
-                micro_rows = slice(micro_start, min(micro_start + settings.micro_batch_size, len(minibatch)))
+            for micro_rows in micro_batches:
                 micro = minibatch.rows(micro_rows)
-                with gradient_sync(world, model, sync=micro_start == micro_starts[-1]):
+                with gradient_sync(world, model, sync=micro_rows == micro_batches[-1]):
                     with settings.autocast():
                         loss = micro_batch_loss(micro, slice(start + micro_rows.start, start + micro_rows.stop))
                     (loss * world.loss_scale).backward()
@@ -208,9 +215,15 @@ class PolicyPasses:
     back-propagates. The first update's forward passes give the old log-probs `first_update` lacks."""
 
     def __init__(
-        self, model: torch.nn.Module, algorithm: Algorithm, settings: UpdateSettings, first_update: FirstUpdateOldLogprobs
+        self,
+        model: torch.nn.Module,
+        algorithm: Algorithm,
+        settings: UpdateSettings,
+        first_update: FirstUpdateOldLogprobs,
+        world: World,
     ):
         self.model, self.algorithm, self.settings, self.first_update = model, algorithm, settings, first_update
+        self.world = world
         self.kept: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         """A single-micro-batch mini-batch's forward from `current_logprobs`, by (start, stop) rows,
         until its `micro_batch_loss` back-propagates it."""
@@ -223,26 +236,31 @@ class PolicyPasses:
             return response_logprobs(self.model, micro, with_entropy=True, **options)
         return response_logprobs(self.model, micro, **options), None
 
-    def current_logprobs(self, minibatch: PolicyBatch, rows: slice) -> torch.Tensor:
-        """(B, R) log-probs of the current policy over the mini-batch at `rows`, without gradient."""
+    def current_logprobs(self, minibatch: PolicyBatch, rows: slice, micro_batches: list[slice]) -> torch.Tensor:
+        """(B, R) log-probs of the current policy over the mini-batch at `rows`, without gradient,
+        in its `micro_batches`."""
         settings = self.settings
         with settings.autocast():
-            if len(minibatch) > settings.micro_batch_size:
+            if len(micro_batches) > 1:
                 return response_logprobs_no_grad(
                     self.model,
                     minibatch,
                     micro_batch_size=settings.micro_batch_size,
+                    micro_batch_tokens=settings.micro_batch_tokens,
+                    world=self.world,
                     temperature=settings.temperature,
                     padding_free=settings.padding_free,
                 )
             self.kept[rows.start, rows.stop] = self.forward(minibatch, rows)
             return self.kept[rows.start, rows.stop][0].detach()
 
-    def prepare(self, minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals):
+    def prepare(
+        self, minibatch: PolicyBatch, rows: slice, policy_changed: bool, totals: MiniBatchTotals, micro_batches: list[slice]
+    ):
         tensors = self.first_update.algorithm_inputs(minibatch, rows)
         row_terms, metrics = self.algorithm.prepare_update(
             tensors,
-            lambda: self.current_logprobs(minibatch, rows),
+            lambda: self.current_logprobs(minibatch, rows, micro_batches),
             policy_is_rollout_policy=not policy_changed,
             totals=totals,
         )
@@ -278,7 +296,7 @@ def update_policy(
     """
     rows_per_update = settings.mini_batch_size * algorithm.group_size
     first_update = FirstUpdateOldLogprobs(batch, rows_without_old_logprobs, rows_per_update)
-    passes = PolicyPasses(model, algorithm, settings, first_update)
+    passes = PolicyPasses(model, algorithm, settings, first_update, world)
     return run_updates(model, optimizer, world, batch, rows_per_update, settings, passes.prepare, passes.micro_batch_loss)
 
 
@@ -296,13 +314,14 @@ def update_critic(
     batch: as for `update_policy`, with the rollout-time "values" and the "returns" row terms.
     """
 
-    def prepare(minibatch: PolicyBatch, rows: slice, critic_changed: bool, totals: MiniBatchTotals):
+    def prepare(minibatch: PolicyBatch, rows: slice, critic_changed: bool, totals: MiniBatchTotals, micro_batches: list[slice]):
         tensors = minibatch.tensors()
         metrics = algorithm.critic_metrics(tensors["values"], tensors)
         return algorithm.critic_row_terms(tensors, totals=totals), metrics, algorithm.critic_metric_weights(tensors)
 
     def micro_loss(micro: PolicyBatch, rows: slice) -> torch.Tensor:
-        return algorithm.critic_micro_batch_loss(response_values(critic, micro), micro.tensors(), micro.row_terms)
+        values = response_values(critic, micro, padding_free=settings.padding_free)
+        return algorithm.critic_micro_batch_loss(values, micro.tensors(), micro.row_terms)
 
     rows_per_update = settings.mini_batch_size * algorithm.group_size
     metrics = run_updates(critic, optimizer, world, batch, rows_per_update, settings, prepare, micro_loss)

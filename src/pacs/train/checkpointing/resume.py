@@ -68,6 +68,7 @@ NOT_OPTIMISATION = (
     "train.distributed_timeout_s",
     "train.gradient_checkpointing",
     "train.micro_batch_size",
+    "train.micro_batch_tokens",
     "train.peak_flops",
     "train.save_rollouts",
     "train.traces_per_step",
