@@ -263,9 +263,9 @@ class TrainConfig(Section):
     end to end into rows as long as its longest, with position ids restarting at each row and a
     causal mask blocked per row (`pacs.train.logprobs`); false: the padded passes, each group's
     prompt run once and the responses in length buckets. The same numbers (float64 tests). Off by
-    default: on a CPU it took 2.0x the padded update on the demo's short responses to shared
-    prompts, and 0.68x on a 100M-parameter shape with responses of 1-128 tokens (docs/results.md):
-    turn it on for long, ragged responses."""
+    default: packing gains only where padding is a large share of the rows (long, ragged
+    responses) and loses the shared-prompt saving of the padded path; docs/performance.md says when
+    to turn it on, from the measurements in docs/results.md."""
     peak_flops: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Peak FLOP/s of one device (one process's), for `perf/mfu`: the step's model FLOPs (6·N per
     token of an update, 2·N per token of a forward-only pass, `pacs.train.throughput`) over
