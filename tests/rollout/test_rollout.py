@@ -74,26 +74,27 @@ def test_a_preallocated_cache_samples_what_a_growing_cache_samples(engine, monke
     assert torch.allclose(preallocated.response_logprobs, growing.response_logprobs, atol=1e-10)
 
 
-def stops_after_two_to_six_tokens(tokens: list[int]) -> bool:
-    """A stop check decided by the row's own samples: after its first 2 + (first token mod 5) tokens."""
-    return len(tokens) >= 2 + tokens[0] % 5
+def stops_after_one_to_eight_tokens(tokens: list[int]) -> bool:
+    """A stop check decided by the row's own samples: after its first 1 + (first token mod 8) tokens."""
+    return len(tokens) >= 1 + tokens[0] % 8
 
 
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("n", [1, 4])
 def test_a_stop_check_ends_each_row_at_its_token_and_leaves_every_draw_as_without_it(engine, n):
-    """One chunk of rows (`max_sequences_per_call` 4), float64: with `SamplingParams.stop` each
-    row keeps the tokens and log-probs the same seed gives without it, through the token the check
-    is true at (or its end-of-sequence token, if earlier), and generation ends when the last row
-    has stopped."""
+    """One chunk of rows, float64: with `SamplingParams.stop` each row keeps the tokens and
+    log-probs the same seed gives without it, through the token the check is true at (or its
+    end-of-sequence token, if earlier), and generation ends when the last row has stopped."""
+    one_chunk = TransformersEngine(engine.model, engine.tokenizer)
+    prompts = prompt_ids(engine) * 3
     params = SamplingParams(n=n, temperature=0.7, max_new_tokens=12, return_logprobs=True)
     torch.manual_seed(7)
-    free = engine.generate(prompt_ids(engine), params)
+    free = one_chunk.generate(prompts, params)
     torch.manual_seed(7)
-    stopped = engine.generate(prompt_ids(engine), dataclasses.replace(params, stop=stops_after_two_to_six_tokens))
+    stopped = one_chunk.generate(prompts, dataclasses.replace(params, stop=stops_after_one_to_eight_tokens))
     kept = []
     for row in range(free.response_ids.shape[0]):
         tokens = free.response_ids[row, : int(free.response_mask[row].sum())].tolist()
-        kept.append(min(len(tokens), 2 + tokens[0] % 5))
+        kept.append(min(len(tokens), 1 + tokens[0] % 8))
         assert stopped.response_ids[row, : kept[-1]].tolist() == tokens[: kept[-1]]
         assert int(stopped.response_mask[row].sum()) == kept[-1]
         assert torch.equal(stopped.response_logprobs[row, : kept[-1]], free.response_logprobs[row, : kept[-1]])
