@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from transformers import (
@@ -239,7 +240,7 @@ class RowStop(StoppingCriteria):
                 self.stopped_at[row] = len(tokens)
         stopped = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         stopped[list(self.stopped_at)] = True
-        return stopped
+        return cast(torch.BoolTensor, stopped)
 
     def lengths(self, rows: int, generated: int) -> torch.Tensor:
         """(rows,) each row's length where it stopped, `generated` (the generated width) where it did not."""
