@@ -13,8 +13,10 @@ tokens a step; a pair of runs per shape that differ only in the tool:
 - `single-turn`: every response one turn of `--tokens` sampled tokens;
 - `multi-turn`: `rollout.tools=python`, `rollout.max_turns=3`, every turn but the last a call of
   ``print(1024)`` after its first `--call-after` tokens (a scripted call: the random model writes
-  no python block, so `pacs.rollout.multiturn.tool_call_end` is replaced, as the tests do), the
-  tool's output block appended, and the last turn filling the response to `--tokens` tokens.
+  no python block, so `pacs.rollout.multiturn.tool_call_end` is replaced, as the tests do, and
+  `TirFormat.call_completed` with it: the engine stops each such turn at its call, as it stops a
+  real one at its closing fence), the tool's output block appended, and the last turn filling the
+  response to `--tokens` tokens.
 
 No response ends early in either run: no token stops generation (`end_of_sequence_ids` gives
 none), so both runs' steps hold the same prompts and the same number of response tokens, the
@@ -107,6 +109,7 @@ def main() -> None:
 
     hf.end_of_sequence_ids = lambda generation_config, tokenizer: ()
     multiturn.tool_call_end = lambda ids, tokenizer: (args.call_after, TOOL_PROGRAM) if len(ids) >= args.call_after else None
+    multiturn.TirFormat.call_completed = lambda self, ids: len(ids) >= args.call_after
     sampled = count_sampled_tokens(hf.TransformersEngine)
 
     print(

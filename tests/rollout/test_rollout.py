@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -70,6 +72,33 @@ def test_a_preallocated_cache_samples_what_a_growing_cache_samples(engine, monke
     growing = engine.generate(prompt_ids(engine) * 3, params)
     assert torch.equal(preallocated.response_ids, growing.response_ids)
     assert torch.allclose(preallocated.response_logprobs, growing.response_logprobs, atol=1e-10)
+
+
+def stops_after_one_to_eight_tokens(tokens: list[int]) -> bool:
+    """A stop check decided by the row's own samples: after its first 1 + (first token mod 8) tokens."""
+    return len(tokens) >= 1 + tokens[0] % 8
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_a_stop_check_ends_each_row_at_its_token_and_leaves_every_draw_as_without_it(engine, n):
+    """One chunk of rows, float64: with `SamplingParams.stop` each row keeps the tokens and
+    log-probs the same seed gives without it, through the token the check is true at (or its
+    end-of-sequence token, if earlier), and generation ends when the last row has stopped."""
+    one_chunk = TransformersEngine(engine.model, engine.tokenizer)
+    prompts = prompt_ids(engine) * 3
+    params = SamplingParams(n=n, temperature=0.7, max_new_tokens=12, return_logprobs=True)
+    torch.manual_seed(7)
+    free = one_chunk.generate(prompts, params)
+    torch.manual_seed(7)
+    stopped = one_chunk.generate(prompts, dataclasses.replace(params, stop=stops_after_one_to_eight_tokens))
+    kept = []
+    for row in range(free.response_ids.shape[0]):
+        tokens = free.response_ids[row, : int(free.response_mask[row].sum())].tolist()
+        kept.append(min(len(tokens), 1 + tokens[0] % 8))
+        assert stopped.response_ids[row, : kept[-1]].tolist() == tokens[: kept[-1]]
+        assert int(stopped.response_mask[row].sum()) == kept[-1]
+        assert torch.equal(stopped.response_logprobs[row, : kept[-1]], free.response_logprobs[row, : kept[-1]])
+    assert stopped.response_ids.shape[1] == max(kept) < 12
 
 
 def test_only_full_attention_layers_get_a_preallocated_cache(tiny_model_dir):

@@ -153,6 +153,18 @@ def test_a_turn_ends_at_the_token_that_completes_the_first_closing_fence(tokeniz
     assert tool_call_end(encoded(tokenizer, "```python\nx = 1\n``"), tokenizer) is None
 
 
+def test_a_tir_turn_is_stopped_at_the_token_that_completes_its_first_closing_fence(tokenizer):
+    """`TirFormat.turn_stop`, asked after each token, is first true at the token `call_in` cuts at."""
+    ids = encoded(tokenizer, CORPUS[0])
+    end, _ = tool_call_end(ids, tokenizer)
+    stop = multiturn.TirFormat(tokenizer).turn_stop
+    assert [stop(ids[:length]) for length in range(1, end + 1)] == [False] * (end - 1) + [True]
+
+
+def test_the_chat_format_asks_for_no_stop_its_turn_ends_at_the_end_of_sequence_token(tokenizer):
+    assert multiturn.ChatFormat.turn_stop is None
+
+
 def test_the_output_block_strings():
     assert output_block("```", "42\n") == "\n```output\n42\n```\n"
     assert output_block("```\n", "a\nb\n\n") == "```output\na\nb\n```\n"
@@ -227,3 +239,64 @@ def test_the_sampler_logprobs_of_a_trajectorys_model_tokens_are_the_trainers_rec
     assert engine.last_stats.calls == [2, 2, 2, 2] and tool_tokens.any()
     assert torch.allclose(recomputed[model_tokens], rollouts.response_logprobs[model_tokens].double(), atol=1e-5)
     assert (rollouts.response_logprobs[tool_tokens] == 0).all()
+
+
+class RecordingEngine:
+    """Wraps an engine and keeps each `generate` call's sampling parameters and rollouts."""
+
+    holds_own_weights = False
+    has_weights = True
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompt_token_ids, params: SamplingParams) -> Rollouts:
+        rollouts = self.engine.generate(prompt_token_ids, params)
+        self.calls.append((params, rollouts))
+        return rollouts
+
+
+def call_length(ids) -> int:
+    """Where the scripted calls of `calls_after_two_to_four_tokens` end: after 2 + (first token mod 3) tokens."""
+    return 2 + ids[0] % 3
+
+
+@pytest.fixture
+def calls_after_two_to_four_tokens(monkeypatch):
+    """Every turn but the last counts as a call of `print(2 ** 10)` after its first `call_length`
+    tokens (the tiny model writes no python block): `tool_call_end` and the stop check replaced alike."""
+    monkeypatch.setattr(
+        multiturn, "tool_call_end", lambda ids, tokenizer: (call_length(ids), "print(2 ** 10)") if len(ids) >= 2 else None
+    )
+    monkeypatch.setattr(multiturn.TirFormat, "call_completed", lambda self, ids: len(ids) >= 2 and len(ids) >= call_length(ids))
+
+
+def test_a_turn_stops_generating_at_its_call_and_keeps_the_tokens_of_a_turn_sampled_to_the_end(
+    tiny_model_dir, python_tool, calls_after_two_to_four_tokens, monkeypatch
+):
+    """The first turn of every row, stopped at its call, keeps the tokens the same seed gives when
+    the turn is sampled to `max_new_tokens` and cut afterwards (one chunk of rows: transformers
+    draws every row at each step), and the engine generates only through the last row's call; every
+    turn but the last is asked to stop (a response's two calls and their outputs fit its 64 tokens)."""
+    from pacs.models.loading import load_causal_lm, load_tokenizer
+
+    model, tiny_tokenizer = load_causal_lm(str(tiny_model_dir), dtype="float32"), load_tokenizer(str(tiny_model_dir))
+    prompts, params = [encoded(tiny_tokenizer, "12+3="), encoded(tiny_tokenizer, "7*8=")], SamplingParams(n=3, max_new_tokens=64)
+
+    def first_turns(engine: RecordingEngine) -> list[list[int]]:
+        torch.manual_seed(11)
+        rollouts = ToolCallingEngine(engine, tiny_tokenizer, python_tool, max_turns=3).generate(prompts, params)
+        return [
+            row[: mask.tolist().index(0)] if 0 in mask.tolist() else row
+            for row, mask in zip(rollouts.response_ids.tolist(), rollouts.model_token_mask)
+        ]
+
+    stopped_engine = RecordingEngine(TransformersEngine(model, tiny_tokenizer))
+    stopped = first_turns(stopped_engine)
+    monkeypatch.setattr(ToolCallingEngine, "_stop", lambda self, turn: None)
+    sampled_to_the_end = RecordingEngine(TransformersEngine(model, tiny_tokenizer))
+    cut_afterwards = first_turns(sampled_to_the_end)
+    assert stopped == cut_afterwards
+    first_rollouts = stopped_engine.calls[0][1]
+    assert [params.stop is not None for params, _ in stopped_engine.calls] == [True, True, False]  # the last turn makes no call
+    assert first_rollouts.response_ids.shape[1] == max(len(turn) for turn in stopped) <= 4

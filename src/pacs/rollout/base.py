@@ -9,7 +9,7 @@ trainer recomputes log-probabilities with the policy it updates; an engine's own
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,13 +22,23 @@ class SamplingParams:
     decoding, the most likely token at each position), at most
     `max_new_tokens` each, stopping at any end-of-sequence token the model declares. With
     `return_logprobs`, the engine also reports the log-probability of each sampled token under
-    the distribution it sampled from."""
+    the distribution it sampled from.
+
+    `stop`, when set, is a per-row check on the tokens a row has generated so far (the prompt's
+    excluded): True ends that row after its newest token, as an end-of-sequence token would, but
+    the token it stops at is kept and no end-of-sequence token is added. It is decided from the
+    row's own samples only, so the tokens kept are those the same draws give without it, cut
+    there. It saves the tokens a caller would drop anyway (`pacs.rollout.multiturn`: the tokens
+    after a tool call); an engine that cannot apply it may ignore it, and its rows then go on to
+    `max_new_tokens` and an end-of-sequence token as without it (`pacs.rollout.hf` applies it
+    without continuous batching; continuous batching and vLLM ignore it)."""
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 32
     return_logprobs: bool = False
+    stop: Callable[[Sequence[int]], bool] | None = None
 
 
 def rank_seed(seed: int, rank: int) -> int:

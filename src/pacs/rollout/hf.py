@@ -10,15 +10,29 @@ behaviour policy would no longer be the one the trainer's log-probabilities desc
 therefore generates against a clean generation config that keeps only the model's declared
 end-of-sequence ids (Qwen2.5-Instruct declares two: `<|im_end|>` and `<|endoftext|>`); a
 response ends at the first of any of them.
+
+A row also ends where `SamplingParams.stop` says so (`RowStop`, a transformers `StoppingCriteria`):
+transformers still samples every row at each step, so the other rows draw what they would draw
+without it, and a stopped row takes padding until every row has stopped, when generation ends.
+Continuous batching ignores `stop`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import cast
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache, StaticLayer
 
 from pacs.models.cache import CACHE_ARGUMENT
@@ -109,9 +123,12 @@ class TransformersEngine:
                 chunk = [torch.tensor(ids, dtype=torch.long) for ids in prompt_token_ids[start : start + prompts_per_call]]
                 input_ids = pad_rows(chunk, pad_id, left=True).to(device)
                 attention_mask = pad_rows([torch.ones_like(ids) for ids in chunk], 0, left=True).to(device)
-                output = self._generate_samples(input_ids, attention_mask, generation_config, params.n)
+                row_stop = None if params.stop is None else RowStop(params.stop, input_ids.shape[1])
+                output = self._generate_samples(input_ids, attention_mask, generation_config, params.n, row_stop)
                 responses = output.sequences[:, input_ids.shape[1] :]
                 lengths = _lengths_through_first_end(responses, self.eos_ids)
+                if row_stop is not None:
+                    lengths = torch.minimum(lengths, row_stop.lengths(responses.shape[0], responses.shape[1]).to(lengths.device))
                 if params.return_logprobs:
                     sampled_logprobs = _sampled_logprobs(output.scores, responses)
                 for ids in chunk:
@@ -150,9 +167,15 @@ class TransformersEngine:
         """Nothing to release: the engine generates with the caller's model."""
 
     def _generate_samples(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config: GenerationConfig, n: int
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        generation_config: GenerationConfig,
+        n: int,
+        row_stop: RowStop | None = None,
     ):
-        """`generate`'s output for n samples of each prompt, the n samples of a prompt adjacent.
+        """`generate`'s output for n samples of each prompt, the n samples of a prompt adjacent,
+        each row also ending where `row_stop` stops it (None: at its end-of-sequence token or length).
 
         input_ids, attention_mask: (U, P) left-padded prompts. Each prompt's key/value cache is
         computed once for its n samples: all but the last prompt token are run once, the cache is
@@ -171,9 +194,10 @@ class TransformersEngine:
         hangs as soon as one rank generates while another does not.
         """
         rows_ids, rows_mask = input_ids.repeat_interleave(n, dim=0), attention_mask.repeat_interleave(n, dim=0)
+        stopping = {} if row_stop is None else {"stopping_criteria": StoppingCriteriaList([row_stop])}
         if n == 1 or input_ids.shape[1] == 1:
             return self.model.generate(
-                input_ids=rows_ids, attention_mask=rows_mask, generation_config=generation_config, synced_gpus=False
+                input_ids=rows_ids, attention_mask=rows_mask, generation_config=generation_config, synced_gpus=False, **stopping
             )
         prefix_mask = attention_mask[:, :-1]
         cache = self.model(
@@ -190,8 +214,40 @@ class TransformersEngine:
             attention_mask=rows_mask,
             generation_config=generation_config,
             synced_gpus=False,
+            **stopping,
             **{CACHE_ARGUMENT: preallocated},
         )
+
+
+class RowStop(StoppingCriteria):
+    """`SamplingParams.stop` as a transformers stopping criterion over (S, P + t) sequences whose
+    first `prompt_length` columns are the (left-padded) prompts: after each new token it asks
+    `stop` about each row not yet stopped, with the row's t new tokens (padding after an
+    end-of-sequence token included: such a row has ended already, and `lengths` is cut at its end
+    by the caller), and returns the (S,) bool tensor of the rows stopped so far, which transformers
+    pads from the next token on. It records each stopped row's length: its new tokens through the
+    one `stop` was true at."""
+
+    def __init__(self, stop: Callable[[Sequence[int]], bool], prompt_length: int):
+        self.stop, self.prompt_length = stop, prompt_length
+        self.stopped_at: dict[int, int] = {}
+        """row -> its length when it stopped."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        new_tokens = input_ids[:, self.prompt_length :].tolist()
+        for row, tokens in enumerate(new_tokens):
+            if row not in self.stopped_at and self.stop(tokens):
+                self.stopped_at[row] = len(tokens)
+        stopped = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        stopped[list(self.stopped_at)] = True
+        return cast(torch.BoolTensor, stopped)
+
+    def lengths(self, rows: int, generated: int) -> torch.Tensor:
+        """(rows,) each row's length where it stopped, `generated` (the generated width) where it did not."""
+        lengths = torch.full((rows,), generated, dtype=torch.long)
+        for row, length in self.stopped_at.items():
+            lengths[row] = length
+        return lengths
 
 
 def _preallocated(cache: Cache, config: PretrainedConfig, max_length: int) -> Cache:

@@ -40,6 +40,12 @@ tool output is tokenised once and marked 0 in `Rollouts.model_token_mask`, so th
 scores it (`pacs.train.batch.PolicyBatch.loss_mask`). Cutting a turn at its call (a fence, an
 end-of-sequence token), or at the length limit, decides from the tokens sampled so far only, so
 the kept tokens are exactly the policy's samples; the tokens sampled after the cut are dropped.
+Every turn but the last asks the engine to stop a row at its call (`SamplingParams.stop`, the
+format's `ToolFormat.turn_stop`: TIR's fence, `TirFormat.call_completed`), so that the tokens after
+it are not sampled at all where the engine applies it (the transformers engine without continuous
+batching; elsewhere they are sampled and dropped); the cut stays here, so the kept tokens are the
+same either way. The chat format needs no such check: its turn ends at the end-of-sequence token,
+where every engine stops already.
 
 Any engine generates the turns: the transformers engine, or vLLM's (`rollout.engine=vllm`), whose
 weights the trainer pushes through the wrapper as into a bare engine. Asked for the sampler's
@@ -123,6 +129,13 @@ class ToolFormat(Protocol):
         the response so far (it ends with the turn that made the call)."""
         ...
 
+    @property
+    def turn_stop(self) -> Callable[[Sequence[int]], bool] | None:
+        """The check that ends a turn's generation at its call (`SamplingParams.stop`): True on
+        the turn's tokens so far exactly when `call_in` of them first finds a call ending at their
+        newest token; None where the engine stops there already (at an end-of-sequence token)."""
+        ...
+
 
 class TirFormat:
     """`rollout.tool_format: tir`, Qwen2.5-Math's python blocks (module docstring): a turn is cut at
@@ -139,6 +152,19 @@ class TirFormat:
     def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
         last_token = self.tokenizer.decode(list(response_token_ids[-1:]))
         return self.tokenizer.encode(output_block(last_token, output), add_special_tokens=False)
+
+    def call_completed(self, turn_token_ids: Sequence[int]) -> bool:
+        """Whether the turn's tokens so far hold a closed python block (`tool_call_end`), asked
+        only when the newest token's vocabulary string holds a backtick, the only token that can
+        complete a fence: asked after each token, it is first true at the token `call_in` cuts at."""
+        if not turn_token_ids:
+            return False
+        piece = self.tokenizer.convert_ids_to_tokens(int(turn_token_ids[-1]))
+        return piece is not None and "`" in piece and tool_call_end(turn_token_ids, self.tokenizer) is not None
+
+    @property
+    def turn_stop(self) -> Callable[[Sequence[int]], bool]:
+        return self.call_completed
 
 
 class ChatFormat:
@@ -228,6 +254,9 @@ class ChatFormat:
 
     def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
         return self.tokenizer.encode(self.output_text(output), add_special_tokens=False)
+
+    turn_stop = None
+    """No check: a turn that calls ends at the end-of-sequence token, where generation stops already."""
 
 
 @dataclass
@@ -327,7 +356,7 @@ class ToolCallingEngine:
         0.0 at the tool's tokens (ignored: `_Trajectory.add_logprobs`)."""
         trajectories = [_Trajectory(list(prompt)) for prompt in prompt_token_ids for _ in range(params.n)]
         tool_seconds = 0.0
-        first = self.engine.generate(prompt_token_ids, params)
+        first = self.engine.generate(prompt_token_ids, replace(params, stop=self._stop(turn=1)))
         logprob_dtype = None if first.response_logprobs is None else first.response_logprobs.dtype
         new_tokens, new_logprobs = _response_rows(first)
         active = list(range(len(trajectories)))
@@ -345,7 +374,7 @@ class ToolCallingEngine:
             if active:
                 contexts = [trajectories[i].prompt + trajectories[i].response for i in active]
                 budget = max(params.max_new_tokens - len(trajectories[i].response) for i in active)
-                turn_params = replace(params, n=1, max_new_tokens=budget)
+                turn_params = replace(params, n=1, max_new_tokens=budget, stop=self._stop(trajectories[active[0]].turns + 1))
                 new_tokens, new_logprobs = _response_rows(self.engine.generate(contexts, turn_params))
         self.last_stats = ToolStats(
             calls=[t.calls for t in trajectories],
@@ -363,6 +392,11 @@ class ToolCallingEngine:
         )
         model_tokens = pad_rows([torch.tensor(t.model_tokens, dtype=torch.long) for t in trajectories], 0, left=False)
         return replace(rollouts, model_token_mask=model_tokens)
+
+    def _stop(self, turn: int) -> Callable[[Sequence[int]], bool] | None:
+        """`SamplingParams.stop` for turn `turn` (from 1) of every active trajectory (they all take
+        their turns together): the format's `turn_stop`, or None for the last turn, which makes no call."""
+        return self.format.turn_stop if turn < self.max_turns else None
 
     def _take_turn(
         self, trajectories: list[_Trajectory], new_tokens: list[list[int]], max_length: int
