@@ -47,6 +47,18 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_turn():
         demonstration_tokens(tokenizer, ROW["prompt"], tool_demonstration(ROW))
 
 
+def test_a_template_that_ends_no_assistant_message_with_the_end_of_sequence_text_is_refused():
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    with pytest.raises(
+        ValueError, match=r"turn 0 \(assistant\): the chat template renders it without the end-of-sequence text '<\|end\|>'"
+    ):
+        demonstration_tokens(tokenizer, ROW["prompt"], tool_demonstration(ROW))
+
+
 def test_a_user_turn_in_a_demonstration_is_refused_naming_it():
     turns = [*tool_demonstration(ROW)[:1], {"role": "user", "content": "and now?"}]
     with pytest.raises(ValueError, match="demonstration turn 1 has role 'user'; turns are 'assistant' or 'tool'"):

@@ -29,14 +29,18 @@ from pacs.train.logprobs import response_logprobs
 
 def demonstration_tokens(tokenizer, prompt: list[dict], turns: list[dict]) -> tuple[list[int], list[int]]:
     """(response token ids, model-token mask) of the messages `turns` after the messages `prompt`,
-    as `tokenizer`'s chat template renders the whole conversation: each message's stretch is the
-    text its rendering adds to the conversation before it (a `tool` message's stretch ends with
-    the generation prompt of the assistant turn that follows it, as a tool call's output is
-    appended in a rollout), tokenised on its own; mask 1 on assistant stretches, 0 on tool ones.
+    as `tokenizer`'s chat template renders the whole conversation, cut into stretches as a chat-format
+    rollout makes them (`pacs.rollout.multiturn`): an assistant message's stretch is the text its
+    rendering adds to the conversation before it, through its last end-of-sequence text (where the
+    model stops its turn); a `tool` message's stretch is the rest: what follows that end, the tool
+    message and the generation prompt of the assistant turn after it. Each stretch is tokenised on
+    its own; mask 1 on assistant stretches, 0 on tool ones; text after the last turn's end is left out.
 
     Raises ValueError naming the message whose rendering does not extend the one before it (a
-    template that rewrites earlier turns), or a role other than assistant and tool."""
+    template that rewrites earlier turns), an assistant message rendered without the end-of-sequence
+    text, or a role other than assistant and tool."""
     rendered = _render(tokenizer, prompt, add_generation_prompt=True)
+    carried = ""
     token_ids: list[int] = []
     model_tokens: list[int] = []
     for position, message in enumerate(turns):
@@ -49,7 +53,16 @@ def demonstration_tokens(tokenizer, prompt: list[dict], turns: list[dict]) -> tu
                 f"demonstration turn {position} ({message['role']}): the chat template's rendering does not extend the "
                 "conversation before it, so its tokens cannot be appended; use a template that renders turns in order"
             )
-        stretch = tokenizer(text[len(rendered) :], add_special_tokens=False)["input_ids"]
+        added, carried = carried + text[len(rendered) :], ""
+        if not is_tool:
+            end = added.rfind(tokenizer.eos_token) + len(tokenizer.eos_token)
+            if end < len(tokenizer.eos_token):
+                raise ValueError(
+                    f"demonstration turn {position} (assistant): the chat template renders it without the end-of-sequence "
+                    f"text {tokenizer.eos_token!r}, where a model ends its turn; use a template that ends assistant messages with it"
+                )
+            added, carried = added[:end], added[end:]
+        stretch = tokenizer(added, add_special_tokens=False)["input_ids"]
         token_ids += stretch
         model_tokens += [int(not is_tool)] * len(stretch)
         rendered = text
