@@ -113,7 +113,7 @@ def _eval(args: argparse.Namespace) -> None:
     from pacs.distributed.world import World
     from pacs.eval.evaluate import eval_tool_settings, evaluate_model
 
-    tools, tools_from = eval_tool_settings(args.model, args.tools, args.max_turns)
+    tools, tools_from = eval_tool_settings(args.model, args.tools, args.max_turns, args.tool_format)
     if tools_from is not None:
         print(
             f"generating with the tools of {tools_from} (rollout.tools={tools['tools']}); --tools none: without", file=sys.stderr
@@ -313,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--max-turns", type=AT_LEAST_ONE, default=None, help="with tools: turns per response (rollout.max_turns)"
+    )
+    evaluate.add_argument(
+        "--tool-format",
+        choices=("tir", "chat"),
+        default=None,
+        help="with tools: how the model calls them (rollout.tool_format; default: the run's, else tir)",
     )
     evaluate.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     evaluate.set_defaults(run=_eval)

@@ -5,6 +5,7 @@ data source's tool use, and refuses what cannot run before the model loads."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -122,4 +123,35 @@ def test_tools_that_cannot_run_are_refused_before_the_model_loads(
         pacs_eval(tiny_model_dir, tmp_path / "eval", *options)
     assert exit_info.value.code != 0
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
+
+
+def test_the_tool_format_option_replaces_the_runs_and_needs_tools(tmp_path, tiny_model_dir):
+    checkpoint = trained_run(tmp_path, tiny_model_dir, {"tools": "python", "tool_format": "tir"})
+    assert eval_tool_settings(str(checkpoint), None, None, "chat")[0] == {"tools": "python", "tool_format": "chat"}
+    with pytest.raises(ValueError, match=r"--tool-format chat without tools: give --tools python"):
+        eval_tool_settings(str(tiny_model_dir), None, None, "chat")
+
+
+def test_eval_in_the_chat_format_records_it_and_generates(tmp_path, tiny_model_dir):
+    pacs_eval(tiny_model_dir, tmp_path / "eval", "--tools", "python", "--tool-format", "chat", "--max-turns", "2")
+    metrics = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert metrics["settings"]["tools"] == {"tools": "python", "tool_format": "chat", "max_turns": 2}
+    assert metrics["data_sources"]["arithmetic"]["tools"]["turns_mean"] >= 1
+
+
+def test_a_chat_template_the_chat_format_cannot_use_is_refused_before_the_model_loads(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text("{% for message in messages %}{{ message['content'] }}{% endfor %}")
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("pacs.eval.evaluate.load_causal_lm", no_model)
+    with pytest.raises(SystemExit):
+        pacs_eval(model_dir, tmp_path / "eval", "--tools", "python", "--tool-format", "chat")
+    assert "does not end an assistant message with the end-of-sequence token '<|end|>'" in capsys.readouterr().err
     assert not (tmp_path / "eval").exists()

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from scripted_engines import ScriptedEngine
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
+from pacs.rollout.base import SamplingParams, rollouts_from_rows
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.multiturn import ToolCallingEngine, output_block, tool_call_end, trajectory_turns
 from pacs.rollout.tools import PYTHON_TOOL, ToolRunner
@@ -35,24 +36,6 @@ def tokenizer():
 def python_tool():
     with ToolRunner(PYTHON_TOOL, num_workers=1, timeout_s=2.0, memory_limit_mib=512, max_output_chars=100) as runner:
         yield runner
-
-
-class ScriptedEngine:
-    """Answers its c-th `generate` with `turns[c]`: one text per row (n rows per prompt), the
-    end-of-sequence token where a text ends with END. Keeps every call's prompts."""
-
-    holds_own_weights = False
-    has_weights = True
-
-    def __init__(self, tokenizer, turns: list[list[str]]):
-        self.tokenizer, self.turns, self.prompts = tokenizer, turns, []
-
-    def generate(self, prompt_token_ids, params: SamplingParams) -> Rollouts:
-        texts = self.turns[len(self.prompts)]
-        self.prompts.append([list(prompt) for prompt in prompt_token_ids])
-        prompts = [torch.tensor(prompt) for prompt in prompt_token_ids for _ in range(params.n)]
-        responses = [torch.tensor(self.tokenizer.encode(text, add_special_tokens=False)) for text in texts]
-        return rollouts_from_rows(prompts, responses, None, self.tokenizer, params.n)
 
 
 def encoded(tokenizer, text: str) -> list[int]:

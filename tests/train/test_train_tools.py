@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 from torchrun_jobs import process_env
 
-from pacs.config import load_config
+from pacs.config import ConfigError, load_config
 from pacs.rollout import multiturn
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
@@ -87,6 +88,41 @@ def test_a_run_with_a_tool_writes_traces_of_its_trajectories_each_step(tmp_path,
         for trajectory in line["trajectories"]:
             assert trajectory["prompt"] and isinstance(trajectory["reward"], float)
             assert "1024" in trajectory["turns"][1]["tool"]  # the tiny tokenizer drops the block's newlines
+
+
+@pytest.mark.slow
+def test_a_run_in_the_chat_format_appends_the_templates_tool_message(tmp_path, tiny_model_dir, monkeypatch):
+    """A turn's first token counts as a call of `print(2 ** 10)` ending it (the random tiny model
+    writes no `<tool_call>`); its output comes back as the template's `<|tool|>1024<|end|><|assistant|>`."""
+    monkeypatch.setattr(
+        multiturn.ChatFormat, "call_in", lambda self, ids: (1, multiturn.ToolCall("print(2 ** 10)")) if ids else None
+    )
+    result, _ = run(
+        tmp_path,
+        tiny_model_dir,
+        "chat",
+        "rollout.tools=python",
+        "rollout.tool_format=chat",
+        "rollout.max_turns=2",
+        "data.max_response_length=24",
+        "train.traces_per_step=1",
+    )
+    assert (result.last_metrics["rollout/tool_calls_mean"], result.last_metrics["rollout/turns_mean"]) == (1.0, 2.0)
+    trajectory = json.loads((result.output_dir / "traces.jsonl").read_text().splitlines()[-1])["trajectories"][0]
+    assert trajectory["turns"][1] == {"tool": "<|tool|>1024"}  # <|end|> and <|assistant|> are special tokens
+
+
+def test_a_model_whose_chat_template_cannot_carry_the_chat_format_is_refused_before_anything_is_written(tmp_path, tiny_model_dir):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text("{% for message in messages %}{{ message['content'] }}{% endfor %}")
+    config = load_config(
+        "builtin:demo",
+        [f"output_dir={tmp_path / 'run'}", f"model.path={model_dir}", "rollout.tools=python", "rollout.tool_format=chat"],
+    )
+    with pytest.raises(ConfigError, match=r"rollout.tool_format: .*does not end an assistant message with the end-of-sequence"):
+        train(config, show_progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 def pacs_train(output_dir, model_dir, *options: str) -> subprocess.Popen:

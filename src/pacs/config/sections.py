@@ -149,13 +149,18 @@ class RolloutConfig(Section):
     sampler correction (`algorithm.rollout_is_cap`, 2 unless set) between the two
     (`pacs.train.async_generator`). Validation generates in the training process, with transformers."""
     tools: str | None = None
-    """A tool the model calls while it answers (multi-turn rollouts in Qwen2.5-Math's
-    tool-integrated format, `pacs.rollout.multiturn`, docs/tools.md): `python`, the built-in
-    sandboxed Python tool, or `package.module:function`, a function of the call's text returning
-    the tool's output text. None: single-turn responses."""
+    """A tool the model calls while it answers (multi-turn rollouts, `pacs.rollout.multiturn`,
+    docs/tools.md): `python`, the built-in sandboxed Python tool, or `package.module:function`, a
+    function of the call's text returning the tool's output text. None: single-turn responses."""
+    tool_format: Literal["tir", "chat"] = "tir"
+    """With `tools`: how the model calls the tool. `tir`: Qwen2.5-Math's tool-integrated reasoning,
+    a python block, its output appended as an output block; `chat`: a chat-template call
+    `<tool_call>{"name": ..., "arguments": ...}</tool_call>` ending the model's turn (its
+    end-of-sequence token), its output appended as the tokenizer's chat template renders a `tool`
+    message (docs/tools.md gives the exact strings)."""
     max_turns: int = Field(4, ge=1)
     """With `tools`: the most turns the model generates per response (so at most max_turns − 1
-    tool calls); the last turn's python blocks are not run."""
+    tool calls); the last turn's calls are not run."""
     tool_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     """With `tools`: wall-clock limit of one tool call; a call past it is stopped and its output
     says so."""

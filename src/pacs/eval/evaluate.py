@@ -77,7 +77,7 @@ from pacs.rewards.pool import ScoringWatch
 from pacs.rollout.base import RolloutEngine, SamplingParams, rank_seed
 from pacs.rollout.continuous_batching import continuous_batching_on
 from pacs.rollout.hf import TransformersEngine
-from pacs.rollout.multiturn import TOOL_SETTINGS, ToolCallingEngine, ToolStats, tool_metrics, with_tools
+from pacs.rollout.multiturn import TOOL_SETTINGS, ToolCallingEngine, ToolStats, tool_format_of, tool_metrics, with_tools
 from pacs.rollout.tools import PYTHON_TOOL
 from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
 
@@ -491,7 +491,7 @@ def evaluate_model(
     rows_by_spec = run_on_every_rank(
         processes,
         lambda: _checked_inputs(
-            model_path, specs, reward_function, reward_timeout_s, engine, rollout.tools, probe=processes.is_writer
+            model_path, specs, reward_function, reward_timeout_s, engine, rollout, probe=processes.is_writer
         ),
         how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
@@ -581,12 +581,14 @@ def evaluate_model(
     return result
 
 
-def eval_tool_settings(model_path: str, tools: str | None, max_turns: int | None) -> tuple[dict | None, Path | None]:
+def eval_tool_settings(
+    model_path: str, tools: str | None, max_turns: int | None, tool_format: str | None = None
+) -> tuple[dict | None, Path | None]:
     """The tool settings `pacs eval` generates with, and the run config they came from (None: from
     the command alone). A checkpoint of a `pacs train` run (`RUN/checkpoints/NAME`) whose
     `RUN/config.yaml` sets `rollout.tools` starts from that run's `TOOL_SETTINGS`; `tools` (the
-    `--tools` option: `python`, `package.module:function`, or `none` for single-turn responses)
-    and `max_turns` replace theirs. None: single-turn responses."""
+    `--tools` option: `python`, `package.module:function`, or `none` for single-turn responses),
+    `max_turns` and `tool_format` replace theirs. None: single-turn responses."""
     run_config = Path(model_path).parent.parent / "config.yaml"
     settings: dict | None = None
     if Path(model_path).parent.name == "checkpoints" and run_config.is_file():
@@ -598,13 +600,15 @@ def eval_tool_settings(model_path: str, tools: str | None, max_turns: int | None
         settings, source = None, None
     elif tools is not None:
         settings = {**(settings or {}), "tools": tools}
-    if max_turns is not None:
+    for option, name, value in (("--max-turns", "max_turns", max_turns), ("--tool-format", "tool_format", tool_format)):
+        if value is None:
+            continue
         if settings is None:
             raise ValueError(
-                f"--max-turns {max_turns} without tools: give --tools python (or package.module:function), "
+                f"{option} {value} without tools: give --tools python (or package.module:function), "
                 "or evaluate a checkpoint of a run trained with rollout.tools"
             )
-        settings["max_turns"] = max_turns
+        settings[name] = value
     return settings, source
 
 
@@ -624,7 +628,9 @@ def tool_rollout(tools: dict | None, engine: str) -> RolloutConfig:
         problems = "; ".join(
             f"{'.'.join(map(str, problem['loc']))}={problem['input']!r}: {problem['msg']}" for problem in error.errors()
         )
-        raise ValueError(f"tool settings (--tools, --max-turns or the run's rollout section): {problems}") from None
+        raise ValueError(
+            f"tool settings (--tools, --max-turns, --tool-format or the run's rollout section): {problems}"
+        ) from None
 
 
 def _checked_inputs(
@@ -633,14 +639,15 @@ def _checked_inputs(
     reward_function: str | None,
     reward_timeout_s: float,
     engine: str,
-    tools: str | None,
+    rollout: RolloutConfig,
     *,
     probe: bool,
 ) -> dict[str, list[dict]]:
     """Every spec's rows (each checked against the schema), once the model is found reachable, the
     rows scorable (`check_scoring`; with `probe`, the reward function is called on a real row), a
-    user's tool (`tools`) importable and the engine's package usable here; otherwise ValueError listing every problem at once. Nothing
-    large is loaded."""
+    user's tool (`rollout.tools`) importable, the model's chat template usable by the chat tool
+    format (`rollout.tool_format`) and the engine's package usable here; otherwise ValueError
+    listing every problem at once. Nothing large is loaded (the tokenizer, for the chat format)."""
     rows_by_spec: dict[str, list[dict]] = {}
 
     def read(spec: str) -> None:
@@ -659,9 +666,11 @@ def _checked_inputs(
     ]
     if engine == "vllm":
         checks.append(("--engine vllm", check_vllm_usable))
-    if tools is not None and tools != PYTHON_TOOL:
-        user_tool = tools
+    if rollout.tools is not None and rollout.tools != PYTHON_TOOL:
+        user_tool = rollout.tools
         checks.append(("--tools", lambda: import_function(user_tool, "tool")))
+    if rollout.tools is not None and rollout.tool_format == "chat":
+        checks.append(("--tool-format chat", lambda: tool_format_of(rollout, load_tokenizer(model_path))))
     if problems := unusable_inputs(checks):
         raise ValueError(problems)
     return rows_by_spec

@@ -1,7 +1,10 @@
 """Multi-turn rollouts: the model writes a tool call, the tool's output is appended to its response,
-and the model goes on (`rollout.tools`, `rollout.max_turns`; docs/tools.md).
+and the model goes on (`rollout.tools`, `rollout.max_turns`, `rollout.tool_format`; docs/tools.md).
 
-The format is Qwen2.5-Math's tool-integrated reasoning (TIR, `TIR_CALL`): the model writes a
+A `ToolFormat` says where a turn makes a call and which tokens carry the tool's output back; the
+engine's loop (`ToolCallingEngine`) is the same for both formats.
+
+`tir` (`TirFormat`) is Qwen2.5-Math's tool-integrated reasoning (`TIR_CALL`): the model writes a
 Python block
 
     ```python
@@ -16,11 +19,20 @@ the fences runs in the tool (`pacs.rollout.tools`), and its output is appended a
     ```
 
 (`output_block`: the tool's text without its trailing newlines, after a newline if the model's turn
-did not end with one, and followed by one). The model then generates its next turn from the whole
-trajectory, until it ends the response (an end-of-sequence token), the response reaches
-`max_new_tokens` (`data.max_response_length`: model and tool tokens together; a tool output that
-would pass it is cut there), or it has had `max_turns` turns: the last one is not stopped at a
-block's end and its blocks are not run.
+did not end with one, and followed by one).
+
+`chat` (`ChatFormat`) is the chat template's tool calls, as Hermes and Qwen2.5-Instruct write them:
+the model writes
+
+    <tool_call>{"name": "python", "arguments": {"code": "print(12345 * 6789)"}}</tool_call>
+
+and ends its turn with its end-of-sequence token; the output is appended as the tokenizer's own chat
+template renders a ``{"role": "tool"}`` message and the generation prompt after it (`ChatFormat`).
+
+The model then generates its next turn from the whole trajectory, until it ends the response (an
+end-of-sequence token ending a turn without a call), the response reaches `max_new_tokens`
+(`data.max_response_length`: model and tool tokens together; a tool output that would pass it is
+cut there), or it has had `max_turns` turns: the last one is not stopped at a call and makes none.
 
 Trajectories are token ids end to end: each turn's tokens are the ones the model sampled, kept as
 they are (never decoded and encoded again, which could change what the trainer scores), and each
@@ -32,14 +44,17 @@ policy's samples; the tokens sampled after the cut are dropped.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
 from pacs.config.sections import RolloutConfig
+from pacs.plugins import PYTHON_TOOL
 from pacs.rollout.base import RolloutEngine, Rollouts, SamplingParams, pad_rows, rollouts_from_rows
 from pacs.rollout.tools import ToolOutput, ToolRunner
 
@@ -69,6 +84,144 @@ def tool_call_end(token_ids: Sequence[int], tokenizer) -> tuple[int, str] | None
             if match:
                 return position + 1, match.group(1)
     return None
+
+
+CHAT_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+"""A completed tool call of the chat format; group 1 is the call's JSON."""
+CALL_ERROR = "ToolCallError"
+"""The name a malformed chat call's output starts with (`ChatFormat.parsed`)."""
+TEMPLATE_PROBE = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "X"}]
+"""The conversation `ChatFormat` renders to find what its template puts around a tool message."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call a turn makes: `text`, what the tool runs on (TIR: the program; chat: `arguments.code`
+    for python, the arguments object as JSON text for a user's tool); or, for a malformed call,
+    `error`, the text the model reads back instead of an output (the tool does not run)."""
+
+    text: str
+    error: str | None = None
+
+
+class ToolFormat(Protocol):
+    """Where a turn calls the tool and which tokens carry the output back (`TirFormat`, `ChatFormat`)."""
+
+    def call_in(self, turn_token_ids: Sequence[int]) -> tuple[int, ToolCall] | None:
+        """(k, call): the turn's first k tokens stay in the response and `call` is made; None: the
+        turn makes no call (it ends the response)."""
+        ...
+
+    def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
+        """The token ids appended for the tool's output text `output` after `response_token_ids`,
+        the response so far (it ends with the turn that made the call)."""
+        ...
+
+
+class TirFormat:
+    """`rollout.tool_format: tir`, Qwen2.5-Math's python blocks (module docstring): a turn is cut at
+    the token that closes its first block (`tool_call_end`), and the output block is appended
+    (`output_block`)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def call_in(self, turn_token_ids: Sequence[int]) -> tuple[int, ToolCall] | None:
+        call = tool_call_end(turn_token_ids, self.tokenizer)
+        return None if call is None else (call[0], ToolCall(call[1]))
+
+    def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
+        last_token = self.tokenizer.decode(list(response_token_ids[-1:]))
+        return self.tokenizer.encode(output_block(last_token, output), add_special_tokens=False)
+
+
+class ChatFormat:
+    """`rollout.tool_format: chat`, the chat template's tool calls (docs/tools.md).
+
+    A turn makes a call when its last token is the tokenizer's end-of-sequence token and its other
+    tokens, decoded (special tokens kept), hold ``<tool_call>JSON</tool_call>``: the first such,
+    parsed by `parsed`. The whole turn stays, its end-of-sequence token included, as the model
+    sampled it. The tool's output OUTPUT (its text without trailing newlines) is appended as the
+    text the tokenizer's chat template puts after the model's end-of-sequence token, tokenised once:
+
+        prefix   = template([user, assistant])
+        full     = template([user, assistant, {"role": "tool", "content": OUTPUT}], add_generation_prompt=True)
+        appended = (prefix after its last end-of-sequence text) + full[len(prefix):]
+
+    so that a trajectory reads as the template renders the conversation of its turns. `tool` is
+    `rollout.tools`: a call must name ``python`` for the built-in tool, the function's name for
+    ``package.module:function``. ValueError, naming the tokenizer, when its template does not end
+    an assistant message with the end-of-sequence token or renders no tool message after it.
+    """
+
+    def __init__(self, tokenizer, tool: str):
+        self.tokenizer = tokenizer
+        self.tool_name = tool if tool == PYTHON_TOOL else tool.rpartition(":")[2]
+        arguments = '{"code": "print(1 + 1)"}' if tool == PYTHON_TOOL else "{...}"
+        self.example = f'<tool_call>{{"name": "{self.tool_name}", "arguments": {arguments}}}</tool_call>'
+        """A well-formed call, for the errors a malformed one reads."""
+        self.end_id = tokenizer.eos_token_id
+        prefix = self._render(TEMPLATE_PROBE, add_generation_prompt=False)
+        end_at = -1 if tokenizer.eos_token is None else prefix.rfind(tokenizer.eos_token)
+        if end_at < prefix.rfind(TEMPLATE_PROBE[-1]["content"]):
+            raise ValueError(
+                f"rollout.tool_format=chat: the chat template of {tokenizer.name_or_path!r} does not end an assistant "
+                f"message with the end-of-sequence token {tokenizer.eos_token!r} (it renders {prefix!r}); the chat "
+                "format ends a turn there: use rollout.tool_format=tir, or a tokenizer whose template does"
+            )
+        self._prefix, self._after_end = prefix, prefix[end_at + len(tokenizer.eos_token) :]
+        self.output_text("")  # a template that renders no tool message after the probe fails here, before any rollout
+
+    def _render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except Exception as error:  # no template, or one that refuses these messages: both are the tokenizer's
+            raise ValueError(
+                f"rollout.tool_format=chat: the chat template of {self.tokenizer.name_or_path!r} cannot render "
+                f"{[message['role'] for message in messages]} ({type(error).__name__}: {error}); use "
+                "rollout.tool_format=tir, or a tokenizer whose template renders a tool message"
+            ) from None
+
+    def output_text(self, output: str) -> str:
+        """The text appended for the tool's output text `output` (class docstring)."""
+        tool_message = {"role": "tool", "content": output.rstrip("\n")}
+        full = self._render([*TEMPLATE_PROBE, tool_message], add_generation_prompt=True)
+        if not full.startswith(self._prefix):
+            raise ValueError(
+                f"rollout.tool_format=chat: the chat template of {self.tokenizer.name_or_path!r} renders the "
+                f"conversation before a tool message differently ({full!r} does not start with {self._prefix!r}), "
+                "so the tool's output cannot be appended to the turns: use rollout.tool_format=tir"
+            )
+        return self._after_end + full[len(self._prefix) :]
+
+    def call_in(self, turn_token_ids: Sequence[int]) -> tuple[int, ToolCall] | None:
+        if not turn_token_ids or turn_token_ids[-1] != self.end_id:
+            return None
+        text = self.tokenizer.decode(list(turn_token_ids[:-1]), clean_up_tokenization_spaces=False)
+        match = CHAT_CALL.search(text)
+        return None if match is None else (len(turn_token_ids), self.parsed(match.group(1)))
+
+    def parsed(self, call_json: str) -> ToolCall:
+        """The call written `call_json` (`{"name": NAME, "arguments": {...}}`): `arguments.code` for
+        the python tool, the arguments object as JSON text for a user's tool; a malformed call's
+        error (`CALL_ERROR`) otherwise."""
+        try:
+            call = json.loads(call_json)
+        except json.JSONDecodeError as error:
+            return ToolCall("", f"{CALL_ERROR}: the call is not valid JSON ({error}); write {self.example}")
+        if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
+            return ToolCall("", f"{CALL_ERROR}: the call must be a JSON object with an object of arguments, as {self.example}")
+        if call.get("name") != self.tool_name:
+            return ToolCall("", f"{CALL_ERROR}: the call names the tool {call.get('name')!r}; the tool is {self.tool_name!r}")
+        arguments = call["arguments"]
+        if self.tool_name != PYTHON_TOOL:
+            return ToolCall(json.dumps(arguments, ensure_ascii=False))
+        if not isinstance(arguments.get("code"), str):
+            return ToolCall("", f"{CALL_ERROR}: the python tool's arguments must hold the program as a string, as {self.example}")
+        return ToolCall(arguments["code"])
+
+    def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
+        return self.tokenizer.encode(self.output_text(output), add_special_tokens=False)
 
 
 @dataclass
@@ -124,15 +277,19 @@ class _Trajectory:
 
 class ToolCallingEngine:
     """A `RolloutEngine` whose responses call a tool (module docstring): `engine` generates each
-    turn (the transformers engine), `tools` runs the calls, at most `max_turns` turns per response.
-    `take_stats` gives the tool use of the `generate` calls since it was last called."""
+    turn (the transformers engine), `tools` runs the calls, at most `max_turns` turns per response,
+    written in `tool_format` (None: `TirFormat`). `take_stats` gives the tool use of the `generate`
+    calls since it was last called."""
 
     holds_own_weights = False
 
-    def __init__(self, engine: RolloutEngine, tokenizer, tools: ToolRunner, *, max_turns: int):
+    def __init__(
+        self, engine: RolloutEngine, tokenizer, tools: ToolRunner, *, max_turns: int, tool_format: ToolFormat | None = None
+    ):
         if engine.holds_own_weights:
             raise ValueError("tool calls run with the transformers engine only (rollout.engine=hf)")
         self.engine, self.tokenizer, self.tools, self.max_turns = engine, tokenizer, tools, max_turns
+        self.format = TirFormat(tokenizer) if tool_format is None else tool_format
         self.last_stats = ToolStats()
         """The latest `generate`'s tool use."""
         self._untaken = ToolStats()
@@ -160,7 +317,7 @@ class ToolCallingEngine:
         while active:
             calls = self._take_turn([trajectories[i] for i in active], new_tokens, params.max_new_tokens)
             started = time.perf_counter()
-            outputs = self.tools.run([program for _, program in calls])
+            outputs = self._run(calls)
             tool_seconds += time.perf_counter() - started
             for (trajectory, _), output in zip(calls, outputs):
                 self._append_output(trajectory, output, params.max_new_tokens)
@@ -189,30 +346,36 @@ class ToolCallingEngine:
 
     def _take_turn(
         self, trajectories: list[_Trajectory], new_tokens: list[list[int]], max_length: int
-    ) -> list[tuple[_Trajectory, str]]:
-        """Add each trajectory's new turn (cut at its first completed python block, unless it is
-        the last turn, and at the length limit); the (trajectory, program) of each call to run.
-        A trajectory that made no call is done."""
+    ) -> list[tuple[_Trajectory, ToolCall]]:
+        """Add each trajectory's new turn (cut where it makes its call, `ToolFormat.call_in`, unless it
+        is the last turn, and at the length limit); the (trajectory, call) of each call to make. A
+        trajectory that made no call is done."""
         calls = []
         for trajectory, tokens in zip(trajectories, new_tokens):
             tokens = tokens[: max_length - len(trajectory.response)]
             trajectory.turns += 1
-            call = tool_call_end(tokens, self.tokenizer) if trajectory.turns < self.max_turns else None
+            call = self.format.call_in(tokens) if trajectory.turns < self.max_turns else None
             if call is None:
                 trajectory.extend(tokens, by_model=True)
                 trajectory.done = True
                 continue
-            end, program = call
+            end, tool_call = call
             trajectory.extend(tokens[:end], by_model=True)
-            calls.append((trajectory, program))
+            calls.append((trajectory, tool_call))
         return calls
 
+    def _run(self, calls: list[tuple[_Trajectory, ToolCall]]) -> list[ToolOutput]:
+        """Each call's output, in order: the tool's, all well-formed calls run together, or a
+        malformed call's error (a failed output; the tool does not run)."""
+        ran = iter(self.tools.run([call.text for _, call in calls if call.error is None]))
+        return [next(ran) if call.error is None else ToolOutput(call.error, failed=True) for _, call in calls]
+
     def _append_output(self, trajectory: _Trajectory, output: ToolOutput, max_length: int) -> None:
-        """The tool's output block, tokenised once, cut at the length limit (which ends the response)."""
+        """The tool's output as the format appends it, tokenised once, cut at the length limit
+        (which ends the response)."""
         trajectory.calls += 1
         trajectory.errors += int(output.failed)
-        last_token = self.tokenizer.decode(trajectory.response[-1:])
-        block = self.tokenizer.encode(output_block(last_token, output.text), add_special_tokens=False)
+        block = self.format.output_tokens(trajectory.response, output.text)
         room = max_length - len(trajectory.response)
         trajectory.extend(block[:room], by_model=False)
         trajectory.done = len(block) >= room
@@ -229,7 +392,15 @@ class ToolCallingEngine:
         self.engine.close()
 
 
-TOOL_SETTINGS = ("tools", "max_turns", "tool_timeout_s", "tool_max_output_chars", "tool_workers", "tool_memory_limit_mib")
+TOOL_SETTINGS = (
+    "tools",
+    "tool_format",
+    "max_turns",
+    "tool_timeout_s",
+    "tool_max_output_chars",
+    "tool_workers",
+    "tool_memory_limit_mib",
+)
 """The `RolloutConfig` fields that decide how a response calls tools (`tool_settings`)."""
 
 
@@ -239,11 +410,23 @@ def tool_settings(rollout: RolloutConfig) -> dict | None:
     return None if rollout.tools is None else {name: getattr(rollout, name) for name in TOOL_SETTINGS}
 
 
+def tool_format_of(rollout: RolloutConfig, tokenizer) -> ToolFormat:
+    """`rollout.tool_format` for `tokenizer` and `rollout.tools`; ValueError naming the fix when the
+    tokenizer's chat template cannot carry the chat format (`ChatFormat`), which training and
+    `pacs eval` call once the tokenizer is read, before the model loads."""
+    if rollout.tool_format == "chat" and rollout.tools is not None:
+        return ChatFormat(tokenizer, rollout.tools)
+    return TirFormat(tokenizer)
+
+
 def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> RolloutEngine:
-    """The engine training and evaluation generate with: `engine` calling `rollout.tools` with
-    `rollout`'s limits (`ToolCallingEngine`), or `engine` itself without `rollout.tools`."""
+    """The engine training and evaluation generate with: `engine` calling `rollout.tools` in
+    `rollout.tool_format` with `rollout`'s limits (`ToolCallingEngine`), or `engine` itself without
+    `rollout.tools`. ValueError before the tool's workers start when the tokenizer's chat template
+    cannot carry the chat format (`ChatFormat`)."""
     if rollout.tools is None:
         return engine
+    tool_format = tool_format_of(rollout, tokenizer)
     tools = ToolRunner(
         rollout.tools,
         num_workers=rollout.tool_workers,
@@ -251,7 +434,7 @@ def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> Roll
         memory_limit_mib=rollout.tool_memory_limit_mib,
         max_output_chars=rollout.tool_max_output_chars,
     )
-    return ToolCallingEngine(engine, tokenizer, tools, max_turns=rollout.max_turns)
+    return ToolCallingEngine(engine, tokenizer, tools, max_turns=rollout.max_turns, tool_format=tool_format)
 
 
 def trajectory_turns(rollouts: Rollouts, row: int, tokenizer) -> list[dict[str, str]]:

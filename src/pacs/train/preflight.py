@@ -7,7 +7,8 @@ not all follow the row schema (every row is read), data whose `data_source` no r
 scores, a reward function that does not import, does not take the verl signature or does not
 answer one real row with a score (`pacs.rewards.checks.check_scoring`), a tracker of
 `train.report_to` whose package is not installed (naming the pacs extra), and with
-`rollout.engine=vllm` a vLLM that is missing or built for another device, so that a mistaken
+`rollout.engine=vllm` a vLLM that is missing or built for another device, and with
+`rollout.tool_format=chat` a model whose chat template cannot carry the format, so that a mistaken
 input fails before an output folder is created (see `pacs.outputs`). It loads nothing large:
 built-in models are not built and the hub is asked once per hub id.
 
@@ -22,11 +23,12 @@ from collections.abc import Callable, Sequence
 
 from pacs.config import Config, ConfigError, DataConfig, load_config
 from pacs.data.loading import load_rows, row_location
-from pacs.models.loading import check_model_reachable
+from pacs.models.loading import BUILTIN_PREFIX, check_model_reachable, load_tokenizer
 from pacs.outputs import unusable_inputs
 from pacs.plugins import PYTHON_TOOL, import_function
 from pacs.rewards import load_reward_function
 from pacs.rewards.checks import check_scoring
+from pacs.rollout.multiturn import tool_format_of
 from pacs.rollout.vllm import check_vllm_usable
 from pacs.train.trackers import check_tracker_packages
 
@@ -95,9 +97,23 @@ def _node_input_checks(config: Config, rows_by_spec: dict[str, list[dict]]) -> l
         checks.append(("reward.function", lambda: load_reward_function(config.reward.function)))
     if config.rollout.tools not in (None, PYTHON_TOOL):
         checks.append(("rollout.tools", lambda: import_function(config.rollout.tools, "tool")))
+    if config.rollout.tools is not None and config.rollout.tool_format == "chat":
+        checks.append(("rollout.tool_format", lambda: _check_chat_template(config)))
     if config.rollout.engine == "vllm":
         checks.append(("rollout.engine", check_vllm_usable))
     return checks
+
+
+def _check_chat_template(config: Config) -> None:
+    """The chat tool format's check of the model's chat template (`tool_format_of`), on its tokenizer
+    alone; not for a built-in model (not built here, its template carries the format) nor one that
+    cannot be reached (already reported under model.path)."""
+    try:
+        check_model_reachable(config.model.path)
+    except (ValueError, FileNotFoundError):
+        return
+    if not config.model.path.startswith(BUILTIN_PREFIX):
+        tool_format_of(config.rollout, load_tokenizer(config.model.path))
 
 
 def _check_scoring(config: Config, rows_by_spec: dict[str, list[dict]]) -> None:
