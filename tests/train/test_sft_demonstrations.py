@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from qwen_style import qwen_style_tokenizer
 
 from pacs.data.arithmetic import generate_multiplications
 from pacs.models.tiny import build_char_tokenizer, tiny_model_config
 from pacs.rollout.base import pad_rows
+from pacs.rollout.multiturn import ChatFormat
 from pacs.train.batch import PolicyBatch
 from pacs.train.builtin_models import tool_demonstration
 from pacs.train.sft import demonstration_tokens, warm_start_loss
@@ -27,6 +29,21 @@ def test_a_demonstrations_stretches_are_the_call_the_tool_output_with_the_next_g
     assert tokenizer.decode(token_ids) == call + tool + answer
     expected_mask = [flag for text, flag in stretches for _ in tokenizer(text, add_special_tokens=False)["input_ids"]]
     assert model_tokens == expected_mask
+
+
+@pytest.mark.parametrize("make_tokenizer", [build_char_tokenizer, qwen_style_tokenizer], ids=["tiny", "qwen2.5-template"])
+def test_a_demonstration_is_the_trajectory_a_chat_format_rollout_of_the_same_turns_makes(make_tokenizer):
+    tokenizer = make_tokenizer()
+    token_ids, model_tokens = demonstration_tokens(tokenizer, ROW["prompt"], tool_demonstration(ROW))
+    call_end = model_tokens.index(0)
+    answer_start = call_end + model_tokens[call_end:].index(1)
+    chat = ChatFormat(tokenizer, "python")
+    assert chat.call_in(token_ids[:call_end]) == (
+        call_end,
+        chat.parsed('{"name": "python", "arguments": {"code": "print(4693*9299)"}}'),
+    )
+    assert token_ids[call_end:answer_start] == chat.output_tokens(token_ids[:call_end], "43640207\n")
+    assert token_ids[-1] == tokenizer.eos_token_id and model_tokens[answer_start:] == [1] * (len(token_ids) - answer_start)
 
 
 def test_prompt_and_demonstration_are_the_whole_conversation_as_the_chat_template_renders_it():
