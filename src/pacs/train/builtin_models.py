@@ -91,17 +91,25 @@ def _cached_warm_start(
     with FileLock(directory.with_name(directory.name + ".lock")):
         if (directory / "config.json").is_file():  # another process built it while this one waited
             return directory
-        rows = load_rows(settings["task"], default_split="train")
-        with tempfile.TemporaryDirectory() as scratch:
-            initial = save_builtin_tiny(Path(scratch) / "tiny", seed=seed)
-            return supervised_warm_start(
-                str(initial),
-                rows,
-                reference,
-                directory,
-                steps=settings["steps"],
-                batch_size=settings["batch_size"],
-                lr=settings["lr"],
-                seed=seed,
-                show_progress=show_progress,
-            )
+        return _warm_start(settings, reference, seed, directory, show_progress)
+
+
+def _warm_start(
+    settings: dict, reference: Callable[[dict], str | list[dict]], seed: int, directory: Path, show_progress: bool
+) -> Path:
+    """Warm-start `builtin:tiny` initialised with `seed` on `settings["task"]`'s training rows and
+    their `reference` answers; write it to `directory`."""
+    rows = load_rows(settings["task"], default_split="train")
+    with tempfile.TemporaryDirectory() as scratch:
+        initial = save_builtin_tiny(Path(scratch) / "tiny", seed=seed)
+        return supervised_warm_start(
+            str(initial),
+            rows,
+            reference,
+            directory,
+            steps=settings["steps"],
+            batch_size=settings["batch_size"],
+            lr=settings["lr"],
+            seed=seed,
+            show_progress=show_progress,
+        )
