@@ -101,7 +101,7 @@ def versions() -> dict[str, str]:
 def trl_worker(model_dir: str, steps: int, out_path: str) -> None:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from pacs.data.loading import load_rows
@@ -130,7 +130,7 @@ def trl_worker(model_dir: str, steps: int, out_path: str) -> None:
                 self.reward.append(float(logs["reward"]))
 
     torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)  # as pacs loads the tiny tokenizer (pacs.models.loading)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as output_dir:
         config = GRPOConfig(

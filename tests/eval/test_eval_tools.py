@@ -107,7 +107,6 @@ def test_max_turns_without_tools_is_refused_naming_the_fix(tiny_model_dir):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--tools", "python", "--engine", "vllm"], "generate with --engine hf only, not 'vllm'"),
         (["--tools", "pacs_no_such_module:tool"], "--tools: Cannot import module 'pacs_no_such_module'"),
         (["--tools", "not_a_spec"], "tools='not_a_spec': Value error, 'not_a_spec' is neither 'python'"),
     ],

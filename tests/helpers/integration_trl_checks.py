@@ -48,7 +48,7 @@ from types import SimpleNamespace
 import baselines_trl_checks
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
 
 from pacs.algos import pacs_loss
 from pacs.data.loading import load_rows
@@ -171,7 +171,7 @@ def one_step(model_dir: str, scratch: str, reward_funcs, rollout_func=None, **ov
     """One optimizer step of RecordingTrainer on 2 prompts x GROUP_SIZE completions in float64 (2
     micro-batches; `overrides` of the config): the trainer, its Recorder, and the parameters before the step."""
     torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     settings = dict(
         max_steps=1, per_device_train_batch_size=GROUP_SIZE, gradient_accumulation_steps=2, num_generations=GROUP_SIZE,
@@ -321,7 +321,7 @@ def checkpoint_check(model_dir: str, scratch: str) -> dict:
         recorder = Recorder(model)
         trainer = PACSTrainer(
             model=model, reward_funcs=alternating_reward, args=args, train_dataset=arithmetic_dataset(16),
-            processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[recorder],
+            processing_class=PreTrainedTokenizerFast.from_pretrained(model_dir), callbacks=[recorder],
         )  # fmt: skip
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         return trainer, recorder
@@ -424,7 +424,7 @@ def odd_first_digit_probability(model, tokenizer, rows: list[dict]) -> float:
 
 def train_check(model_dir: str, scratch: str) -> dict:
     torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = config(
         scratch, max_steps=16, per_device_train_batch_size=64, gradient_accumulation_steps=2, num_generations=8,

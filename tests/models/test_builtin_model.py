@@ -176,6 +176,11 @@ def test_loaded_tokenizer_pads_on_the_left(tiny_dir: Path) -> None:
     assert load_tokenizer(str(tiny_dir)).padding_side == "left"
 
 
+def test_loaded_tokenizer_encodes_the_saved_tokenizer_as_built_spaces_included(tiny_dir: Path) -> None:
+    text = "What is 12 + 34? Put the final answer in \\boxed{}."
+    assert load_tokenizer(str(tiny_dir)).encode(text) == build_char_tokenizer().encode(text)
+
+
 def test_loaded_tokenizer_renders_chat_template_to_text(tiny_dir: Path) -> None:
     rendered = load_tokenizer(str(tiny_dir)).apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     assert rendered.endswith("<|end|><|assistant|>")

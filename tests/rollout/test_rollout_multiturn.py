@@ -4,16 +4,21 @@ as tokens marked 0, the model's own tokens kept as sampled, the turn and length 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
 from scripted_engines import ScriptedEngine
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pacs.rollout.base import SamplingParams, rollouts_from_rows
+from pacs.rollout import multiturn
+from pacs.rollout.base import Rollouts, SamplingParams, rollouts_from_rows
 from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.multiturn import ToolCallingEngine, output_block, tool_call_end, trajectory_turns
 from pacs.rollout.tools import PYTHON_TOOL, ToolRunner
+from pacs.train.batch import PolicyBatch
+from pacs.train.logprobs import response_logprobs
 
 END = "<|end|>"
 CORPUS = ["Let me compute.\n```python\nprint(6 * 7)\n```\n```output\n42\n```\nThe answer is 42.", "x = 12345 * 6789\n"]
@@ -165,3 +170,60 @@ def test_with_no_call_the_transformers_engine_gives_the_single_turn_rollouts(tin
     multi = ToolCallingEngine(engine, tiny_tokenizer, python_tool, max_turns=3).generate(prompts, params)
     assert torch.equal(multi.response_ids, single.response_ids) and multi.response_texts == single.response_texts
     assert torch.equal(multi.model_token_mask, single.response_mask)
+
+
+class LogprobEngine(ScriptedEngine):
+    """`ScriptedEngine` that reports, when asked, the log-prob -(c + j / 100) for the j-th token of
+    every row of its c-th call (c from 1), in float64."""
+
+    def generate(self, prompt_token_ids, params: SamplingParams) -> Rollouts:
+        rollouts = super().generate(prompt_token_ids, params)
+        if not params.return_logprobs:
+            return rollouts
+        positions = torch.arange(rollouts.response_ids.shape[1], dtype=torch.float64)
+        logprobs = -(len(self.prompts) + positions / 100) * rollouts.response_mask
+        return dataclasses.replace(rollouts, response_logprobs=logprobs)
+
+
+def test_each_model_token_keeps_its_turns_sampler_logprob_and_tool_tokens_get_zero(tokenizer, python_tool):
+    first = "Let me compute.\n```python\nprint(6 * 7)\n```\nlater text"
+    engine = LogprobEngine(tokenizer, [[first], ["The answer is 42." + END]])
+    rollouts = ToolCallingEngine(engine, tokenizer, python_tool, max_turns=4).generate(
+        [encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=200, return_logprobs=True)
+    )
+    turn = len(encoded(tokenizer, "Let me compute.\n```python\nprint(6 * 7)\n```"))
+    block = len(encoded(tokenizer, "\n```output\n42\n```\n"))
+    answer = len(encoded(tokenizer, "The answer is 42." + END))
+    expected = [-(1 + j / 100) for j in range(turn)] + [0.0] * block + [-(2 + j / 100) for j in range(answer)]
+    assert rollouts.response_logprobs.dtype == torch.float64
+    assert rollouts.response_logprobs[0].tolist() == expected
+
+
+@pytest.fixture
+def calls_after_the_first_token(monkeypatch):
+    """The built-in tiny model writes no newline, so no python block: with this, every turn but
+    the last counts as a call of `print(2 ** 10)` after its first token."""
+    monkeypatch.setattr(multiturn, "tool_call_end", lambda ids, tokenizer: (1, "print(2 ** 10)") if ids else None)
+
+
+def test_the_sampler_logprobs_of_a_trajectorys_model_tokens_are_the_trainers_recomputation(
+    tiny_model_dir, python_tool, calls_after_the_first_token
+):
+    """float64, temperature 0.7: the transformers engine's log-probs of every turn's tokens, each
+    sampled from its own context (the prompt, the earlier turns and the tool's outputs), equal the
+    trainer's recomputation over the whole trajectory within the single-turn tests' bound
+    (tests/rollout/test_rollout.py)."""
+    from pacs.models.loading import load_causal_lm, load_tokenizer
+
+    model, tiny_tokenizer = load_causal_lm(str(tiny_model_dir), dtype="float64"), load_tokenizer(str(tiny_model_dir))
+    engine = ToolCallingEngine(TransformersEngine(model, tiny_tokenizer), tiny_tokenizer, python_tool, max_turns=3)
+    prompts = [encoded(tiny_tokenizer, "12+3="), encoded(tiny_tokenizer, "7*8=")]
+    torch.manual_seed(3)
+    rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=40, return_logprobs=True))
+    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float64)
+    with torch.no_grad():
+        recomputed = response_logprobs(model, batch, temperature=0.7)
+    model_tokens, tool_tokens = batch.loss_mask.bool(), (batch.response_mask - batch.loss_mask).bool()
+    assert engine.last_stats.calls == [2, 2, 2, 2] and tool_tokens.any()
+    assert torch.allclose(recomputed[model_tokens], rollouts.response_logprobs[model_tokens].double(), atol=1e-5)
+    assert (rollouts.response_logprobs[tool_tokens] == 0).all()

@@ -24,7 +24,10 @@ from torchrun_jobs import TESTS, process_env, torchrun
 from pacs.cli import main
 from pacs.config import VllmConfig, load_config
 from pacs.models.loading import load_causal_lm, load_tokenizer
+from pacs.rollout import multiturn
 from pacs.rollout.base import SamplingParams
+from pacs.rollout.multiturn import ToolCallingEngine
+from pacs.rollout.tools import PYTHON_TOOL, ToolRunner
 from pacs.rollout.vllm import VllmEngine
 from pacs.train.batch import PolicyBatch
 from pacs.train.logprobs import response_logprobs
@@ -126,6 +129,36 @@ def test_an_engine_without_sampler_logprobs_generates_and_refuses_to_return_them
         engine.close()
 
 
+@pytest.fixture
+def calls_after_the_first_token(monkeypatch):
+    """The built-in tiny model writes no newline, so no python block: with this, every turn but
+    the last counts as a call of `print(2 ** 10)` after its first token."""
+    monkeypatch.setattr(multiturn, "tool_call_end", lambda ids, tokenizer: (1, "print(2 ** 10)") if ids else None)
+
+
+def test_vllm_generates_trajectories_whose_model_tokens_carry_the_samplers_logprobs(
+    instruct_engine, instruct_style_model_dir, calls_after_the_first_token
+):
+    """Multi-turn rollouts through vLLM (`rollout.engine=vllm rollout.tools=...`): the tool's
+    output is in the response and masked out of `model_token_mask`, where the log-probs are 0; at
+    the model's tokens, each turn sampled from its own context, they equal the trainer's
+    recomputation over the whole trajectory (fp32) as single-turn ones do."""
+    with ToolRunner(PYTHON_TOOL, num_workers=1, timeout_s=5.0, memory_limit_mib=512, max_output_chars=100) as tools:
+        engine = ToolCallingEngine(instruct_engine, instruct_engine.tokenizer, tools, max_turns=3)
+        params = SamplingParams(n=4, temperature=1.0, max_new_tokens=48, return_logprobs=True)
+        rollouts = engine.generate(prompt_ids(instruct_engine), params)
+    assert engine.holds_own_weights and engine.last_stats.calls == [2] * 8
+    assert all(text.count("1024") == 2 for text in rollouts.response_texts)
+    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float32)
+    model = load_causal_lm(str(instruct_style_model_dir), dtype="float32")
+    with torch.no_grad():
+        recomputed = response_logprobs(model, batch, temperature=1.0)
+    model_tokens, tool_tokens = batch.loss_mask.bool(), (batch.response_mask - batch.loss_mask).bool()
+    assert tool_tokens.any() and model_tokens.sum() > 20
+    assert (rollouts.response_logprobs[tool_tokens] == 0).all()
+    assert (recomputed[model_tokens] - rollouts.response_logprobs[model_tokens]).abs().max() < TOLERANCE
+
+
 def generator_states() -> tuple:
     numpy_state = numpy.random.get_state()
     return random.getstate(), (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]), torch.get_rng_state().tolist()
@@ -155,7 +188,7 @@ def untied_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     model = transformers.Qwen2ForCausalLM(config)
     directory = tmp_path_factory.mktemp("untied") / "model"
     model.save_pretrained(directory)
-    transformers.AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast.from_pretrained(tiny_model_dir).save_pretrained(directory)
     transformers.GenerationConfig.from_pretrained(tiny_model_dir).save_pretrained(directory)
     return directory
 
@@ -238,6 +271,24 @@ def test_with_sleep_mode_every_round_of_dynamic_sampling_samples_with_the_steps_
         "rollout.dynamic_sampling=true",
         "rollout.max_sampling_rounds=1",
     )
+    assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in lines)
+
+
+@pytest.mark.slow
+def test_a_vllm_run_with_a_tool_samples_every_turn_with_the_steps_weights(tiny_model_dir, tmp_path, calls_after_the_first_token):
+    """`rollout.engine=vllm rollout.tools=python`, sleep mode on: the weights are pushed into the
+    engine the tool-calling wrapper holds after every update and after every sleep, so every
+    response's turns (two: one call each) sample from the step's policy, the sampler within fp32's
+    bound of the trainer over the model's tokens (the tool's are left out of the comparison)."""
+    lines = four_vllm_steps(
+        tiny_model_dir,
+        tmp_path / "run",
+        "rollout.tools=python",
+        "rollout.max_turns=2",
+        "data.max_response_length=24",
+        "rollout.vllm.sleep_mode=true",
+    )
+    assert all((line["rollout/tool_calls_mean"], line["rollout/turns_mean"]) == (1.0, 2.0) for line in lines)
     assert all(line["rollout/logprob_abs_diff_max"] < TOLERANCE for line in lines)
 
 
@@ -459,6 +510,22 @@ def test_asleep_the_engine_wakes_its_weights_before_each_push_and_its_kv_cache_a
     ]
     assert [event["tags"] for event in events if event["event"] == "wake_up"][:2] == [["weights"], ["kv_cache"]]
     assert {event["level"] for event in events if event["event"] == "sleep"} == {2}
+
+
+@pytest.mark.slow
+def test_a_vllm_evaluation_with_a_tool_generates_trajectories_and_reports_their_tool_use(
+    tiny_model_dir, tmp_path, calls_after_the_first_token
+):
+    """`pacs eval --engine vllm --tools python`: every sample calls the tool once (two turns), its
+    output is in the response, and the tool use is reported as with the hf engine."""
+    out = tmp_path / "eval"
+    arguments = ["eval", "--model", str(tiny_model_dir), "--data", "builtin:arithmetic?size=4", "-n", "2", "--max-tokens", "32",
+                 "--reward-workers", "0", "--engine", "vllm", "--tools", "python", "--max-turns", "2", "--out", str(out)]  # fmt: skip
+    assert run(arguments) == 0
+    tool_use = json.loads((out / "eval_metrics.json").read_text())["data_sources"]["arithmetic"]["tools"]
+    assert (tool_use["tool_calls_mean"], tool_use["turns_mean"], tool_use["tool_errors_fraction"]) == (1.0, 2.0, 0.0)
+    samples = [json.loads(line) for line in (out / "eval_rollout.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 and all("1024" in sample["response"] for sample in samples)
 
 
 # ----- `pacs eval` with either engine ----------------------------------------------------------------

@@ -43,6 +43,14 @@ def test_a_run_whose_model_never_calls_the_tool_trains_the_weights_of_the_run_wi
     assert (metrics["rollout/tool_calls_mean"], metrics["rollout/turns_mean"]) == (0.0, 1.0)
 
 
+def test_tools_with_a_tensor_parallel_vllm_engine_are_refused_naming_the_fix():
+    """Every rank of a tensor-parallel engine runs the tool itself: outputs that differ between
+    ranks would feed the engine's ranks different prompts."""
+    with pytest.raises(ConfigError, match=r"rollout.vllm.tensor_parallel_size=2: .*set tensor_parallel_size=1"):
+        load_config(None, ["rollout.tools=python", "rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2"])
+    assert load_config(None, ["rollout.tools=python", "rollout.engine=vllm"]).rollout.engine == "vllm"
+
+
 @pytest.fixture
 def calls_after_the_first_token(monkeypatch):
     """The built-in tiny model writes no newline, so no python block: with this, every response's

@@ -133,10 +133,11 @@ class Config(Section):
         if tools is None:
             return []
         problems = []
-        if self.rollout.engine != "hf":
+        if self.rollout.engine == "vllm" and self.rollout.vllm.tensor_parallel_size > 1:
             problems.append(
-                f"rollout.tools={tools!r} with rollout.engine={self.rollout.engine!r}: multi-turn rollouts run on the "
-                "transformers engine only so far; set rollout.engine=hf"
+                f"rollout.tools={tools!r} with rollout.vllm.tensor_parallel_size={self.rollout.vllm.tensor_parallel_size}: "
+                "every rank of a tensor-parallel engine runs the tool itself, and a program whose output differs between "
+                "runs (time, randomness, a time-out) would feed them different prompts; set tensor_parallel_size=1"
             )
         if self.rollout.max_staleness:
             problems.append(

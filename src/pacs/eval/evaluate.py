@@ -471,7 +471,7 @@ def evaluate_model(
     `pacs.rollout.continuous_batching.continuous_batching_on`) or `vllm` (`start_vllm_engine`: under
     torchrun each process's engine on its own device, attached to the job); temperature 0 decodes
     greedily with either. `tools`: the `RolloutConfig` settings responses call tools with
-    (`tool_settings`; None: single-turn responses), with the hf engine only.
+    (`tool_settings`; None: single-turn responses), with either engine.
 
     Each prompt's `max_tokens` is capped by the model's context length minus its length; prompts
     that do not fit are left out and counted (`evaluate`). Data sources with prompts left out,
@@ -487,7 +487,7 @@ def evaluate_model(
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
     if engine not in ("hf", "vllm") or (engine == "vllm" and dtype not in ("float32", "bfloat16")):
         raise ValueError(f"engine {engine!r} with dtype {dtype!r}: use engine 'hf' (any dtype) or 'vllm' (float32 or bfloat16)")
-    rollout = tool_rollout(tools, engine)
+    rollout = tool_rollout(tools)
     rows_by_spec = run_on_every_rank(
         processes,
         lambda: _checked_inputs(
@@ -540,8 +540,17 @@ def evaluate_model(
     )
     rollout_engine: RolloutEngine
     if isinstance(hf_engine_or_model_dir, str):
-        rollout_engine = start_vllm_engine(
-            hf_engine_or_model_dir, tokenizer, dtype=dtype, seed=process_seed, max_model_len=context_length, processes=processes
+        rollout_engine = with_tools(
+            start_vllm_engine(
+                hf_engine_or_model_dir,
+                tokenizer,
+                dtype=dtype,
+                seed=process_seed,
+                max_model_len=context_length,
+                processes=processes,
+            ),
+            tokenizer,
+            rollout,
         )
     else:
         rollout_engine = with_tools(hf_engine_or_model_dir, tokenizer, rollout)
@@ -612,16 +621,14 @@ def eval_tool_settings(
     return settings, source
 
 
-def tool_rollout(tools: dict | None, engine: str) -> RolloutConfig:
+def tool_rollout(tools: dict | None) -> RolloutConfig:
     """The `RolloutConfig` that `evaluate_model`'s `tools` settings make (the default one, without
-    tools: single-turn responses); ValueError naming the setting at fault, or vLLM with tools."""
+    tools: single-turn responses); ValueError naming the setting at fault."""
     if tools is None:
         return RolloutConfig()
     unknown = sorted(set(tools) - set(TOOL_SETTINGS))
     if unknown:
         raise ValueError(f"tool settings {unknown} are not among {list(TOOL_SETTINGS)}")
-    if engine != "hf":
-        raise ValueError(f"tools ({tools['tools']!r}) generate with --engine hf only, not {engine!r}: use --engine hf")
     try:
         return RolloutConfig(**tools)
     except ValidationError as error:

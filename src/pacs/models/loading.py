@@ -13,6 +13,7 @@ once with an error that says what to do, instead of after a minute of retries.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -38,6 +39,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 from transformers.modeling_layers import GenericForTokenClassification
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -240,9 +242,25 @@ def _from_pretrained(load: Callable[..., object], path: str) -> object:
         ) from error
 
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""`tokenizer_class` values of a tokenizer saved as its `tokenizer.json` alone (the built-in tiny model's)."""
+
+
+def _auto_tokenizer(path: str, **kwargs) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer.from_pretrained(path)`, except for a local directory whose tokenizer_config.json
+    names a `GENERIC_TOKENIZER_CLASSES` class: `PreTrainedTokenizerFast`, which runs its tokenizer.json
+    as written. AutoTokenizer may load such a directory with the model type's own class instead
+    (transformers 5.24 does for every qwen2 model), whose byte-level pre-tokenizer then replaces the
+    saved one: the built-in tiny model's character tokenizer would drop every space."""
+    config_file = Path(path) / "tokenizer_config.json"
+    if config_file.is_file() and json.loads(config_file.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(path, **kwargs)
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     """Load the tokenizer at ``path`` with left padding; fall back to EOS as the pad token."""
-    tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, path)
+    tokenizer = _from_pretrained(_auto_tokenizer, path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

@@ -2,7 +2,9 @@
 
 Everything is built locally (no model hub), so tests, demos and CI can train a real causal LM
 in seconds on a CPU. The saved directory is a plain Hugging Face model directory, loadable with
-``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``.
+``AutoModelForCausalLM.from_pretrained`` and ``PreTrainedTokenizerFast.from_pretrained`` (as
+`pacs.models.loading.load_tokenizer` does: ``AutoTokenizer`` may load it as ``Qwen2Tokenizer``,
+whose byte-level pre-tokenizer drops every space).
 
 Tokens: one per printable ASCII character (0x20..0x7E) plus the special tokens in
 ``SPECIAL_TOKENS``. Characters outside printable ASCII (newline, tab, non-ASCII) map to

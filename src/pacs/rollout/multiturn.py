@@ -37,9 +37,15 @@ cut there), or it has had `max_turns` turns: the last one is not stopped at a ca
 Trajectories are token ids end to end: each turn's tokens are the ones the model sampled, kept as
 they are (never decoded and encoded again, which could change what the trainer scores), and each
 tool output is tokenised once and marked 0 in `Rollouts.model_token_mask`, so that no algorithm
-scores it (`pacs.train.batch.PolicyBatch.loss_mask`). Cutting a turn at the fence, or at the
-length limit, decides from the tokens sampled so far only, so the kept tokens are exactly the
-policy's samples; the tokens sampled after the cut are dropped.
+scores it (`pacs.train.batch.PolicyBatch.loss_mask`). Cutting a turn at its call (a fence, an
+end-of-sequence token), or at the length limit, decides from the tokens sampled so far only, so
+the kept tokens are exactly the policy's samples; the tokens sampled after the cut are dropped.
+
+Any engine generates the turns: the transformers engine, or vLLM's (`rollout.engine=vllm`), whose
+weights the trainer pushes through the wrapper as into a bare engine. Asked for the sampler's
+log-probs (`SamplingParams.return_logprobs`, which training asks a vLLM engine for), each model
+token keeps the log-prob its turn's sampler reported, from the context it was sampled in (the
+prompt, the earlier turns and the tool's outputs): the context the trainer scores it in.
 """
 
 from __future__ import annotations
@@ -260,11 +266,13 @@ def tool_metrics(stats: ToolStats, sum_over_ranks: Callable[[torch.Tensor], torc
 
 @dataclass
 class _Trajectory:
-    """One response being generated: its tokens so far, 1 where the model sampled them."""
+    """One response being generated: its tokens so far, 1 where the model sampled them, and (when
+    the sampler's log-probs are asked for) one log-prob per token recorded so far (`add_logprobs`)."""
 
     prompt: list[int]
     response: list[int] = field(default_factory=list)
     model_tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     calls: int = 0
     errors: int = 0
     turns: int = 0
@@ -274,21 +282,29 @@ class _Trajectory:
         self.response.extend(token_ids)
         self.model_tokens.extend([int(by_model)] * len(token_ids))
 
+    def add_logprobs(self, turn_logprobs: Sequence[float]) -> None:
+        """The log-probs of the tokens added since the last call (one turn: the model's tokens,
+        then whatever was appended after them): the model's tokens, the first of the turn's sampled
+        tokens, take the sampler's `turn_logprobs` in order; every other token takes 0.0, a value no
+        one reads: its `model_token_mask` 0 keeps it out of every sum over log-probs (the trainer's
+        `PolicyBatch.loss_mask`, the sampler checks and the correction)."""
+        sampled = iter(turn_logprobs)
+        self.logprobs.extend(next(sampled) if by_model else 0.0 for by_model in self.model_tokens[len(self.logprobs) :])
+
 
 class ToolCallingEngine:
     """A `RolloutEngine` whose responses call a tool (module docstring): `engine` generates each
-    turn (the transformers engine), `tools` runs the calls, at most `max_turns` turns per response,
-    written in `tool_format` (None: `TirFormat`). `take_stats` gives the tool use of the `generate`
-    calls since it was last called."""
-
-    holds_own_weights = False
+    turn (the transformers engine, or vLLM's with its own weights, which `load_weights` and `sleep`
+    reach), `tools` runs the calls, at most `max_turns` turns per response, written in
+    `tool_format` (None: `TirFormat`). `take_stats` gives the tool use of the `generate` calls since
+    it was last called."""
 
     def __init__(
         self, engine: RolloutEngine, tokenizer, tools: ToolRunner, *, max_turns: int, tool_format: ToolFormat | None = None
     ):
-        if engine.holds_own_weights:
-            raise ValueError("tool calls run with the transformers engine only (rollout.engine=hf)")
         self.engine, self.tokenizer, self.tools, self.max_turns = engine, tokenizer, tools, max_turns
+        self.holds_own_weights = engine.holds_own_weights
+        """`engine`'s: the trainer pushes the weights into a wrapped vLLM engine as into a bare one."""
         self.format = TirFormat(tokenizer) if tool_format is None else tool_format
         self.last_stats = ToolStats()
         """The latest `generate`'s tool use."""
@@ -306,13 +322,14 @@ class ToolCallingEngine:
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         """`params.n` multi-turn responses per prompt, grouped as `RolloutEngine.generate`'s, with
         `Rollouts.model_token_mask` marking the tool's outputs; `params.max_new_tokens` bounds each
-        whole response."""
-        if params.return_logprobs:
-            raise ValueError("multi-turn rollouts do not return the sampler's log-probs (rollout.engine=hf)")
+        whole response. With `params.return_logprobs`, `Rollouts.response_logprobs` holds the
+        sampler's log-prob of each model token, as `engine` reported it in that token's turn, and
+        0.0 at the tool's tokens (ignored: `_Trajectory.add_logprobs`)."""
         trajectories = [_Trajectory(list(prompt)) for prompt in prompt_token_ids for _ in range(params.n)]
         tool_seconds = 0.0
         first = self.engine.generate(prompt_token_ids, params)
-        new_tokens = _response_rows(first)
+        logprob_dtype = None if first.response_logprobs is None else first.response_logprobs.dtype
+        new_tokens, new_logprobs = _response_rows(first)
         active = list(range(len(trajectories)))
         while active:
             calls = self._take_turn([trajectories[i] for i in active], new_tokens, params.max_new_tokens)
@@ -321,12 +338,15 @@ class ToolCallingEngine:
             tool_seconds += time.perf_counter() - started
             for (trajectory, _), output in zip(calls, outputs):
                 self._append_output(trajectory, output, params.max_new_tokens)
+            if logprob_dtype is not None:
+                for i, turn_logprobs in zip(active, new_logprobs):
+                    trajectories[i].add_logprobs(turn_logprobs)
             active = [i for i in active if not trajectories[i].done]
             if active:
                 contexts = [trajectories[i].prompt + trajectories[i].response for i in active]
                 budget = max(params.max_new_tokens - len(trajectories[i].response) for i in active)
                 turn_params = replace(params, n=1, max_new_tokens=budget)
-                new_tokens = _response_rows(self.engine.generate(contexts, turn_params))
+                new_tokens, new_logprobs = _response_rows(self.engine.generate(contexts, turn_params))
         self.last_stats = ToolStats(
             calls=[t.calls for t in trajectories],
             errors=[t.errors for t in trajectories],
@@ -337,7 +357,7 @@ class ToolCallingEngine:
         rollouts = rollouts_from_rows(
             [torch.tensor(t.prompt, dtype=torch.long) for t in trajectories],
             [torch.tensor(t.response, dtype=torch.long) for t in trajectories],
-            None,
+            None if logprob_dtype is None else [torch.tensor(t.logprobs, dtype=logprob_dtype) for t in trajectories],
             self.tokenizer,
             params.n,
         )
@@ -454,7 +474,11 @@ def trajectory_turns(rollouts: Rollouts, row: int, tokenizer) -> list[dict[str, 
     return turns
 
 
-def _response_rows(rollouts: Rollouts) -> list[list[int]]:
-    """Each row's generated tokens, without padding."""
-    lengths = rollouts.response_mask.sum(dim=1).tolist()
-    return [rollouts.response_ids[row, : int(length)].tolist() for row, length in enumerate(lengths)]
+def _response_rows(rollouts: Rollouts) -> tuple[list[list[int]], list[list[float]]]:
+    """Each row's generated tokens, without padding, and their sampler log-probs (Python floats,
+    which hold a float64's value exactly; empty rows without `Rollouts.response_logprobs`)."""
+    lengths = [int(length) for length in rollouts.response_mask.sum(dim=1).tolist()]
+    tokens = [rollouts.response_ids[row, :length].tolist() for row, length in enumerate(lengths)]
+    if rollouts.response_logprobs is None:
+        return tokens, [[] for _ in lengths]
+    return tokens, [rollouts.response_logprobs[row, :length].tolist() for row, length in enumerate(lengths)]

@@ -46,7 +46,7 @@ warm-started model calls the tool in some of its samples and RL has a tool-call 
 
 def warm_started_tiny(seed: int = 0, *, show_progress: bool = True) -> Path:
     """Directory of the tiny model (initialised with `seed`) after the arithmetic warm-start; cached."""
-    return _cached_warm_start("tiny-arithmetic", {**WARM_START, "seed": seed, "format": 2}, seed, answer_text, show_progress)
+    return _cached_warm_start("tiny-arithmetic", {**WARM_START, "seed": seed, "format": 3}, seed, answer_text, show_progress)
 
 
 def warm_started_tiny_tools(seed: int = 0, *, show_progress: bool = True) -> Path:
@@ -58,7 +58,7 @@ def warm_started_tiny_tools(seed: int = 0, *, show_progress: bool = True) -> Pat
     def reference(row: dict) -> str | list[dict]:
         return tool_demonstration(row) if row["extra_info"]["index"] in with_tool else answer_text(row)
 
-    settings = {**TOOLS_WARM_START, "seed": seed, "format": 1}
+    settings = {**TOOLS_WARM_START, "seed": seed, "format": 2}
     return _cached_warm_start("tiny-tools", settings, seed, reference, show_progress)
 
 
