@@ -4,7 +4,10 @@ Every method trains from the same base model with the same config (prompts, samp
 batch sizes, optimizer, budget) and the same seeds; only `algorithm.*` differs: each method's run
 sets `algorithm.name` and takes, of the config's `algorithm` section, the options its algorithm
 has (those every algorithm shares, such as `kl_coef`, and its own). Each final model
-is evaluated on the held-out split with the paper's sampling (temperature 0.6, top_p 0.95), and
+is evaluated on the held-out split with the paper's sampling (temperature 0.6, top_p 0.95), calling
+the tools its run trained with (`rollout.tools`, docs/tools.md; the base model those of the config
+without a method's overrides, so `pacs[rollout.tools=null]` is PACS trained and evaluated without
+them), and
 the results are written in the paper's layout: rows base model, each method, and PACS without
 class weighting; columns pass@k; cells mean ± std over seeds.
 
@@ -73,7 +76,8 @@ from pacs.eval.significance import (
 )
 from pacs.outputs import claim_output_dir, move_aside
 from pacs.plots import metric_file_name, plot_pass_at_k, plot_reward_curves
-from pacs.train.builtin_models import warm_started_tiny
+from pacs.rollout.multiturn import tool_settings
+from pacs.train.builtin_models import warm_started_tiny, warm_started_tiny_tools
 from pacs.train.metrics import read_metrics
 from pacs.train.preflight import check_run_inputs, load_run_config
 from pacs.train.trainer import train
@@ -157,9 +161,14 @@ def method_directory(label: str) -> str:
     return name.replace("[", "").replace("]", "").replace("=", "-").replace("/", "-")
 
 
+SEEDED_BUILTIN_MODELS = {"builtin:tiny-arithmetic": warm_started_tiny, "builtin:tiny-tools": warm_started_tiny_tools}
+"""The built-in warm-started models, whose every seed's comparison starts from the model warm-started
+with that seed."""
+
+
 def _base_model(model_path: str, seed: int) -> str:
-    """The warm-started tiny model of this seed for the built-in recipe, else the configured path."""
-    return str(warm_started_tiny(seed)) if model_path == "builtin:tiny-arithmetic" else model_path
+    """The warm-started tiny model of this seed for a built-in one, else the configured path."""
+    return str(SEEDED_BUILTIN_MODELS[model_path](seed)) if model_path in SEEDED_BUILTIN_MODELS else model_path
 
 
 def _differences(stored: dict, wanted: dict, prefix: str = "") -> list[str]:
@@ -188,7 +197,8 @@ def _training_changes(run_dir: Path, run_config: Config) -> list[str]:
 
 def _summarise(per_seed: list[dict]) -> dict:
     """One method's `eval_metrics.json` entries for one data source, one per seed -> {"pass@k": {k:
-    {"mean", "std", "per_seed"}} or None if a seed generated no problem, "per_seed": [counts]}."""
+    {"mean", "std", "per_seed"}} or None if a seed generated no problem, "per_seed": [counts, and
+    the samples' tool use ("tools") of an evaluation with tools]}."""
     pass_at_k = None
     if all(report["pass@k"] is not None for report in per_seed):
         pass_at_k = {}
@@ -196,7 +206,11 @@ def _summarise(per_seed: list[dict]) -> dict:
             values = [report["pass@k"][key] for report in per_seed]
             std = statistics.stdev(values) if len(values) > 1 else 0.0
             pass_at_k[key] = {"mean": statistics.fmean(values), "std": std, "per_seed": values}
-    return {"pass@k": pass_at_k, "per_seed": [{key: report[key] for key in EVALUATION_COUNTS} for report in per_seed]}
+    counts = [
+        {key: report[key] for key in EVALUATION_COUNTS} | ({"tools": report["tools"]} if "tools" in report else {})
+        for report in per_seed
+    ]
+    return {"pass@k": pass_at_k, "per_seed": counts}
 
 
 def _per_problem_pass_at_k(report: dict, k: int) -> dict[int, float]:
@@ -403,8 +417,9 @@ def run_comparison(
     start = time.perf_counter()
     total = len(seeds) * len(methods)
 
-    def evaluate(model: str, directory: Path, seed: int) -> dict[str, dict]:
-        """`eval_metrics.json`'s data sources for `model`, evaluated into `directory` unless there already."""
+    def evaluate(model: str, directory: Path, seed: int, tools: dict | None) -> dict[str, dict]:
+        """`eval_metrics.json`'s data sources for `model`, generating with `tools` (`tool_settings`),
+        evaluated into `directory` unless there already."""
         settings = EvalSettings(
             model_path=model,
             specs=val_specs,
@@ -416,6 +431,7 @@ def run_comparison(
             reward_function=config.reward.function,
             reward_timeout_s=config.reward.timeout_s,
             reward_workers=config.reward.num_workers,
+            tools=tools,
         )
         metrics_file = directory / "eval_metrics.json"
         if metrics_file.is_file():
@@ -442,7 +458,7 @@ def run_comparison(
     for seed in seeds:
         base = _base_model(config.model.path, seed)
         console.rule(f"seed {seed}: base model")
-        evaluations["base model"].append(evaluate(base, out / "base" / f"seed_{seed}", seed))
+        evaluations["base model"].append(evaluate(base, out / "base" / f"seed_{seed}", seed, tool_settings(config.rollout)))
         for method, (algorithm, method_overrides, seed_offset) in methods.items():
             run += 1
             run_dir = out / method_directory(method) / f"seed_{seed}"
@@ -470,7 +486,7 @@ def run_comparison(
                 console.print(f"{run_dir}: trained before with these settings, reused")
             else:
                 train(run_config, show_progress=show_progress)
-            evaluations[method].append(evaluate(str(final), run_dir / "eval", seed))
+            evaluations[method].append(evaluate(str(final), run_dir / "eval", seed, tool_settings(run_config.rollout)))
             rewards = [(row["step"], row["reward/mean"]) for row in read_metrics(run_dir) if "reward/mean" in row]
             reward_curves[method].append(rewards)  # step 0, the validation before training, has no reward
 

@@ -285,3 +285,31 @@ def test_the_unweighted_pacs_ablation_can_be_left_out(tmp_path, capsys):
         main([*arguments, "--without-unweighted-pacs", "--baseline", "pacs (no weighting)"])
     assert "pass --baseline with one of: base model, pacs, grpo" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "out").exists()
+
+
+def test_each_method_is_evaluated_with_the_tools_its_run_trained_with(tmp_path, warm_model_dir):
+    tools = ["rollout.tools=python", "rollout.max_turns=2", "rollout.tool_workers=1"]
+    report = run_comparison(
+        "builtin:compare-demo",
+        ["pacs", "pacs[rollout.tools=null]"],
+        [0],
+        tmp_path,
+        eval_n=2,
+        overrides=[*TINY, *tools],
+        show_progress=False,
+        unweighted_pacs=False,
+    )
+    settings = {
+        name: json.loads((tmp_path / folder / "eval_metrics.json").read_text())["settings"]["tools"]
+        for name, folder in [
+            ("base model", "base/seed_0"),
+            ("pacs", "pacs/seed_0/eval"),
+            ("pacs [rollout.tools=null]", "pacs_rollout.tools-null/seed_0/eval"),
+        ]
+    }
+    assert settings["base model"]["tools"] == settings["pacs"]["tools"] == "python"
+    assert settings["base model"]["max_turns"] == settings["pacs"]["max_turns"] == 2
+    assert settings["pacs [rollout.tools=null]"] is None
+    rows = report["results"]["arithmetic"]
+    assert "tool_calls_mean" in rows["pacs"]["per_seed"][0]["tools"]
+    assert "tools" not in rows["pacs [rollout.tools=null]"]["per_seed"][0]

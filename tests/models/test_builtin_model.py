@@ -216,7 +216,7 @@ def test_the_warm_started_model_asked_for_at_once_is_built_once(tmp_path: Path, 
     monkeypatch.setenv("PACS_CACHE_DIR", str(tmp_path))
     builds = []
 
-    def slow_build(seed: int, directory: Path, show_progress: bool) -> Path:
+    def slow_build(settings: dict, reference, seed: int, directory: Path, show_progress: bool) -> Path:
         builds.append(seed)
         time.sleep(0.5)  # long enough for the other caller to arrive while this one builds
         directory.mkdir()

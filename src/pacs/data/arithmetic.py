@@ -12,6 +12,11 @@ negative. Prompt and reference response (kept short for a character-level model)
 Train and val are disjoint: a stable hash of the expression text (``"12+34"``) puts one problem
 in ten into val and the rest into train, whatever the seed. Rows follow the shared RLVR row
 schema (``data_source``, ``prompt``, ``ability``, ``reward_model``, ``extra_info``).
+
+The built-in task ``builtin:multiplication`` (`generate_multiplications`) is the tool task of
+``builtin:tools-demo``: ``a*b`` with both operands of exactly ``digits`` digits, in the same rows,
+prompt, answer and split, so large that the tiny model cannot compute the product and must call
+a tool to get it right.
 """
 
 from __future__ import annotations
@@ -101,16 +106,7 @@ def generate_problems(
         expression = f"{a}{op}{b}"
         if _split_of(expression) != split:
             continue
-        question = f"What is {expression}? Put the final answer in \\boxed{{}}."
-        rows.append(
-            {
-                "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": question}],
-                "ability": "arithmetic",
-                "reward_model": {"style": "rule", "ground_truth": str(_compute(a, op, b))},
-                "extra_info": {"split": split, "index": len(rows), "expression": expression},
-            }
-        )
+        rows.append(_row(split, len(rows), expression, _compute(a, op, b)))
         if len(rows) == size:
             return rows
     if allow_fewer:
@@ -118,6 +114,48 @@ def generate_problems(
     raise ValueError(
         f"Requested {size} {split} problems but only {len(rows)} distinct ones exist for "
         f"largest operand {operand_count - 1}, operations={operations!r}; lower size or raise digits/max_operand"
+    )
+
+
+def _row(split: str, index: int, expression: str, answer: int) -> dict:
+    """One row of the shared schema for `expression`, whose answer is `answer`."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": f"What is {expression}? Put the final answer in \\boxed{{}}."}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        "extra_info": {"split": split, "index": index, "expression": expression},
+    }
+
+
+def generate_multiplications(split: str, size: int, *, digits: int = 4, seed: int = 0) -> list[dict]:
+    """Return ``size`` distinct rows ``a*b`` of ``split`` ("train" or "val"), both operands of
+    exactly ``digits`` digits (in ``[10**(digits-1), 10**digits - 1]``), in random order.
+
+    Deterministic given the arguments; split by the same hash as `generate_problems`. Raises
+    ValueError for an unknown split, ``digits`` < 2 (one-digit products are the arithmetic task's)
+    or ``size`` < 1, or when ``size`` exceeds the problems that exist.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if digits < 2:
+        raise ValueError(f"digits must be an integer >= 2, got {digits!r}")
+    if size < 1:
+        raise ValueError(f"size must be an integer >= 1, got {size!r}")
+    smallest = 10 ** (digits - 1)
+    operand_count = 10**digits - smallest
+    rng = random.Random(f"multiplication:{split}:{digits}:{seed}")
+    rows: list[dict] = []
+    for problem_index in _shuffled_indices(operand_count**2, rng):
+        a, b = (smallest + operand for operand in divmod(problem_index, operand_count))
+        expression = f"{a}*{b}"
+        if _split_of(expression) == split:
+            rows.append(_row(split, len(rows), expression, a * b))
+            if len(rows) == size:
+                return rows
+    raise ValueError(
+        f"Requested {size} {split} problems but only {len(rows)} distinct ones exist with {digits}-digit operands; "
+        "lower size or raise digits"
     )
 
 

@@ -3,7 +3,7 @@
 A data spec is one of:
 - a built-in task, optionally with query parameters, e.g.
   ``builtin:arithmetic?digits=3&size=500&operations=+-&split=val&seed=1``
-  (``+`` in a value means plus, not space);
+  (``+`` in a value means plus, not space), or ``builtin:multiplication?digits=4&size=500``;
 - a prepared ``.parquet``, ``.json`` or ``.jsonl`` file of rows in the row schema (see
   ``pacs.data.schema``; ``pacs prepare``, ``pacs.data.prepare``, converts any file of problems
   and answers into it). Every row is validated on load.
@@ -19,12 +19,13 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from pacs.data.arithmetic import SPLITS, generate_problems
+from pacs.data.arithmetic import SPLITS, generate_multiplications, generate_problems
 from pacs.data.prepare import INPUT_SUFFIXES, RECORD_SUFFIXES, read_numbered_records, read_rows
 
 DEFAULT_SIZES = {"train": 2000, "val": 200}
 """Rows per split when the spec gives no size (or all there are, if fewer)."""
 ARITHMETIC_PARAMETERS = ("digits", "max_operand", "size", "operations", "split", "seed")
+MULTIPLICATION_PARAMETERS = ("digits", "size", "split", "seed")
 
 
 def _positive_int(spec: str, name: str, value: str) -> int:
@@ -34,19 +35,25 @@ def _positive_int(spec: str, name: str, value: str) -> int:
     return int(value)
 
 
-def _load_arithmetic(spec: str, parameters: dict[str, str], default_split: str) -> list[dict]:
-    """Generate ``builtin:arithmetic`` rows from the query ``parameters`` of ``spec``."""
-    unknown = sorted(set(parameters) - set(ARITHMETIC_PARAMETERS))
+def _split_and_seed(spec: str, parameters: dict[str, str], default_split: str, valid: tuple[str, ...]) -> tuple[str, int]:
+    """The split and seed of a built-in task's query ``parameters``, after refusing a parameter
+    not in ``valid``."""
+    unknown = sorted(set(parameters) - set(valid))
     if unknown:
-        raise ValueError(f"Unknown parameter(s) {unknown} in {spec!r}; valid: {list(ARITHMETIC_PARAMETERS)}")
+        raise ValueError(f"Unknown parameter(s) {unknown} in {spec!r}; valid: {list(valid)}")
     split = parameters.get("split", default_split)
     if split not in SPLITS:
         raise ValueError(f"Parameter split={split!r} in {spec!r} must be one of {list(SPLITS)}")
     seed_text = parameters.get("seed", "0")
     try:
-        seed = int(seed_text)
+        return split, int(seed_text)
     except ValueError:
         raise ValueError(f"Parameter seed={seed_text!r} in {spec!r} must be an integer") from None
+
+
+def _load_arithmetic(spec: str, parameters: dict[str, str], default_split: str) -> list[dict]:
+    """Generate ``builtin:arithmetic`` rows from the query ``parameters`` of ``spec``."""
+    split, seed = _split_and_seed(spec, parameters, default_split, ARITHMETIC_PARAMETERS)
     if "digits" in parameters and "max_operand" in parameters:
         raise ValueError(f"{spec!r} sets both digits and max_operand; give one of them")
     return generate_problems(
@@ -60,8 +67,20 @@ def _load_arithmetic(spec: str, parameters: dict[str, str], default_split: str) 
     )
 
 
+def _load_multiplication(spec: str, parameters: dict[str, str], default_split: str) -> list[dict]:
+    """Generate ``builtin:multiplication`` rows (4-digit operands unless ``digits`` says) from the
+    query ``parameters`` of ``spec``."""
+    split, seed = _split_and_seed(spec, parameters, default_split, MULTIPLICATION_PARAMETERS)
+    digits = _positive_int(spec, "digits", parameters.get("digits", "4"))
+    if digits < 2:
+        raise ValueError(f"Parameter digits={digits} in {spec!r} must be an integer >= 2 (one digit: builtin:arithmetic)")
+    size = _positive_int(spec, "size", parameters.get("size", str(DEFAULT_SIZES[split])))
+    return generate_multiplications(split, size, digits=digits, seed=seed)
+
+
 BUILTIN_DATASETS: dict[str, Callable[[str, dict[str, str], str], list[dict]]] = {
     "builtin:arithmetic": _load_arithmetic,
+    "builtin:multiplication": _load_multiplication,
 }
 
 

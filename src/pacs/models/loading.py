@@ -75,6 +75,7 @@ def _cached_builtin_tiny() -> Path:
 BUILTIN_MODELS: dict[str, Callable[[], Path] | str] = {
     "builtin:tiny": _cached_builtin_tiny,
     "builtin:tiny-arithmetic": "pacs.train.builtin_models:warm_started_tiny",
+    "builtin:tiny-tools": "pacs.train.builtin_models:warm_started_tiny_tools",
 }
 """Built-in name -> what builds its directory into the pacs cache (once): a function, or the
 "package.module:function" that names one, imported when the model is first asked for. The
