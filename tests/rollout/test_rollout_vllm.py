@@ -159,6 +159,34 @@ def test_vllm_generates_trajectories_whose_model_tokens_carry_the_samplers_logpr
     assert (recomputed[model_tokens] - rollouts.response_logprobs[model_tokens]).abs().max() < TOLERANCE
 
 
+def test_vllm_generates_chat_format_trajectories_with_the_templates_tool_message(tiny_model_dir):
+    """`rollout.tool_format=chat` through vLLM: each call's output comes back as the tiny template's
+    `<|tool|>1024<|end|><|assistant|>`, tokenised once, masked out and given log-prob 0; the model's
+    tokens carry vLLM's log-probs, equal to the trainer's recomputation over the whole trajectory
+    (the random tiny model writes no `<tool_call>`: a turn's first token counts as a call here)."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    engine = VllmEngine(str(tiny_model_dir), tokenizer, VllmConfig(kv_cache_gib=0.05), dtype="float32", max_model_len=256, seed=0)
+    chat = multiturn.ChatFormat(tokenizer, PYTHON_TOOL)
+    chat.call_in = lambda ids: (1, multiturn.ToolCall("print(2 ** 10)")) if ids else None  # type: ignore[method-assign]
+    try:
+        with ToolRunner(PYTHON_TOOL, num_workers=1, timeout_s=5.0, memory_limit_mib=512, max_output_chars=100) as tools:
+            wrapped = ToolCallingEngine(engine, tokenizer, tools, max_turns=2, tool_format=chat)
+            params = SamplingParams(n=2, temperature=1.0, max_new_tokens=32, return_logprobs=True)
+            rollouts = wrapped.generate(prompt_ids(engine), params)
+    finally:
+        engine.close()
+    assert wrapped.last_stats.calls == [1] * 2 * len(PROMPTS)
+    batch = PolicyBatch.from_rollouts(rollouts, torch.zeros(len(rollouts.response_texts)), torch.float32)
+    tool_tokens = (batch.response_mask - batch.loss_mask).bool()
+    for row in range(len(rollouts.response_texts)):
+        assert tokenizer.decode(rollouts.response_ids[row][tool_tokens[row]]) == "<|tool|>1024<|end|><|assistant|>"
+    assert (rollouts.response_logprobs[tool_tokens] == 0).all()
+    with torch.no_grad():
+        recomputed = response_logprobs(load_causal_lm(str(tiny_model_dir), dtype="float32"), batch, temperature=1.0)
+    model_tokens = batch.loss_mask.bool()
+    assert (recomputed[model_tokens] - rollouts.response_logprobs[model_tokens]).abs().max() < TOLERANCE
+
+
 def generator_states() -> tuple:
     numpy_state = numpy.random.get_state()
     return random.getstate(), (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]), torch.get_rng_state().tolist()
