@@ -375,7 +375,29 @@ def _markdown(results: dict, seeds: list[int], config_source: str, eval_n: int, 
             cells = [_seeds_text([counts[key] for counts in per_seed]) for key in EVALUATION_COUNTS[:-1]]
             cells.append(_seeds_text([_cap_text(counts["max_new_tokens"]) for counts in per_seed]))
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines += _tool_use_table(rows)
     return "\n".join(lines) + "\n"
+
+
+TOOL_USE = ("tool_calls_mean", "tool_errors_fraction", "turns_mean")
+"""An evaluation's tool use (`eval_metrics.json`'s "tools"), as comparison.md's tool table shows it."""
+
+
+def _tool_use_table(rows: dict) -> list[str]:
+    """comparison.md's rows of every method's tool use in one data source's evaluations (one value
+    when all seeds agree, else seed by seed; "—" for a method evaluated without tools); none when
+    no method was evaluated with tools."""
+    if not any("tools" in counts for summary in rows.values() for counts in summary["per_seed"]):
+        return []
+    lines = ["", "| method | tool calls per sample | failed calls (of all calls) | turns per sample |", "|---" * 4 + "|"]
+    for method, summary in rows.items():
+        per_seed = summary["per_seed"]
+        if not all("tools" in counts for counts in per_seed):
+            lines.append(f"| {method} | — | — | — |")
+            continue
+        cells = [_seeds_text([f"{counts['tools'][key]:.2f}" for counts in per_seed]) for key in TOOL_USE]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def run_comparison(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from pacs import compare
 from pacs.cli import main
 from pacs.compare import run_comparison
 
@@ -313,3 +314,17 @@ def test_each_method_is_evaluated_with_the_tools_its_run_trained_with(tmp_path, 
     rows = report["results"]["arithmetic"]
     assert "tool_calls_mean" in rows["pacs"]["per_seed"][0]["tools"]
     assert "tools" not in rows["pacs [rollout.tools=null]"]["per_seed"][0]
+
+
+def test_comparison_md_shows_each_methods_tool_use_seed_by_seed_and_a_dash_without_tools():
+    with_tools = {"per_seed": [{"tools": {"tool_calls_mean": 0.5, "tool_errors_fraction": 0.0, "turns_mean": 1.5}},
+                               {"tools": {"tool_calls_mean": 0.75, "tool_errors_fraction": 0.0, "turns_mean": 1.75}}]}  # fmt: skip
+    without = {"per_seed": [{}, {}]}
+    assert compare._tool_use_table({"pacs": with_tools, "pacs [rollout.tools=null]": without})[3:] == [
+        "| pacs | 0.50 / 0.75 | 0.00 | 1.50 / 1.75 |",
+        "| pacs [rollout.tools=null] | — | — | — |",
+    ]
+
+
+def test_comparison_md_has_no_tool_table_when_no_method_used_tools():
+    assert compare._tool_use_table({"pacs": {"per_seed": [{}]}, "grpo": {"per_seed": [{}]}}) == []
