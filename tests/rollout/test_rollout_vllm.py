@@ -108,27 +108,6 @@ def test_greedy_vllm_gives_each_prompt_n_identical_rows_after_its_prompt(instruc
         assert torch.equal(rollouts.response_ids[row], rollouts.response_ids[row - row % 3])
 
 
-def test_an_engine_without_sampler_logprobs_generates_and_refuses_to_return_them(instruct_style_model_dir):
-    """Evaluation's engine (`sampler_logprobs=False`: vLLM's faster default log-prob mode)."""
-    tokenizer = load_tokenizer(str(instruct_style_model_dir))
-    engine = VllmEngine(
-        str(instruct_style_model_dir),
-        tokenizer,
-        VllmConfig(kv_cache_gib=0.05),
-        dtype="float32",
-        max_model_len=256,
-        seed=0,
-        sampler_logprobs=False,
-    )
-    try:
-        rollouts = engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4))
-        assert len(rollouts.response_texts) == 2 * len(PROMPTS) and rollouts.response_logprobs is None
-        with pytest.raises(ValueError, match="sampler_logprobs=False"):
-            engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4, return_logprobs=True))
-    finally:
-        engine.close()
-
-
 @pytest.fixture
 def calls_after_the_first_token(monkeypatch):
     """The built-in tiny model writes no newline, so no python block: with this, every turn but
@@ -157,6 +136,27 @@ def test_vllm_generates_trajectories_whose_model_tokens_carry_the_samplers_logpr
     assert tool_tokens.any() and model_tokens.sum() > 20
     assert (rollouts.response_logprobs[tool_tokens] == 0).all()
     assert (recomputed[model_tokens] - rollouts.response_logprobs[model_tokens]).abs().max() < TOLERANCE
+
+
+def test_an_engine_without_sampler_logprobs_generates_and_refuses_to_return_them(instruct_style_model_dir):
+    """Evaluation's engine (`sampler_logprobs=False`: vLLM's faster default log-prob mode)."""
+    tokenizer = load_tokenizer(str(instruct_style_model_dir))
+    engine = VllmEngine(
+        str(instruct_style_model_dir),
+        tokenizer,
+        VllmConfig(kv_cache_gib=0.05),
+        dtype="float32",
+        max_model_len=256,
+        seed=0,
+        sampler_logprobs=False,
+    )
+    try:
+        rollouts = engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4))
+        assert len(rollouts.response_texts) == 2 * len(PROMPTS) and rollouts.response_logprobs is None
+        with pytest.raises(ValueError, match="sampler_logprobs=False"):
+            engine.generate(prompt_ids(engine), SamplingParams(n=2, max_new_tokens=4, return_logprobs=True))
+    finally:
+        engine.close()
 
 
 def test_vllm_generates_chat_format_trajectories_with_the_templates_tool_message(tiny_model_dir):
@@ -360,9 +360,10 @@ def test_the_sampler_correction_logs_its_diagnostics_every_step(algorithm, tiny_
     first, last = lines[0], lines[-1]
     assert first["rollout_is/sampler_kl"] < 1e-8 and first["rollout_is/ess"] > 1 - 1e-6
     assert first["rollout_is/weight_mean"] == pytest.approx(1, abs=1e-3) and first["rollout_is/truncated_fraction"] == 0
-    assert (
-        last["rollout_is/sampler_kl"] > 1e-4 and last["rollout_is/ess"] < 1 - 1e-4 and last["rollout_is/truncated_fraction"] > 0
-    )
+    assert last["rollout_is/sampler_kl"] > 1e-4 and last["rollout_is/ess"] < 1 - 1e-4
+    # Whether a unit's ratio passes the cap depends on the samples (most of μ's samples have
+    # π_old/μ < 1); what holds whatever they are: a unit is truncated exactly when the largest passes it.
+    assert all((line["rollout_is/truncated_fraction"] > 0) == (line["rollout_is/ratio_max"] >= 1.05) for line in lines)
     assert all(line["rollout_is/masked_fraction"] == 0 for line in lines)
     if algorithm == "grpo":
         assert all(
