@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.granite.modeling_granite import GraniteRMSNorm
@@ -66,3 +67,17 @@ class GradientRecordingAdamW(torch.optim.AdamW):
     def step(self, closure=None):
         self.gradients.append([p.grad.detach().clone() for group in self.param_groups for p in group["params"]])
         return super().step(closure)
+
+
+def assert_same_updates(reference: tuple[list, dict], other: tuple[list, dict], *, steps: int) -> None:
+    """Two runs of the same updates, each (`GradientRecordingAdamW.gradients`, the update's metrics),
+    agree to 1e-10: `steps` optimizer steps each, every gradient, every metric; the reference's
+    first gradient is not ~0, so agreeing means something."""
+    (gradients, metrics), (other_gradients, other_metrics) = reference, other
+    assert len(other_gradients) == len(gradients) == steps
+    assert max(g.abs().max().item() for g in gradients[0]) > 1e-3
+    for other_update, update in zip(other_gradients, gradients):
+        assert max((a - b).abs().max().item() for a, b in zip(other_update, update)) < 1e-10
+    assert other_metrics.keys() == metrics.keys()
+    for name, value in metrics.items():
+        assert other_metrics[name] == pytest.approx(value, abs=1e-10), name

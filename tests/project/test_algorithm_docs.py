@@ -6,12 +6,11 @@ run (docs/examples/my_algorithm.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import yaml
 from test_readme import file_blocks
+from tool_modules import tool_module
 
 from pacs.config import ALGORITHM_CONFIGS
 
@@ -22,11 +21,7 @@ INDEX_PAGE, OWN_ALGORITHM_PAGE = "index", "custom"
 
 def docs_hooks():
     """tools/docs_hooks.py as a module."""
-    if "docs_hooks" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("docs_hooks", REPOSITORY / "tools" / "docs_hooks.py")
-        sys.modules["docs_hooks"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["docs_hooks"])
-    return sys.modules["docs_hooks"]
+    return tool_module("docs_hooks")
 
 
 def nav_pages(entries) -> list[str]:

@@ -7,24 +7,20 @@ screens.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tool_modules import tool_module
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def docs_hooks():
     """tools/docs_hooks.py as a module."""
-    if "docs_hooks" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("docs_hooks", REPOSITORY / "tools" / "docs_hooks.py")
-        sys.modules["docs_hooks"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["docs_hooks"])
-    return sys.modules["docs_hooks"]
+    return tool_module("docs_hooks")
 
 
 def config_reference():

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from batches import ALGORITHMS, GROUP_SIZE, ragged_batch
-from exact_float64 import GradientRecordingAdamW, normalise_float64_in_float64
+from exact_float64 import GradientRecordingAdamW, assert_same_updates, normalise_float64_in_float64
 from mixed_rewards import EXACT_TWO_STEPS
 from safetensors.torch import load_file
 
@@ -82,14 +82,7 @@ def test_every_algorithms_updates_are_the_padded_ones(model, options, micro_batc
         )
         metrics = update_policy(trained, optimizer, World.single(), copy.deepcopy(batch), algorithm, settings)
         runs.append((optimizer.gradients, metrics))
-    (gradients, metrics), (packed_gradients, packed_metrics) = runs
-    assert len(packed_gradients) == len(gradients) == 4
-    assert max(g.abs().max().item() for g in gradients[0]) > 1e-3
-    for packed_update, update in zip(packed_gradients, gradients):
-        assert max((a - b).abs().max().item() for a, b in zip(packed_update, update)) < 1e-10
-    assert packed_metrics.keys() == metrics.keys()
-    for name, value in metrics.items():
-        assert packed_metrics[name] == pytest.approx(value, abs=1e-10), name
+    assert_same_updates(*runs, steps=4)
 
 
 @pytest.mark.slow
