@@ -211,13 +211,6 @@ def test_each_model_token_keeps_its_turns_sampler_logprob_and_tool_tokens_get_ze
     assert rollouts.response_logprobs[0].tolist() == expected
 
 
-@pytest.fixture
-def calls_after_the_first_token(monkeypatch):
-    """The built-in tiny model writes no newline, so no python block: with this, every turn but
-    the last counts as a call of `print(2 ** 10)` after its first token."""
-    monkeypatch.setattr(multiturn, "tool_call_end", lambda ids, tokenizer: (1, "print(2 ** 10)") if ids else None)
-
-
 def test_the_sampler_logprobs_of_a_trajectorys_model_tokens_are_the_trainers_recomputation(
     tiny_model_dir, python_tool, calls_after_the_first_token
 ):

@@ -108,13 +108,6 @@ def test_greedy_vllm_gives_each_prompt_n_identical_rows_after_its_prompt(instruc
         assert torch.equal(rollouts.response_ids[row], rollouts.response_ids[row - row % 3])
 
 
-@pytest.fixture
-def calls_after_the_first_token(monkeypatch):
-    """The built-in tiny model writes no newline, so no python block: with this, every turn but
-    the last counts as a call of `print(2 ** 10)` after its first token."""
-    monkeypatch.setattr(multiturn, "tool_call_end", lambda ids, tokenizer: (1, "print(2 ** 10)") if ids else None)
-
-
 def test_vllm_generates_trajectories_whose_model_tokens_carry_the_samplers_logprobs(
     instruct_engine, instruct_style_model_dir, calls_after_the_first_token
 ):

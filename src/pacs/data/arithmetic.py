@@ -39,6 +39,14 @@ def _check_operations(operations: str) -> str:
     return "".join(op for op in OPERATIONS if op in operations)
 
 
+def _check_split_and_size(split: str, size: int) -> None:
+    """ValueError naming the value unless `split` is one of `SPLITS` and `size` ≥ 1."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if size < 1:
+        raise ValueError(f"size must be an integer >= 1, got {size!r}")
+
+
 def _split_of(expression: str) -> str:
     """Return ``"val"`` for one expression in ``VAL_BUCKETS`` (by a stable hash), else ``"train"``."""
     digest = hashlib.sha256(expression.encode("ascii")).digest()
@@ -84,12 +92,9 @@ def generate_problems(
     ``(a, op, b)`` that belongs to ``split``; asking for more than exist raises ValueError, unless
     ``allow_fewer``, which returns all there are.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    _check_split_and_size(split, size)
     if digits < 1:
         raise ValueError(f"digits must be an integer >= 1, got {digits!r}")
-    if size < 1:
-        raise ValueError(f"size must be an integer >= 1, got {size!r}")
     if max_operand is not None and max_operand < 1:
         raise ValueError(f"max_operand must be an integer >= 1, got {max_operand!r}")
     operations = _check_operations(operations)
@@ -136,12 +141,9 @@ def generate_multiplications(split: str, size: int, *, digits: int = 4, seed: in
     ValueError for an unknown split, ``digits`` < 2 (one-digit products are the arithmetic task's)
     or ``size`` < 1, or when ``size`` exceeds the problems that exist.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    _check_split_and_size(split, size)
     if digits < 2:
         raise ValueError(f"digits must be an integer >= 2, got {digits!r}")
-    if size < 1:
-        raise ValueError(f"size must be an integer >= 1, got {size!r}")
     smallest = 10 ** (digits - 1)
     operand_count = 10**digits - smallest
     rng = random.Random(f"multiplication:{split}:{digits}:{seed}")
