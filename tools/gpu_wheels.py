@@ -6,8 +6,8 @@ The lent H200 machine (docs/gpu.md, "Running the GPU checks on a lent machine") 
 3.12 with torch and transformers, and no package index. This downloads into `.gpu-wheels/` the
 CPython 3.12 manylinux x86-64 wheels of every package that pacs (its core dependencies in
 pyproject.toml) and TRL (`trl` and `datasets` at their pins in benchmarks/requirements-trl.txt) need
-and the machine's image lacks (`IMAGE`), following each wheel's own Requires-Dist, one version per
-package; prints them with their sizes, and fails if they pass `LIMIT_MIB` (the working tree that
+and the machine's image cannot serve (`IMAGE`: one it lacks, or holds at a version that may not
+do, as `resolve` says), following each wheel's own Requires-Dist, one version per package; prints them with their sizes, and fails if they pass `LIMIT_MIB` (the working tree that
 travels is at most 64 MiB, the repository included). It also writes the commit of this checkout to
 `.gpu-wheels/COMMIT`, since the tree travels without .git.
 
@@ -94,40 +94,39 @@ class Candidate:
 
 
 class ResolutionError(Exception):
-    """The requirements cannot be met with one version per package beside the image."""
+    """A package's wheel cannot be had, or the one had does not meet its requirements."""
 
 
 def resolve(
     roots: Iterable[str], pick: Callable[[str, SpecifierSet], Candidate], image: Mapping[str, str | None]
 ) -> dict[str, Candidate]:
     """Every package that `roots` need, directly or through the Requires-Dist of the versions picked,
-    and `image` lacks: name -> the version `pick(name, specifier)` gave for the intersection of every
-    specifier seen for it (picked again when a later requirement excludes the earlier pick). A
-    requirement whose marker does not hold on the machine (`MARKER_ENVIRONMENT`, extras only where a
-    requirer asked for them) is left out; an image package is not followed, and one whose known
-    version a requirement excludes is an error naming both."""
+    and `image` cannot serve: name -> the version `pick(name, specifier)` gave for the intersection
+    of every specifier seen for it (picked again when a later requirement excludes the earlier pick).
+    The image serves a package when its version meets the specifiers, or when its version is unknown
+    (None) and no specifier bounds it from above (a lower bound is taken to hold: the image is recent;
+    an upper bound or a pin may exclude it, so such a package is carried). A requirement whose marker
+    does not hold on the machine (`MARKER_ENVIRONMENT`, extras only where a requirer asked for them)
+    is left out, and what the image serves is not followed."""
     specifiers: dict[str, SpecifierSet] = {}
     extras: dict[str, set[str]] = {}
     picked: dict[str, Candidate] = {}
-    pending = [(Requirement(root), "the roots") for root in roots]
+    pending = [Requirement(root) for root in roots]
     while pending:
-        requirement, requirer = pending.pop()
+        requirement = pending.pop()
         name = canonicalize_name(requirement.name)
-        if name in image:
-            have = image[name]
-            if have is not None and not requirement.specifier.contains(have, prereleases=True):
-                raise ResolutionError(f"{requirer} needs {requirement}, and the image has {name} {have}: carry another version")
-            continue
         specifiers[name] = specifiers.get(name, SpecifierSet()) & requirement.specifier
         new_extras = set(requirement.extras) - extras.setdefault(name, set())
         extras[name] |= new_extras
+        if name not in picked and serves(image, name, specifiers[name]):
+            continue
         if name in picked and picked[name].version in specifiers[name] and not new_extras:
             continue
         if name not in picked or picked[name].version not in specifiers[name]:
             picked[name] = pick(name, specifiers[name])
             if picked[name].version not in specifiers[name]:
                 raise ResolutionError(f"{name} {picked[name].version} was picked for {name}{specifiers[name]}")
-        pending += [(needed, f"{name} {picked[name].version}") for needed in applicable(picked[name].requires, extras[name])]
+        pending += applicable(picked[name].requires, extras[name])
     # A package picked again may have needed what no pick left in place needs: keep what the roots reach.
     reached: set[str] = set()
     frontier = [Requirement(root) for root in roots]
@@ -137,6 +136,16 @@ def resolve(
             reached.add(name)
             frontier += applicable(picked[name].requires, extras[name])
     return {name: picked[name] for name in sorted(reached)}
+
+
+def serves(image: Mapping[str, str | None], name: str, specifier: SpecifierSet) -> bool:
+    """Whether the image's `name` meets `specifier` (`resolve` says how an unknown version is taken)."""
+    if name not in image:
+        return False
+    have = image[name]
+    if have is None:
+        return not any(clause.operator in ("<", "<=", "==", "===", "~=") for clause in specifier)
+    return specifier.contains(have, prereleases=True)
 
 
 def applicable(requires: Iterable[str], extras: set[str]) -> list[Requirement]:
@@ -212,9 +221,10 @@ def main() -> None:
             sizes[name] = Path(wheel).stat().st_size / 2**20
     (WHEELS / "COMMIT").write_text(commit() + "\n")
     width = max(len(name) for name in chosen)
-    print(f"{'package':<{width}}  {'version':<12}  MiB")
+    print(f"{'package':<{width}}  {'version':<12}    MiB")
     for name, candidate in chosen.items():
-        print(f"{name:<{width}}  {candidate.version:<12}  {sizes[name]:5.2f}")
+        shadows = f"  (shadows the image's {IMAGE[name] or 'unknown version'})" if name in IMAGE else ""
+        print(f"{name:<{width}}  {candidate.version:<12}  {sizes[name]:5.2f}{shadows}")
     total = sum(sizes.values())
     print(f"{len(chosen)} wheels in {WHEELS.relative_to(REPO)}/: {total:.2f} MiB")
     if total > LIMIT_MIB:
