@@ -7,12 +7,14 @@ The lent H200 machine (docs/gpu.md, "Running the GPU checks on a lent machine") 
 CPython 3.12 manylinux x86-64 wheels of every package that pacs (its core dependencies in
 pyproject.toml) and TRL (`trl` and `datasets` at their pins in benchmarks/requirements-trl.txt) need
 and the machine's image cannot serve (`IMAGE`: one it lacks, or holds at a version that may not
-do, as `resolve` says), following each wheel's own Requires-Dist, one version per package; prints them with their sizes, and fails if they pass `LIMIT_MIB` (the working tree that
+do, as `resolve` says), following each wheel's own Requires-Dist, one version per package; prints
+them with their sizes, and fails, writing nothing, if they pass `LIMIT_MIB` (the working tree that
 travels is at most 64 MiB, the repository included). It also writes the commit of this checkout to
-`.gpu-wheels/COMMIT`, since the tree travels without .git.
+`.gpu-wheels/COMMIT`, since the tree may travel without .git.
 
 `resolve` is the resolution on its own (pure: it is given what a package's chosen version needs);
-`pip download` picks each version, the newest that every requirement seen so far allows.
+`pip download` picks each version, the newest that every requirement seen so far allows. It runs
+where pacs's development venv does (Python 3.11 or later: it reads pyproject.toml with tomllib).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -183,13 +185,15 @@ class WheelPicker:
 
     def __call__(self, name: str, specifier: SpecifierSet) -> Candidate:
         folder = self.scratch / f"{name}-{len(list(self.scratch.iterdir()))}"
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PIP_TARGET, "-d", str(folder), f"{name}{specifier}"]
-        done = subprocess.run(command, capture_output=True, text=True)
+        download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PIP_TARGET]
+        done = subprocess.run([*download, "-d", str(folder), f"{name}{specifier}"], capture_output=True, text=True)
         if done.returncode != 0:
             raise ResolutionError(f"pip download {name}{specifier} failed:\n{done.stderr.strip()}")
         (wheel,) = folder.glob("*.whl")
         with zipfile.ZipFile(wheel) as archive:
-            (metadata,) = [entry for entry in archive.namelist() if entry.endswith(".dist-info/METADATA") and entry.count("/") == 1]
+            (metadata,) = [
+                entry for entry in archive.namelist() if entry.endswith(".dist-info/METADATA") and entry.count("/") == 1
+            ]
             headers = HeaderParser().parsestr(archive.read(metadata).decode())
         self.wheels[name] = wheel
         return Candidate(headers["Version"], tuple(headers.get_all("Requires-Dist") or ()))
@@ -212,26 +216,27 @@ def main() -> None:
             chosen = resolve(roots(), picker, IMAGE)
         except ResolutionError as error:
             sys.exit(f"gpu_wheels: {error}")
+        sizes = {name: picker.wheels[name].stat().st_size / 2**20 for name in chosen}
+        width = max(len(name) for name in chosen)
+        print(f"{'package':<{width}}  {'version':<12}    MiB")
+        for name, candidate in chosen.items():
+            shadows = f"  (shadows the image's {IMAGE[name] or 'unknown version'})" if name in IMAGE else ""
+            print(f"{name:<{width}}  {candidate.version:<12}  {sizes[name]:5.2f}{shadows}")
+        total = sum(sizes.values())
+        print(f"{len(chosen)} wheels: {total:.2f} MiB")
+        if total > LIMIT_MIB:
+            sys.exit(
+                f"gpu_wheels: the wheels take {total:.2f} MiB, more than {LIMIT_MIB:g} MiB: with the repository they would "
+                f"pass the 64 MiB a device call carries; nothing written to {WHEELS.name}/. Carry fewer: a package the "
+                "image serves needs no wheel (IMAGE)"
+            )
         WHEELS.mkdir(exist_ok=True)
         for stale in WHEELS.glob("*.whl"):
             stale.unlink()
-        sizes = {}
         for name in chosen:
-            wheel = shutil.copy2(picker.wheels[name], WHEELS)
-            sizes[name] = Path(wheel).stat().st_size / 2**20
+            shutil.copy2(picker.wheels[name], WHEELS)
     (WHEELS / "COMMIT").write_text(commit() + "\n")
-    width = max(len(name) for name in chosen)
-    print(f"{'package':<{width}}  {'version':<12}    MiB")
-    for name, candidate in chosen.items():
-        shadows = f"  (shadows the image's {IMAGE[name] or 'unknown version'})" if name in IMAGE else ""
-        print(f"{name:<{width}}  {candidate.version:<12}  {sizes[name]:5.2f}{shadows}")
-    total = sum(sizes.values())
-    print(f"{len(chosen)} wheels in {WHEELS.relative_to(REPO)}/: {total:.2f} MiB")
-    if total > LIMIT_MIB:
-        sys.exit(
-            f"gpu_wheels: the wheels take {total:.2f} MiB, more than {LIMIT_MIB:g} MiB: with the repository they would pass "
-            "the 64 MiB a device call carries; carry fewer (a package the image has needs no wheel: see IMAGE)"
-        )
+    print(f"written to {WHEELS.relative_to(REPO)}/, with COMMIT")
 
 
 if __name__ == "__main__":

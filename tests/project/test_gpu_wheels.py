@@ -56,8 +56,16 @@ def test_requirements_whose_markers_fail_on_linux_cpython_312_are_left_out(gpu_w
 
 
 def test_an_extra_a_requirer_asks_for_brings_that_extras_requirements(gpu_wheels):
-    index = {"app": {"1.0": ["lib[fast]"]}, "lib": {"1.0": ["optional; extra == 'fast'", "other; extra == 'slow'"]}, "optional": {"1.0": []}}
-    assert versions(gpu_wheels.resolve(["app"], index_picker(gpu_wheels, index), {})) == {"app": "1.0", "lib": "1.0", "optional": "1.0"}
+    index = {
+        "app": {"1.0": ["lib[fast]"]},
+        "lib": {"1.0": ["optional; extra == 'fast'", "other; extra == 'slow'"]},
+        "optional": {"1.0": []},
+    }
+    assert versions(gpu_wheels.resolve(["app"], index_picker(gpu_wheels, index), {})) == {
+        "app": "1.0",
+        "lib": "1.0",
+        "optional": "1.0",
+    }
 
 
 def test_a_package_gets_one_version_allowed_by_every_requirer(gpu_wheels):
@@ -92,7 +100,9 @@ def test_an_image_package_of_unknown_version_is_carried_only_under_an_upper_boun
 def test_the_roots_are_pacs_core_dependencies_and_the_trl_and_datasets_pins(gpu_wheels, tmp_path: Path):
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "pyproject.toml").write_text('[project]\ndependencies = ["torch>=2.7", "pydantic>=2.6"]\n')
-    (tmp_path / "benchmarks" / "requirements-trl.txt").write_text("# TRL\ntrl==1.13.0\ntransformers==5.23.0\ndatasets==5.0.1  # pinned\n")
+    (tmp_path / "benchmarks" / "requirements-trl.txt").write_text(
+        "# TRL\ntrl==1.13.0\ntransformers==5.23.0\ndatasets==5.0.1  # pinned\n"
+    )
     assert gpu_wheels.roots(tmp_path) == ["torch>=2.7", "pydantic>=2.6", "trl==1.13.0", "datasets==5.0.1"]
 
 
