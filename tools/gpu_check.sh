@@ -14,6 +14,8 @@
 # and runs none. A stage that fails leaves its log; the script exits with the last failure's status.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
+# Nothing outside a lent machine can be reached: a hub look-up fails at once instead of waiting.
+export HF_HUB_OFFLINE=1
 
 dry_run=false
 stages=()
