@@ -50,7 +50,9 @@ step() {
     timeout --kill-after=15 "$seconds" "$@" 2>&1 | tee "$OUT/$log"
     local code=$?
     if [ "$code" -ne 0 ]; then
-      echo "gpu_check.sh: '$*' exited with $code (124: past its $seconds s)" | tee -a "$OUT/$log"
+      local why=""
+      [ "$code" -eq 124 ] || [ "$code" -eq 137 ] && why=", stopped at its limit of $seconds s"
+      echo "gpu_check.sh: '$*' exited with $code$why" | tee -a "$OUT/$log"
       status=$code
     fi
   fi
@@ -59,7 +61,7 @@ step() {
 echo "+ $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu-wheels/*.whl"
 if ! $dry_run; then
   compgen -G ".gpu-wheels/*.whl" > /dev/null || { echo "gpu_check.sh: no wheels in .gpu-wheels/: run 'make gpu-wheels' here and carry .gpu-wheels" >&2; exit 1; }
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu-wheels/*.whl || exit 1
+  PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu-wheels/*.whl || exit 1
   {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "no .git here; when the wheels were fetched: $(cat .gpu-wheels/COMMIT 2>/dev/null || echo unknown)")"
     nvidia-smi -L
@@ -67,7 +69,7 @@ if ! $dry_run; then
     # Only the lines naming a carried package: the image's own mismatches are not ours to judge.
     carried=$(for wheel in .gpu-wheels/*.whl; do basename "$wheel" | cut -d- -f1; done | sed 's/[-_.]/[-_.]/g' | paste -sd'|')
     echo "pip check, lines naming a carried package:"
-    "$PYTHON" -m pip check 2>&1 | grep -iE "(^|[ ,])($carried)[ ,<>=!~]" || echo "  none"
+    { "$PYTHON" -m pip check 2>&1 || true; } | grep -iE "(^|[ ,])($carried)[ ,<>=!~]" || echo "  none"
   } 2>&1 | tee "$OUT/environment.txt"
 fi
 
