@@ -20,7 +20,7 @@ ALL_EXTRAS := $(subst $(space),$(comma),$(strip $(subst $(comma), ,$(EXTRAS)) $(
 # `make demo` installs pacs without extras (the demo uses none of them), under a stamp of its own.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install peer-venvs vllm-venv vllm026-venv test-vllm026 demo test test-fast lint typecheck test-gpu warm-model-variants clean
+.PHONY: install peer-venvs vllm-venv vllm026-venv test-vllm026 demo test test-fast lint typecheck test-gpu gpu-wheels warm-model-variants clean
 
 install: $(STAMP)
 
@@ -96,6 +96,11 @@ typecheck: install
 # after `make install TORCH_CONSTRAINTS= VLLM_EXTRA=vllm`; without CUDA every test skips.
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -ra -p no:xdist
+
+# The wheels a lent GPU machine lacks (pacs's and TRL's dependencies, about 5 MiB), into .gpu-wheels/
+# for tools/gpu_check.sh: docs/gpu.md, "Running the GPU checks on a lent machine".
+gpu-wheels: install
+	$(BIN)/python tools/gpu_wheels.py
 
 # The tests that use the warm-started model, against models built with 1 and 2 threads and seeds
 # 0-2 (benchmarks/warm_model_variants.py; about half an hour, not part of `make test`).

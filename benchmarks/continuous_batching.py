@@ -12,8 +12,8 @@ builds its manager and cache in every call, as a step does).
 Each engine runs `--repeats` times in the order generate, continuous, continuous, generate, ...
 (so that a machine's drift falls on both); the table gives the median seconds per call, the
 response tokens of the median call, tokens per second and continuous batching's against
-`generate`'s. Float32, the process's torch threads. Run:
-`.venv/bin/python benchmarks/continuous_batching.py [--shapes demo,100m] [--repeats 2]`.
+`generate`'s. Float32, the process's torch threads, on the CPU or with `--device cuda` on one GPU. Run:
+`.venv/bin/python benchmarks/continuous_batching.py [--shapes demo,100m] [--repeats 2] [--device cuda]`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ SHAPES = {"demo": {"prompts": 32, "n": 8, "max_new_tokens": 16}, "100m": {"promp
 MEAN_LENGTH_100M = 32
 
 
-def model_and_prompts(shape: str, scratch: Path):
-    """(model, tokenizer, prompt token ids) of `shape`."""
+def model_and_prompts(shape: str, scratch: Path, device: str):
+    """(model on `device`, tokenizer, prompt token ids) of `shape`."""
     if shape == "demo":
         model_dir = warm_started_tiny(0, show_progress=False)
         model = load_causal_lm(str(model_dir), dtype="float32")
@@ -54,7 +54,7 @@ def model_and_prompts(shape: str, scratch: Path):
         end_token_bias(model, end_id, 1 / MEAN_LENGTH_100M, torch.randint(model.config.vocab_size, (4, 48)))
     tokenizer = load_tokenizer(str(model_dir))
     rows = load_rows("builtin:arithmetic?max_operand=19", default_split="train")[: SHAPES[shape]["prompts"]]
-    return model, tokenizer, encode_prompts(tokenizer, rows, None).token_ids
+    return model.to(device), tokenizer, encode_prompts(tokenizer, rows, None).token_ids
 
 
 def timed_calls(engine: TransformersEngine, prompts, params: SamplingParams) -> tuple[float, int]:
@@ -69,13 +69,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="demo,100m", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--repeats", type=int, default=2, help="calls of each engine (default 2)")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where the model generates (default %(default)s)"
+    )
     args = parser.parse_args()
-    table = Table(title=f"generate against continuous batching, {torch.get_num_threads()} threads, float32")
+    where = "one GPU" if args.device == "cuda" else f"{torch.get_num_threads()} threads"
+    table = Table(title=f"generate against continuous batching, {where}, float32")
     for column in ("shape", "engine", "s/call", "response tokens", "tokens/s", "vs generate"):
         table.add_column(column, justify="left" if column in ("shape", "engine") else "right")
     with tempfile.TemporaryDirectory(prefix="continuous-batching-") as scratch:
         for shape in args.shapes.split(","):
-            model, tokenizer, prompts = model_and_prompts(shape, Path(scratch))
+            model, tokenizer, prompts = model_and_prompts(shape, Path(scratch), args.device)
             settings = SHAPES[shape]
             params = SamplingParams(n=settings["n"], max_new_tokens=settings["max_new_tokens"], return_logprobs=True)
             engines = {

@@ -439,7 +439,7 @@ def pacs_synthetic_run(
     """`pacs train` on the synthetic work with `run`'s settings: each step's time, phases, tokens and lengths."""
     sequences = work.prompts * work.n
     command = [
-        str(Path(sys.executable).parent / "pacs"), "train", "--config", "builtin:demo", f"model.path={model_dir}",
+        sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", f"model.path={model_dir}",
         f"model.dtype={'bfloat16' if work.device == 'cuda' else 'float32'}", f"data.train={rows_path}", "data.val=null",
         f"data.max_prompt_length={work.prompt_length + 8}", f"data.max_response_length={work.max_length}",
         f"train.steps={work.steps}", f"train.batch_size={work.prompts}", f"train.mini_batch_size={work.prompts}",
@@ -558,10 +558,9 @@ def run_logged(command: list[str], log_path: Path, what: str, environment: dict[
 
 
 def pacs_run(algorithm: str, model_dir: Path, steps: int, work: Path) -> tuple[list[float], list[float]]:
-    pacs = Path(sys.executable).parent / "pacs"
     output_dir = work / f"pacs-{algorithm}"
     command = [
-        str(pacs), "train", "--config", "builtin:demo", f"model.path={model_dir}", f"train.steps={steps}",
+        sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", f"model.path={model_dir}", f"train.steps={steps}",
         f"train.batch_size={PROMPTS}", f"train.mini_batch_size={PROMPTS}", f"train.micro_batch_size={PROMPTS * N}",
         "train.eval_every=0", "train.save_every=0", "data.val=null", f"output_dir={output_dir}",
         f"algorithm.name={algorithm}",
