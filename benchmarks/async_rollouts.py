@@ -2,6 +2,7 @@
 
     python benchmarks/async_rollouts.py                                  # both workloads, staleness 0,1,2
     python benchmarks/async_rollouts.py --workloads demo --staleness 0,1 --json async.json
+    python benchmarks/async_rollouts.py --workloads demo --staleness 0,1,1,0 --steps 20  # each value a run of its own
 
 Workloads, each the demo's task (`builtin:arithmetic?max_operand=19`, scored by its real verifier):
 - `demo`: the demo's work, `pacs train --config builtin:demo data.val=null` (64 prompts x 8
@@ -134,11 +135,10 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
-def measure(workload: str, staleness: int, steps: int, scratch: Path, model_dir: Path | None, timeout_s: float) -> dict:
-    """One run of `workload` at `staleness`: its summary, or why there is none."""
-    output_dir = scratch / f"{workload}-staleness{staleness}"
-    command = train_command(workload, staleness, steps, output_dir, model_dir)
-    returncode, output, machine = run_training(command, scratch / f"{workload}-staleness{staleness}.log", timeout_s)
+def measure(workload: str, staleness: int, steps: int, run_dir: Path, model_dir: Path | None, timeout_s: float) -> dict:
+    """One run of `workload` at `staleness` into `run_dir`: its summary, or why there is none."""
+    command = train_command(workload, staleness, steps, run_dir, model_dir)
+    returncode, output, machine = run_training(command, run_dir.with_suffix(".log"), timeout_s)
     result = {"staleness": staleness, "command": command, **machine}
     if returncode is None:
         return {**result, "available": False, "why": f"timed out after {timeout_s:g} s"}
@@ -148,7 +148,7 @@ def measure(workload: str, staleness: int, steps: int, scratch: Path, model_dir:
         raise RuntimeError(f"{' '.join(command)} failed ({returncode}):\n{output[-3000:]}")
     from pacs.train.metrics import read_metrics
 
-    return {**result, "available": True, **summarise(read_metrics(output_dir))}
+    return {**result, "available": True, **summarise(read_metrics(run_dir))}
 
 
 def phase_columns(runs: list[dict]) -> list[str]:
@@ -212,8 +212,10 @@ def measure_workload(workload: str, staleness_values: list[int], steps: int, scr
     """Every staleness's run of `workload`, and the split-of-devices arithmetic from staleness 0."""
     model_dir = build_100m(scratch) if workload == "100m" else None
     runs = []
-    for staleness in staleness_values:
-        runs.append(measure(workload, staleness, steps, scratch, model_dir, timeout_s))
+    for index, staleness in enumerate(staleness_values):
+        # A folder per run, so that a value repeated in --staleness (0,1,1,0) is a run of its own.
+        run_dir = scratch / f"{workload}-{index}-staleness{staleness}"
+        runs.append(measure(workload, staleness, steps, run_dir, model_dir, timeout_s))
         shown = {key: value for key, value in runs[-1].items() if key not in ("command", "step_s")}
         print(f"{workload}, staleness {staleness}: {json.dumps(shown)}", flush=True)
     synchronous = synchronous_run(runs)
