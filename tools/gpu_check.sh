@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks on a lent machine, from the repository's root (docs/gpu.md, "Running the GPU checks
 # on a lent machine"): installs the wheels of .gpu-wheels/ (`make gpu-wheels`, done beforehand where
-# PyPI is reachable) into /tmp/site, runs pacs from src/ without installing it, and runs the stages
-# named, each under a wall-clock limit, its output under $OUT:
+# PyPI is reachable) and this checkout's pacs into /tmp/site, and runs the stages named, each under a
+# wall-clock limit, its output under $OUT:
 #
 #   tools/gpu_check.sh [--dry-run] STAGE...     # STAGE: suite, bench, trl
 #
@@ -35,7 +35,10 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 SITE=/tmp/site
 if $dry_run; then OUT=${OUT:-'$OUT'}; else OUT=${OUT:-$(mktemp -d -t gpu-check-XXXXXX)}; fi
-export PYTHONPATH="$SITE:$PWD/src"
+# pacs is installed, not run from src/: its built-in configs (`builtin:demo`, ...) are the package
+# pacs.configs, which pyproject.toml maps to the top-level configs/ folder only in an install. The
+# build uses the image's setuptools (--no-build-isolation: there is no index to fetch one from).
+export PYTHONPATH="$SITE"
 # vs_trl.py's shapes: 0.5b alone, since both shapes' runs may pass the stage's limit; VS_TRL_SHAPES=1.5b
 # runs the other in a call of its own.
 VS_TRL_SHAPES=${VS_TRL_SHAPES:-0.5b}
@@ -58,10 +61,10 @@ step() {
   fi
 }
 
-echo "+ $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu-wheels/*.whl"
+echo "+ $PYTHON -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target $SITE .gpu-wheels/*.whl ."
 if ! $dry_run; then
   compgen -G ".gpu-wheels/*.whl" > /dev/null || { echo "gpu_check.sh: no wheels in .gpu-wheels/: run 'make gpu-wheels' here and carry .gpu-wheels" >&2; exit 1; }
-  PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu-wheels/*.whl || exit 1
+  PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu-wheels/*.whl . || exit 1
   {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "no .git here; when the wheels were fetched: $(cat .gpu-wheels/COMMIT 2>/dev/null || echo unknown)")"
     nvidia-smi -L

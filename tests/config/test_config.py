@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.resources
+
 import pytest
 from pydantic import BaseModel
 
@@ -83,6 +85,15 @@ def test_invalid_yaml_is_reported_with_the_file(tmp_path):
     path.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
         load_config(str(path))
+
+
+def test_a_builtin_recipe_from_an_uninstalled_source_tree_says_to_install_pacs(monkeypatch):
+    def no_configs_package(anchor):
+        raise ModuleNotFoundError(f"No module named {anchor!r}")
+
+    monkeypatch.setattr(importlib.resources, "files", no_configs_package)
+    with pytest.raises(ConfigError, match=r"cannot read 'builtin:demo'.*uninstalled source tree.*pip install -e \."):
+        load_config("builtin:demo")
 
 
 def test_unknown_builtin_recipe_lists_the_shipped_ones():

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_packaging import copy_of_the_sources
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu_check.sh"
@@ -35,7 +36,7 @@ def test_the_dry_run_installs_the_carried_wheels_first_and_runs_nothing(tmp_path
     done = dry_run(*STAGES, out=tmp_path)
     first = done.stdout.splitlines()[0]
     assert first.startswith("+ python3 -m pip install") and "--no-index --no-deps" in first
-    assert first.endswith("--target /tmp/site .gpu-wheels/*.whl")
+    assert first.endswith("--target /tmp/site .gpu-wheels/*.whl .")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -59,6 +60,25 @@ def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path: Path):
     done = dry_run("benchmarks", out=tmp_path)
     assert done.returncode == 2
     assert "unknown argument 'benchmarks'" in done.stderr and "suite bench trl" in done.stderr
+
+
+@pytest.mark.slow
+def test_pacs_installed_as_the_check_installs_it_finds_its_built_in_configs(tmp_path: Path):
+    """The machine runs pacs from what the script's pip line installs into its site folder, not from
+    src/: the built-in configs (the package pacs.configs) exist only in an install."""
+    checkout = copy_of_the_sources(tmp_path / "checkout")
+    first = dry_run("suite", out=tmp_path).stdout.splitlines()[0]
+    argv = [argument for argument in shlex.split(first[2:]) if argument != ".gpu-wheels/*.whl"]
+    site = tmp_path / "site"
+    argv = [sys.executable if argument == "python3" else str(site) if argument == "/tmp/site" else argument for argument in argv]
+    subprocess.run(argv, cwd=checkout, check=True, capture_output=True)
+    shown = subprocess.run(
+        [sys.executable, "-c", "import pacs; from pacs.config import load_config; print(pacs.__file__, load_config('builtin:demo').algorithm.name)"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    module, algorithm = shown.stdout.split()
+    assert Path(module).is_relative_to(site) and algorithm == "pacs"
 
 
 @pytest.mark.slow

@@ -49,7 +49,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _read_yaml(source: str) -> dict[str, Any]:
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
-        recipes = importlib.resources.files("pacs.configs")
+        try:
+            recipes = importlib.resources.files("pacs.configs")
+        except ModuleNotFoundError:
+            raise ConfigError(
+                f"cannot read '{source}': the built-in configs are the package pacs.configs, which only an installed "
+                f"pacs has, and this pacs runs from an uninstalled source tree ({Path(__file__).parents[1]}); "
+                "install it (`pip install -e .` in the checkout) or give a config file's path"
+            ) from None
         available = sorted(p.name.removesuffix(".yaml") for p in recipes.iterdir() if p.name.endswith(".yaml"))
         if name not in available:
             raise ConfigError(f"unknown built-in config '{source}'; valid: {', '.join('builtin:' + a for a in available)}")
