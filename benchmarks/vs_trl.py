@@ -53,7 +53,10 @@ and the step against TRL's with the same generation backend. `--smoke` runs the 
 a CPU with a tiny shape and a 512-token vocabulary, four of the runs that cover every path
 (`SMOKE_RUNS`), in a few minutes on 2 busy cores (the test suite runs it,
 tests/integrations/test_vs_trl_smoke.py). Run:
-`.venv/bin/python benchmarks/vs_trl.py --device cuda [--shapes 0.5b,1.5b] [--steps 3] [--trl-python PYTHON]`.
+`.venv/bin/python benchmarks/vs_trl.py --device cuda [--shapes 0.5b,1.5b] [--steps 3] [--trl-python PYTHON] [--results DIR]`.
+Each run's figures are printed as it ends; a run that fails is a row saying so and the others go on
+(the exit status says that one failed); `--results` keeps every run's log and rewrites `results.json`
+after each run, so a benchmark stopped by a machine's time limit leaves the runs that had finished.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from peer_venvs import PEER_VENVS, PEERS, peer_python
@@ -434,9 +438,10 @@ def synchronize(device: str) -> None:
 
 
 def pacs_synthetic_run(
-    work: Work, run: Run, model_dir: Path, rows_path: Path, output_dir: Path, peak_flops: float | None
+    work: Work, run: Run, model_dir: Path, rows_path: Path, output_dir: Path, log_path: Path, peak_flops: float | None
 ) -> list[dict]:
-    """`pacs train` on the synthetic work with `run`'s settings: each step's time, phases, tokens and lengths."""
+    """`pacs train` on the synthetic work with `run`'s settings, its output in `log_path`: each step's
+    time, phases, tokens and lengths."""
     sequences = work.prompts * work.n
     command = [
         sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", f"model.path={model_dir}",
@@ -452,7 +457,7 @@ def pacs_synthetic_run(
         *([f"train.peak_flops={peak_flops}"] if peak_flops else []),
     ]  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    run_logged(command, output_dir.with_suffix(".log"), f"{run.name} ({work.shape})", environment)
+    run_logged(command, log_path, f"{run.name} ({work.shape})", environment)
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [
         {"step_s": row["time/step_s"], "generate_s": row.get("time/generate_s", row.get("time/wait_rollout_s", 0.0)),
@@ -463,11 +468,13 @@ def pacs_synthetic_run(
     ]  # fmt: skip
 
 
-def trl_synthetic_run(work: Work, run: Run, model_dir: Path, rows_path: Path, work_dir: Path, trl_python: Path) -> list[dict]:
+def trl_synthetic_run(
+    work: Work, run: Run, model_dir: Path, rows_path: Path, work_dir: Path, log_path: Path, trl_python: Path
+) -> list[dict]:
     out = work_dir / f"trl-{run.backend}-{work.shape}.json"
     command = [str(trl_python), __file__, "--trl-worker", "--work", json.dumps(asdict(work)), "--run", json.dumps(asdict(run)),
                "--model-dir", str(model_dir), "--rows", str(rows_path), "--out", str(out)]  # fmt: skip
-    run_logged(command, out.with_suffix(".log"), f"{run.name} ({work.shape})")
+    run_logged(command, log_path, f"{run.name} ({work.shape})")
     steps = json.loads(out.read_text())["steps"]
     return [{**step, "update_s": step["step_s"] - step["generate_s"], "mfu": math.nan} for step in steps]
 
@@ -484,9 +491,10 @@ def summarise(steps: list[dict], parameters: int, peak_flops: float | None) -> d
     return median
 
 
-def synthetic_table(work: Work, results: dict[Run, dict[str, float]]):
+def synthetic_table(work: Work, results: dict[Run, dict[str, float]], failed: dict[Run, str]):
     """The table of one shape's runs; each pacs row against TRL's row with its generation backend
-    (`generate` against `generate`, continuous batching against paged)."""
+    (`generate` against `generate`, continuous batching against paged); a run in `failed` is a row
+    saying why."""
     from rich.table import Table
 
     trl = {run.backend: figures for run, figures in results.items() if run.framework == "trl"}
@@ -504,6 +512,8 @@ def synthetic_table(work: Work, results: dict[Run, dict[str, float]]):
             f"{figures['tokens_per_s']:.0f}", f"{figures['response_length']:.1f}", percent(figures["update_mfu"]),
             percent(figures["mfu"]), versus,
         )  # fmt: skip
+    for run, why in failed.items():
+        table.add_row(run.name, f"failed: {why}")
     return table
 
 
@@ -511,49 +521,77 @@ def percent(value: float) -> str:
     return "" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
-def synthetic_main(works: list[Work], trl_python: Path, peak_flops: float | None, runs: tuple[Run, ...] = RUNS) -> None:
-    """Every run of every shape in `works`, one table per shape (its time printed as it goes)."""
+def synthetic_main(
+    works: list[Work], trl_python: Path, peak_flops: float | None, runs: tuple[Run, ...] = RUNS, out: Path | None = None
+) -> bool:
+    """Every run of every shape in `works`, one table per shape; each run's figures printed as it
+    ends, and with `out`, every run's log kept there and `results.json` rewritten after each run (so
+    that a machine's time limit that stops the benchmark leaves what had finished). A run that fails
+    is a row saying so and the others go on; returns whether every run succeeded."""
     from rich.console import Console
 
     console = Console()
     start = time.perf_counter()
+    record: dict[str, Any] = {"versions": versions(), "peak_flops": peak_flops, "shapes": {}}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         directory = Path(tmp)
+        logs = out or directory
         for work in works:
             model_dir, rows_path, parameters = build_synthetic(work, directory)
-            results = {}
+            results: dict[Run, dict[str, float]] = {}
+            failed: dict[Run, str] = {}
+            shape = record["shapes"][work.shape] = {"work": asdict(work), "parameters": parameters, "runs": []}
             for index, run in enumerate(runs):
-                if run.framework == "trl":
-                    steps = trl_synthetic_run(work, run, model_dir, rows_path, directory, trl_python)
+                log_path = logs / f"{work.shape}-{index}-{run.framework}.log"
+                try:
+                    if run.framework == "trl":
+                        steps = trl_synthetic_run(work, run, model_dir, rows_path, directory, log_path, trl_python)
+                    else:
+                        output_dir = directory / f"pacs-{work.shape}-{index}"
+                        steps = pacs_synthetic_run(work, run, model_dir, rows_path, output_dir, log_path, peak_flops)
+                    if len(steps) != work.steps:
+                        raise RunFailed(f"{len(steps)} steps recorded for {work.steps}")
+                except RunFailed as error:
+                    failed[run] = str(error).splitlines()[0]
+                    console.print(f"{run.name} ({work.shape}) FAILED: {error}", highlight=False)
+                    shape["runs"].append({"run": asdict(run), "failed": str(error), "log": log_path.name})
                 else:
-                    steps = pacs_synthetic_run(
-                        work, run, model_dir, rows_path, directory / f"pacs-{work.shape}-{index}", peak_flops
-                    )
-                if len(steps) != work.steps:
-                    sys.exit(f"{run.name} ({work.shape}): {len(steps)} steps recorded for {work.steps}")
-                results[run] = summarise(steps, parameters, peak_flops)
-            console.print(synthetic_table(work, results))
+                    results[run] = summarise(steps, parameters, peak_flops)
+                    console.print(f"{run.name} ({work.shape}): " + ", ".join(
+                        f"{key} {value:.4g}" for key, value in results[run].items()), highlight=False)  # fmt: skip
+                    shape["runs"].append({"run": asdict(run), "figures": results[run], "steps": steps, "log": log_path.name})
+                if out is not None:
+                    (out / "results.json").write_text(json.dumps(record, indent=1))
+            console.print(synthetic_table(work, results, failed))
             shutil.rmtree(model_dir)
     console.print(
         "s/step, phases, tokens: medians over the steps after the first; vs TRL: the row's s/step over TRL's with the "
         "same generation backend (below 1: faster); update MFU: 6·N·tokens / (update s · peak), N = "
         f"every parameter, peak {peak_flops or 'not given'}; perf/mfu: pacs's own (every pass counted).\n"
         f"pacs venv: {', '.join(f'{k} {v}' for k, v in versions().items())}; {time.perf_counter() - start:.0f} s in all"
+        + (f"; logs and results.json in {out}" if out is not None else "")
     )
+    return not any("failed" in entry for shape in record["shapes"].values() for entry in shape["runs"])
 
 
 # ---------------------------------------------------------------- driver (runs in pacs' venv)
 
 
+class RunFailed(Exception):
+    """A run's process failed: the first line says how, the rest is the end of its output."""
+
+
 def run_logged(command: list[str], log_path: Path, what: str, environment: dict[str, str] | None = None) -> None:
-    """Run `command` with its output in `log_path`; on failure print the log's tail and exit."""
+    """Run `command` with its output in `log_path`; RunFailed, with the log's tail, if it fails."""
     start = time.perf_counter()
     print(f"{what} ...", flush=True)
     with log_path.open("w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=environment).returncode
     if code != 0:
         tail = log_path.read_text().splitlines()[-40:]
-        sys.exit(f"{what} failed (exit {code}); the end of its output:\n" + "\n".join(tail))
+        raise RunFailed(f"{what} exited with {code}; the end of its output ({log_path.name}):\n" + "\n".join(tail))
     print(f"{what}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -589,6 +627,11 @@ def main() -> None:
     parser.add_argument(
         "--peak-flops", type=float, default=989e12, help="--device cuda: one GPU's peak (default: H100/H200 bf16)"
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="--device cuda, --smoke: keep every run's log here, and results.json rewritten after each run",
+    )
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -613,7 +656,9 @@ def main() -> None:
             works = [replace(GPU_WORK, shape=shape, steps=args.steps or GPU_WORK.steps) for shape in args.shapes.split(",")]
         if works[0].steps < 2:
             parser.error("--steps must be at least 2 (the first step is not timed)")
-        synthetic_main(works, trl_python, None if args.smoke else args.peak_flops, SMOKE_RUNS if args.smoke else RUNS)
+        runs = SMOKE_RUNS if args.smoke else RUNS
+        if not synthetic_main(works, trl_python, None if args.smoke else args.peak_flops, runs, args.results):
+            sys.exit("vs_trl.py: a run failed (its row in the table says which)")
         return
     args.steps = args.steps or 20
     if args.steps <= FIRST_TIMED_STEP:
@@ -664,4 +709,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RunFailed as failure:  # the CPU comparison: one failed run leaves nothing to compare
+        sys.exit(f"vs_trl.py: {failure}")

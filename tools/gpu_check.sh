@@ -16,6 +16,8 @@ set -u -o pipefail
 export PYTHONUNBUFFERED=1
 # Nothing outside a lent machine can be reached: a hub look-up fails at once instead of waiting.
 export HF_HUB_OFFLINE=1
+# The benchmarks' tables (rich) go to log files: without a terminal rich would fold them into 80 columns.
+export COLUMNS=${COLUMNS:-220}
 
 dry_run=false
 stages=()
@@ -88,7 +90,7 @@ for stage in "${stages[@]}"; do
       step 120 continuous-batching.log "$PYTHON" benchmarks/continuous_batching.py --device cuda --shapes demo,100m --repeats 2
       ;;
     trl)
-      step 480 vs-trl.log "$PYTHON" benchmarks/vs_trl.py --device cuda --shapes "$VS_TRL_SHAPES" --steps 3 --trl-python "$PYTHON"
+      step 480 vs-trl.log "$PYTHON" benchmarks/vs_trl.py --device cuda --shapes "$VS_TRL_SHAPES" --steps 3 --trl-python "$PYTHON" --results "$OUT/vs-trl-$VS_TRL_SHAPES"
       ;;
   esac
 done

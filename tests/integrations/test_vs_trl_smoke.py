@@ -4,9 +4,11 @@ pieces its figures rest on."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,3 +80,33 @@ def test_the_smoke_work_is_small_and_its_runs_cover_every_setting():
     pacs = [run for run in SMOKE_RUNS if run.framework == "pacs"]
     assert {run.backend for run in pacs} == {"generate", "continuous"} and {run.staleness for run in pacs} == {0, 1}
     assert {run.padding_free for run in pacs} == {False, True} and {run.algorithm for run in pacs} == {"grpo", "pacs"}
+
+
+def test_a_failed_run_is_reported_and_the_later_runs_still_run_and_are_kept(tmp_path, monkeypatch, capsys):
+    """On a lent GPU the benchmark may be stopped at its time limit, and a peer's run may fail: each
+    finished run's figures are in results.json at once, and one failure does not end the others."""
+    import vs_trl
+
+    ran = []
+
+    def pacs_run(work, run, model_dir, rows_path, output_dir, log_path, peak_flops):
+        ran.append(run.name)
+        log_path.write_text("trained\n")
+        step = {"step_s": 2.0, "generate_s": 1.0, "update_s": 0.5, "tokens": 100, "response_length": 4.0, "mfu": 0.1}
+        return [step] * work.steps
+
+    def trl_run(work, run, model_dir, rows_path, work_dir, log_path, trl_python):
+        ran.append(run.name)
+        log_path.write_text("Traceback: no GPU\n")
+        raise vs_trl.RunFailed(f"{run.name} exited with 1; the end of its output:\nTraceback: no GPU")
+
+    monkeypatch.setattr(vs_trl, "pacs_synthetic_run", pacs_run)
+    monkeypatch.setattr(vs_trl, "trl_synthetic_run", trl_run)
+    runs = SMOKE_RUNS[:2]  # TRL paged, then pacs grpo with generate
+    succeeded = vs_trl.synthetic_main([SMOKE_WORK], Path(sys.executable), None, runs, tmp_path / "out")
+    assert not succeeded and ran == [run.name for run in runs]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    trl, pacs = results["shapes"][SMOKE_WORK.shape]["runs"]
+    assert "Traceback: no GPU" in trl["failed"] and (tmp_path / "out" / trl["log"]).read_text() == "Traceback: no GPU\n"
+    assert pacs["figures"]["step_s"] == 2.0 and (tmp_path / "out" / pacs["log"]).is_file()
+    assert f"{runs[0].name} (smoke) FAILED" in capsys.readouterr().out
