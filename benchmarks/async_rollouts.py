@@ -10,7 +10,10 @@ Workloads, each the demo's task (`builtin:arithmetic?max_operand=19`, scored by 
 - `100m`: a ~100M-parameter Qwen2 shape (hidden 768, 12 layers, 12 heads with 2 key/value heads,
   intermediate 3072, tied embeddings: 101.6M parameters) with the built-in character tokenizer,
   randomly initialised and saved in a temporary directory (`pacs.models.tiny.save_builtin_tiny`),
-  4 prompts x 4 responses of 128 tokens at most, two updates a step.
+  4 prompts x 4 responses of 128 tokens at most, two updates a step;
+- `100m-sampling`: the same model, 1 prompt x 4 responses of 128 tokens at most, one update a
+  step: on a CPU sampling (each token reads every weight, whatever the rows) then outlasts the
+  update, so a push of weights meets the generator in the middle of a batch.
 
 Each (workload, staleness K) is one `pacs train` process, with `rollout.max_staleness=K` added only
 for K > 0 (so staleness 0 is the synchronous loop, on any pacs) and pacs's own thread choice
@@ -54,8 +57,13 @@ WORKLOADS = {
         "overrides": ["data.max_response_length=128", "train.batch_size=4", "rollout.n=4",
                       "train.mini_batch_size=2", "train.micro_batch_size=8"],
     },
+    "100m-sampling": {
+        "steps": 10,
+        "overrides": ["data.max_response_length=128", "train.batch_size=1", "rollout.n=4",
+                      "train.mini_batch_size=1", "train.micro_batch_size=4"],
+    },
 }  # fmt: skip
-"""Workload -> default steps and `pacs train` overrides of `builtin:demo` (`100m` also sets model.path)."""
+"""Workload -> default steps and `pacs train` overrides of `builtin:demo` (the 100m ones also set model.path)."""
 COMMON_OVERRIDES = ["data.val=null", "train.save_every=0"]
 PHASES = ("generate", "weight_sync", "score", "old_logprobs", "ref", "values", "update_actor", "update_critic",
           "wait_rollout", "other")  # fmt: skip
@@ -74,7 +82,7 @@ def refuses_unknown(key: str, stderr: str) -> bool:
 
 
 def build_100m(scratch: Path) -> Path:
-    """The `100m` workload's model and tokenizer, saved under `scratch`."""
+    """The `100m` workloads' model and tokenizer, saved under `scratch`."""
     from pacs.models.tiny import save_builtin_tiny
 
     return save_builtin_tiny(scratch / "qwen2-100m", seed=0, **SHAPE_100M)
@@ -116,7 +124,9 @@ def run_training(command: list[str], log: Path, timeout_s: float) -> tuple[int |
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Medians over the steps after the first of a run's metrics rows."""
+    """Medians over the steps after the first of a run's metrics rows, and each of those steps' phases
+    (None where a step did not log one): a push of weights happens only before a batch it samples, so
+    at staleness k the last k + 1 steps push none, and a median over few steps mixes both kinds."""
     measured = rows[1:]
     step_s = [row["time/step_s"] for row in measured]
     keys = {
@@ -130,6 +140,7 @@ def summarise(rows: list[dict]) -> dict:
         "median_step_s": statistics.median(step_s),
         "steps_per_s": 1 / statistics.median(step_s),
         "phases": phases,
+        "phases_per_step": {key: [row.get(key) for row in measured] for key in sorted(keys)},
         "staleness_max": max(staleness) if staleness else None,
         "parameters": rows[0].get("model/total_parameters"),
     }
@@ -210,13 +221,13 @@ def split_arithmetic(split: dict) -> str:
 
 def measure_workload(workload: str, staleness_values: list[int], steps: int, scratch: Path, timeout_s: float) -> dict:
     """Every staleness's run of `workload`, and the split-of-devices arithmetic from staleness 0."""
-    model_dir = build_100m(scratch) if workload == "100m" else None
+    model_dir = build_100m(scratch) if workload.startswith("100m") else None
     runs = []
     for index, staleness in enumerate(staleness_values):
         # A folder per run, so that a value repeated in --staleness (0,1,1,0) is a run of its own.
         run_dir = scratch / f"{workload}-{index}-staleness{staleness}"
         runs.append(measure(workload, staleness, steps, run_dir, model_dir, timeout_s))
-        shown = {key: value for key, value in runs[-1].items() if key not in ("command", "step_s")}
+        shown = {key: value for key, value in runs[-1].items() if key not in ("command", "step_s", "phases_per_step")}
         print(f"{workload}, staleness {staleness}: {json.dumps(shown)}", flush=True)
     synchronous = synchronous_run(runs)
     return {"steps": steps, "runs": runs, **({"split": split_devices(synchronous)} if synchronous else {})}
@@ -251,12 +262,14 @@ def main() -> None:
         "--staleness", type=comma_separated_staleness, default="0,1,2", help="comma-separated values of rollout.max_staleness"
     )
     parser.add_argument(
-        "--steps", type=int, help="training steps per run, at least 2: the first is left out (default: demo 12, 100m 4)"
+        "--steps",
+        type=int,
+        help="training steps per run, at least 2: the first is left out (default: demo 12, 100m 4, 100m-sampling 10)",
     )
     parser.add_argument(
         "--timeout", type=float, default=1800, help="seconds a run may take before it is killed and reported as timed out"
     )
-    parser.add_argument("--json", type=Path, help="write the raw figures (every step's time, every median) here")
+    parser.add_argument("--json", type=Path, help="write the raw figures (every step's time and phases, every median) here")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     unknown = [workload for workload in workloads if workload not in WORKLOADS]

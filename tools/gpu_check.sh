@@ -70,7 +70,7 @@ if ! $dry_run; then
   {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "no .git here; when the wheels were fetched: $(cat .gpu-wheels/COMMIT 2>/dev/null || echo unknown)")"
     nvidia-smi -L
-    "$PYTHON" -c "import sys, torch, transformers, trl, datasets, pydantic; print('python', sys.version.split()[0]); print(*(f'{m.__name__} {m.__version__}' for m in (torch, transformers, trl, datasets, pydantic)), sep=', '); print('cuda available:', torch.cuda.is_available())"
+    "$PYTHON" -c "import sys, torch, transformers, trl, datasets, pydantic; print('python', sys.version.split()[0]); print(*(f'{m.__name__} {m.__version__}' for m in (torch, transformers, trl, datasets, pydantic)), sep=', '); print('cuda available:', torch.cuda.is_available()); from transformers.utils import is_flash_attn_2_available; print('flash attention 2 (continuous batching with CUDA graphs):', is_flash_attn_2_available())"
     # Only the lines naming a carried package: the image's own mismatches are not ours to judge.
     carried=$(for wheel in .gpu-wheels/*.whl; do basename "$wheel" | cut -d- -f1; done | sed 's/[-_.]/[-_.]/g' | paste -sd'|')
     echo "pip check, lines naming a carried package:"

@@ -37,6 +37,15 @@ def test_medians_leave_out_the_first_step_and_take_each_phase_where_it_was_logge
     assert summary["staleness_max"] == 1.0 and summary["parameters"] == 10.0
 
 
+def test_each_step_after_the_first_keeps_its_own_phases_none_where_it_logged_none():
+    rows = [
+        {"time/step_s": 9.0, "time/weight_sync_s": 0.4},
+        {"time/step_s": 2.0, "time/weight_sync_s": 0.1},
+        {"time/step_s": 3.0, "time/generate_s": 1.0},
+    ]
+    assert summarise(rows)["phases_per_step"] == {"time/generate_s": [None, 1.0], "time/weight_sync_s": [0.1, None]}
+
+
 def test_a_split_of_devices_overlaps_generation_with_the_rest_and_adds_the_weight_sync():
     run = {"median_step_s": 10.0, "phases": {"time/generate_s": 4.0, "time/weight_sync_s": 1.0}}
     split = split_devices(run)

@@ -33,8 +33,10 @@ Three things the manager does that the engine undoes or pins:
   threads' timing (the batches, and so the order of the draws, depend only on the requests).
 
 On a CPU it measured no faster than `generate` (docs/results.md, continuous batching), so `auto`
-turns it on for CUDA devices only, where its paged attention, CUDA graphs and asynchronous
-batching run.
+turns it on for CUDA devices only. Its CUDA graphs and asynchronous batching run only where the
+model's attention needs no mask, a flash-attention implementation (transformers switches to one when
+flash-attn, or its `kernels` fallback, is installed); with SDPA, the default without them,
+transformers keeps both off and pads each forward's attention mask.
 """
 
 from __future__ import annotations
