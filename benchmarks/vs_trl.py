@@ -543,7 +543,8 @@ def synthetic_main(
             results: dict[Run, dict[str, float]] = {}
             failed: dict[Run, str] = {}
             shape = record["shapes"][work.shape] = {"work": asdict(work), "parameters": parameters, "runs": []}
-            for index, run in enumerate(runs):
+            for run in runs:
+                index = RUNS.index(run)  # its number in the full table, whichever runs this call makes
                 log_path = logs / f"{work.shape}-{index}-{run.framework}.log"
                 try:
                     if run.framework == "trl":
@@ -577,6 +578,21 @@ def synthetic_main(
 
 
 # ---------------------------------------------------------------- driver (runs in pacs' venv)
+
+
+def chosen_runs(numbers: str | None, parser: argparse.ArgumentParser) -> tuple[Run, ...]:
+    """The runs of `RUNS` that `--runs` names by number ("0,2,3"; None: every one), in `RUNS`'s order."""
+    if numbers is None:
+        return RUNS
+    try:
+        picked = {int(number) for number in numbers.split(",")}
+    except ValueError:
+        parser.error(f"--runs: {numbers!r} is not comma-separated run numbers, e.g. 0,2,3")
+    outside = sorted(picked - set(range(len(RUNS))))
+    if outside:
+        valid = "; ".join(f"{index}: {run.name}" for index, run in enumerate(RUNS))
+        parser.error(f"--runs: {outside} are not run numbers; valid: {valid}")
+    return tuple(run for index, run in enumerate(RUNS) if index in picked)
 
 
 class RunFailed(Exception):
@@ -628,6 +644,11 @@ def main() -> None:
         "--peak-flops", type=float, default=989e12, help="--device cuda: one GPU's peak (default: H100/H200 bf16)"
     )
     parser.add_argument(
+        "--runs",
+        help="--device cuda: the runs to make, as their numbers in the table's order from 0 (default: all "
+        f"{len(RUNS)}); a later call can make the ones a time limit cut",
+    )
+    parser.add_argument(
         "--results",
         type=Path,
         help="--device cuda, --smoke: keep every run's log here, and results.json rewritten after each run",
@@ -656,7 +677,7 @@ def main() -> None:
             works = [replace(GPU_WORK, shape=shape, steps=args.steps or GPU_WORK.steps) for shape in args.shapes.split(",")]
         if works[0].steps < 2:
             parser.error("--steps must be at least 2 (the first step is not timed)")
-        runs = SMOKE_RUNS if args.smoke else RUNS
+        runs = SMOKE_RUNS if args.smoke else chosen_runs(args.runs, parser)
         if not synthetic_main(works, trl_python, None if args.smoke else args.peak_flops, runs, args.results):
             sys.exit("vs_trl.py: a run failed (its row in the table says which)")
         return

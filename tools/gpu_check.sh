@@ -44,6 +44,9 @@ export PYTHONPATH="$SITE"
 # vs_trl.py's shapes: 0.5b alone, since both shapes' runs may pass the stage's limit; VS_TRL_SHAPES=1.5b
 # runs the other in a call of its own.
 VS_TRL_SHAPES=${VS_TRL_SHAPES:-0.5b}
+# Its runs (`--runs`, their numbers in vs_trl.py's RUNS): all by default, in the order of their value;
+# VS_TRL_RUNS=4,5,6 makes in a later call the ones a stage's limit cut.
+VS_TRL_RUNS=${VS_TRL_RUNS:-}
 status=0
 
 # step SECONDS LOG COMMAND...: COMMAND under a limit of SECONDS, its output on the screen and in $OUT/LOG.
@@ -90,7 +93,7 @@ for stage in "${stages[@]}"; do
       step 120 continuous-batching.log "$PYTHON" benchmarks/continuous_batching.py --device cuda --shapes demo,100m --repeats 2
       ;;
     trl)
-      step 480 vs-trl.log "$PYTHON" benchmarks/vs_trl.py --device cuda --shapes "$VS_TRL_SHAPES" --steps 3 --trl-python "$PYTHON" --results "$OUT/vs-trl-$VS_TRL_SHAPES"
+      step 480 vs-trl.log "$PYTHON" benchmarks/vs_trl.py --device cuda --shapes "$VS_TRL_SHAPES" --steps 3 --trl-python "$PYTHON" --results "$OUT/vs-trl-$VS_TRL_SHAPES" ${VS_TRL_RUNS:+--runs "$VS_TRL_RUNS"}
       ;;
   esac
 done

@@ -110,3 +110,16 @@ def test_a_failed_run_is_reported_and_the_later_runs_still_run_and_are_kept(tmp_
     assert "Traceback: no GPU" in trl["failed"] and (tmp_path / "out" / trl["log"]).read_text() == "Traceback: no GPU\n"
     assert pacs["figures"]["step_s"] == 2.0 and (tmp_path / "out" / pacs["log"]).is_file()
     assert f"{runs[0].name} (smoke) FAILED" in capsys.readouterr().out
+
+
+def test_runs_are_chosen_by_their_numbers_in_the_tables_order_and_a_wrong_number_is_refused(capsys):
+    import argparse
+
+    import vs_trl
+
+    parser = argparse.ArgumentParser(prog="vs_trl.py")
+    assert vs_trl.chosen_runs("6,4", parser) == (vs_trl.RUNS[4], vs_trl.RUNS[6])
+    assert vs_trl.chosen_runs(None, parser) == vs_trl.RUNS
+    with pytest.raises(SystemExit):
+        vs_trl.chosen_runs("7", parser)
+    assert "--runs: [7] are not run numbers; valid: 0: TRL GRPOTrainer, generate;" in capsys.readouterr().err
