@@ -186,8 +186,12 @@ class TransformersEngine:
         For a model whose every layer attends to the whole sequence, the repeated cache is copied
         into a preallocated `StaticCache` of P + max_new_tokens positions (`_preallocated`): each
         new token is then written in place, where a growing cache copies itself once per token
-        (a quarter of the demo's generation time). Other layer kinds (sliding windows, hybrid
-        models) keep the growing cache.
+        (a quarter of the demo's generation time). The price: every step attends over all
+        P + max_new_tokens positions, so a batch whose every response ends far short of
+        max_new_tokens generates slower than on a growing cache (`benchmarks/generation_cache.py`:
+        up to 2.7x at 512 allowed tokens and 15 used), and one whose longest runs to it faster (2.4x
+        at 512). A training batch of many samples usually has one that runs long. Other layer kinds
+        (sliding windows, hybrid models) keep the growing cache.
 
         Each process generates on its own (`synced_gpus=False`): transformers would otherwise
         switch it on for a model that FSDP shards and add a collective after every token, which
