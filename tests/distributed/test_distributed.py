@@ -11,6 +11,7 @@ and compare each case's weights after one step with the same step in this proces
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -231,7 +232,8 @@ def test_a_cpu_tensor_reaches_a_cuda_only_backend_through_the_one_place():
             with pytest.raises((RuntimeError, AssertionError)) as refused:
                 sum_over_ranks(world, counts)
             assert "No backend type associated" not in str(refused.value)
-            assert "CUDA" in str(refused.value) or "cuda" in str(refused.value)
+            # torch's words for the move: a CPU build "not compiled with CUDA", a CUDA build "no NVIDIA driver"
+            assert re.search("CUDA|cuda|NVIDIA", str(refused.value)), refused.value
     finally:
         dist.destroy_process_group()
 
