@@ -281,6 +281,7 @@ def test_a_failure_on_one_rank_stops_every_rank_with_one_error_naming_it(fsdp_ch
 
 def test_fsdp_keeps_gradients_and_the_reference_sharded_and_its_root_gathered(fsdp_checks):
     seen = fsdp_checks
+    assert seen["all_gathers_per_forward_before"] > 0, "a forward of a sharded model gathers its parameters"
     assert seen["all_gathers_per_forward_after_generation"] == seen["all_gathers_per_forward_before"]
     assert seen["sharded_gradients_between_micro_batches"]
     assert seen["reference_sharded"]

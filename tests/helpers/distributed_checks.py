@@ -37,21 +37,30 @@ from pacs.distributed.world import World
 from pacs.distributed.wrapping import gradient_sync, load_on_rank0, unwrap, wrap_frozen_model, wrap_model
 from pacs.models.loading import load_causal_lm
 
+ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor")
+"""The entry points FSDP's all-gathers take: `all_gather_single` where torch has it (2.13), otherwise
+`all_gather_into_tensor` (torch 2.11, the GPU machines' torch, has no `all_gather_single`)."""
+
 
 def count_all_gathers(run) -> int:
     calls = 0
-    original = dist.all_gather_single
+    originals = {name: getattr(dist, name) for name in ALL_GATHERS if hasattr(dist, name)}
 
-    def counting(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        return original(*args, **kwargs)
+    def counting(original):
+        def wrapper(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)
 
-    dist.all_gather_single = counting
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(dist, name, counting(original))
     try:
         run()
     finally:
-        dist.all_gather_single = original
+        for name, original in originals.items():
+            setattr(dist, name, original)
     return calls
 
 
