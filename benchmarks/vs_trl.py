@@ -521,6 +521,28 @@ def percent(value: float) -> str:
     return "" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
+def synthetic_run(
+    work: Work,
+    run: Run,
+    model_dir: Path,
+    rows_path: Path,
+    directory: Path,
+    log_path: Path,
+    trl_python: Path,
+    peak_flops: float | None,
+) -> list[dict]:
+    """`run`'s steps on `work` (TRL's or pacs's process, scratch files under `directory`); RunFailed
+    if its process failed or recorded another number of steps."""
+    if run.framework == "trl":
+        steps = trl_synthetic_run(work, run, model_dir, rows_path, directory, log_path, trl_python)
+    else:
+        output_dir = directory / f"pacs-{work.shape}-{RUNS.index(run)}"
+        steps = pacs_synthetic_run(work, run, model_dir, rows_path, output_dir, log_path, peak_flops)
+    if len(steps) != work.steps:
+        raise RunFailed(f"{run.name} ({work.shape}): {len(steps)} steps recorded for {work.steps}")
+    return steps
+
+
 def synthetic_main(
     works: list[Work], trl_python: Path, peak_flops: float | None, runs: tuple[Run, ...] = RUNS, out: Path | None = None
 ) -> bool:
@@ -533,6 +555,7 @@ def synthetic_main(
     console = Console()
     start = time.perf_counter()
     record: dict[str, Any] = {"versions": versions(), "peak_flops": peak_flops, "shapes": {}}
+    any_failed = False
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
@@ -544,16 +567,10 @@ def synthetic_main(
             failed: dict[Run, str] = {}
             shape = record["shapes"][work.shape] = {"work": asdict(work), "parameters": parameters, "runs": []}
             for run in runs:
-                index = RUNS.index(run)  # its number in the full table, whichever runs this call makes
-                log_path = logs / f"{work.shape}-{index}-{run.framework}.log"
+                # Named by its number in the full table, whichever runs this call makes.
+                log_path = logs / f"{work.shape}-{RUNS.index(run)}-{run.framework}.log"
                 try:
-                    if run.framework == "trl":
-                        steps = trl_synthetic_run(work, run, model_dir, rows_path, directory, log_path, trl_python)
-                    else:
-                        output_dir = directory / f"pacs-{work.shape}-{index}"
-                        steps = pacs_synthetic_run(work, run, model_dir, rows_path, output_dir, log_path, peak_flops)
-                    if len(steps) != work.steps:
-                        raise RunFailed(f"{len(steps)} steps recorded for {work.steps}")
+                    steps = synthetic_run(work, run, model_dir, rows_path, directory, log_path, trl_python, peak_flops)
                 except RunFailed as error:
                     failed[run] = str(error).splitlines()[0]
                     console.print(f"{run.name} ({work.shape}) FAILED: {error}", highlight=False)
@@ -566,6 +583,7 @@ def synthetic_main(
                 if out is not None:
                     (out / "results.json").write_text(json.dumps(record, indent=1))
             console.print(synthetic_table(work, results, failed))
+            any_failed = any_failed or bool(failed)
             shutil.rmtree(model_dir)
     console.print(
         "s/step, phases, tokens: medians over the steps after the first; vs TRL: the row's s/step over TRL's with the "
@@ -574,7 +592,7 @@ def synthetic_main(
         f"pacs venv: {', '.join(f'{k} {v}' for k, v in versions().items())}; {time.perf_counter() - start:.0f} s in all"
         + (f"; logs and results.json in {out}" if out is not None else "")
     )
-    return not any("failed" in entry for shape in record["shapes"].values() for entry in shape["runs"])
+    return not any_failed
 
 
 # ---------------------------------------------------------------- driver (runs in pacs' venv)
