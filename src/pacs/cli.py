@@ -153,7 +153,7 @@ def _eval(args: argparse.Namespace) -> None:
 def _sft(args: argparse.Namespace) -> None:
     from pacs.data.arithmetic import answer_text
     from pacs.data.loading import load_rows
-    from pacs.models.loading import check_model_reachable
+    from pacs.models.loading import check_model_reachable, resolve_model_path
     from pacs.outputs import unusable_inputs
     from pacs.train.sft import supervised_warm_start
 
@@ -164,6 +164,7 @@ def _sft(args: argparse.Namespace) -> None:
     ]
     if problems := unusable_inputs(checks):
         raise ValueError(problems)
+    resolve_model_path(args.model)  # a built-in model built, a GGUF converted, before anything is written
     if aside := claim_output_dir(Path(args.out), "pacs sft", replace=args.overwrite):
         print(f"the previous model in {args.out} is now {aside}")
     out = supervised_warm_start(

