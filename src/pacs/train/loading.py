@@ -18,7 +18,7 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
 from pacs.config import Config, ConfigError
-from pacs.data.loading import load_rows
+from pacs.data.loading import load_rows, rendering_comment
 from pacs.data.prompts import EncodedPrompts, encode_prompts
 from pacs.distributed.collectives import (
     run_on_every_rank,
@@ -191,6 +191,14 @@ def load_reference(config: Config, world: World, resume_from: Path | None) -> to
     load = functools.partial(load_causal_lm, source, dtype=Precision(config.model.dtype).frozen)
     reference, rank0_weights = load_on_rank0(world, load)
     return wrap_frozen_model(world, reference, rank0_weights=rank0_weights)
+
+
+def record_rendering(config: Config, tokenizer, train_prompts: EncodedPrompts) -> None:
+    """Append to the run's config.yaml, as comments (which loading it back ignores), how the chat
+    template renders its prompts (`rendering_comment`, on the first training prompt)."""
+    comment = rendering_comment(tokenizer, train_prompts.rows[0], config.model.path)
+    with (Path(config.output_dir) / "config.yaml").open("a") as file:
+        file.write(comment)
 
 
 def load_train_and_val_prompts(config: Config, tokenizer, console: Console) -> tuple[EncodedPrompts, EncodedPrompts | None]:

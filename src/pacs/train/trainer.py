@@ -108,6 +108,7 @@ from pacs.train.loading import (
     load_policy,
     load_reference,
     load_train_and_val_prompts,
+    record_rendering,
     seed_everything,
 )
 from pacs.train.logprobs import (
@@ -312,6 +313,8 @@ class Trainer:
         train_prompts, val_prompts = run_on_every_rank(
             world, lambda: load_train_and_val_prompts(config, policy.tokenizer, console), how_to_fix=NODE_INPUTS_HOW_TO_FIX
         )
+        if world.is_writer:
+            record_rendering(config, policy.tokenizer, train_prompts)
         sampler, start_step, tracker_runs, in_flight = restore_progress(
             config, world, resume_from, policy, critic, len(train_prompts.rows)
         )
