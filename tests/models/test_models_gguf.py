@@ -28,7 +28,9 @@ from pacs.models.gguf import (
     registry_model_directory,
 )
 from pacs.models.loading import GGUF_MAGIC, check_model_reachable, load_causal_lm, load_tokenizer, resolve_model_path
+from pacs.plugins import PYTHON_TOOL
 from pacs.rollout.hf import end_of_sequence_ids
+from pacs.rollout.multiturn import ChatFormat
 
 SMOLLM2 = "builtin:smollm2-135m-instruct"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -93,6 +95,11 @@ def test_smollm2_end_of_turn_token_ends_a_response(smollm2_dir: Path) -> None:
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") == IM_END
     assert end_of_sequence_ids(model.generation_config, tokenizer) == (IM_END,)
     assert tokenizer.pad_token_id == IM_END and tokenizer.padding_side == "left"
+
+
+def test_smollm2_chat_template_carries_the_tool_chat_format_as_a_tool_turn(smollm2_dir: Path) -> None:
+    chat_format = ChatFormat(load_tokenizer(SMOLLM2), PYTHON_TOOL)
+    assert chat_format.output_text("4\n") == "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")

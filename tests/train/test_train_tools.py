@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from torchrun_jobs import process_env
 
 from pacs.config import ConfigError, load_config
+from pacs.models.loading import BUILTIN_MODELS
 from pacs.rollout import multiturn
 from pacs.train.metrics import read_metrics
 from pacs.train.trainer import train
@@ -127,6 +128,27 @@ def test_a_model_whose_chat_template_cannot_carry_the_chat_format_is_refused_bef
     config = load_config(
         "builtin:demo",
         [f"output_dir={tmp_path / 'run'}", f"model.path={model_dir}", "rollout.tools=python", "rollout.tool_format=chat"],
+    )
+    with pytest.raises(ConfigError, match=r"rollout.tool_format: .*does not end an assistant message with the end-of-sequence"):
+        train(config, show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_built_in_model_whose_chat_template_cannot_carry_the_chat_format_is_refused_before_anything_is_written(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text("{% for message in messages %}{{ message['content'] }}{% endfor %}")
+    monkeypatch.setitem(BUILTIN_MODELS, "builtin:no-end-of-turn", lambda: model_dir)
+    config = load_config(
+        "builtin:demo",
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "model.path=builtin:no-end-of-turn",
+            "rollout.tools=python",
+            "rollout.tool_format=chat",
+        ],
     )
     with pytest.raises(ConfigError, match=r"rollout.tool_format: .*does not end an assistant message with the end-of-sequence"):
         train(config, show_progress=False)

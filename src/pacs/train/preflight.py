@@ -106,14 +106,22 @@ def _node_input_checks(config: Config, rows_by_spec: dict[str, list[dict]]) -> l
 
 def _check_chat_template(config: Config) -> None:
     """The chat tool format's check of the model's chat template (`tool_format_of`), on its tokenizer
-    alone; not for a built-in model (not built here, its template carries the format) nor one that
-    cannot be reached (already reported under model.path)."""
+    alone; not for a built-in model (not built here: `check_built_model` checks it once it is) nor
+    one that cannot be reached (already reported under model.path)."""
     try:
         check_model_reachable(config.model.path)
     except (ValueError, FileNotFoundError):
         return
     if not config.model.path.startswith(BUILTIN_PREFIX):
         tool_format_of(config.rollout, load_tokenizer(config.model.path))
+
+
+def check_built_model(config: Config) -> None:
+    """Raise `ConfigError` when a built-in `model.path`, once built (`resolve_model_path`), cannot
+    serve the run: with `rollout.tool_format=chat`, a chat template that cannot carry the format
+    (`tool_format_of`), which `check_run_inputs` leaves to this check."""
+    if config.model.path.startswith(BUILTIN_PREFIX) and config.rollout.tools is not None and config.rollout.tool_format == "chat":
+        _refuse_unusable([("rollout.tool_format", lambda: tool_format_of(config.rollout, load_tokenizer(config.model.path)))])
 
 
 def _check_scoring(config: Config, rows_by_spec: dict[str, list[dict]]) -> None:

@@ -49,7 +49,7 @@ from pacs.train.checkpointing.folders import (
     checkpoints_newest_first,
     remove_dead_staging,
 )
-from pacs.train.preflight import check_run_inputs
+from pacs.train.preflight import check_built_model, check_run_inputs
 
 NODE_RECORD = "node_progress.json"
 """In each node's output_dir (nodes other than rank 0's): the newest checkpoint rank 0 wrote."""
@@ -135,7 +135,8 @@ def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -
     """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
     decided (`run_start`), a resume's changed settings refused unless `allow_changes`
     (`setting_changes`), then, unless it is finished, the model built if it is a built-in one not
-    yet cached or a GGUF file (`resolve_model_path`: a build that fails leaves the disk as it was),
+    yet cached or a GGUF file (`resolve_model_path`: a build that fails leaves the disk as it was) and
+    checked (`check_built_model`),
     `output_dir` claimed (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken (returned
     beside the start, held until the run ends; None for a finished run or where locks are not
     supported), what a killed save left removed, allowed changes recorded (`SEGMENTS`),
@@ -168,6 +169,7 @@ def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -
         reuse = True
         start.notes.append(f"{output_dir} holds a run that stopped before its first step ended: starting it again there")
     resolve_model_path(config.model.path)  # a built-in model built, a GGUF converted, before anything is written
+    check_built_model(config)
     claim_output_dir(output_dir, "pacs train", reuse=reuse)
     lock = lock_run(output_dir)
     notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
