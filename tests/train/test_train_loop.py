@@ -59,6 +59,7 @@ def test_run_writes_config_metrics_tensorboard_and_checkpoints(tmp_path, warm_mo
         "loss",
         "grad_norm",
         "response_length/mean",
+        "response_length/clip_ratio",
         "actor/entropy",
         "time/step_s",
         "throughput/tokens_per_s",

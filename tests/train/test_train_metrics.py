@@ -27,8 +27,14 @@ def test_undefined_metrics_are_written_as_null_in_strict_json(tmp_path):
 def test_entropy_is_the_mean_over_response_tokens_not_over_responses():
     lengths = torch.tensor([4.0, 1.0])
     entropy_sums = torch.tensor([4.0, 6.0])  # per-token entropies 1, 1, 1, 1 and 6
-    metrics = rollout_metrics(torch.tensor([1.0, 0.0]), lengths, entropy_sums, group_size=2)
+    metrics = rollout_metrics(torch.tensor([1.0, 0.0]), lengths, entropy_sums, group_size=2, max_response_length=8)
     assert metrics["actor/entropy"] == 2.0  # (4 * 1 + 6) / 5 tokens; per-response means give 3.5
+
+
+def test_clip_ratio_is_the_fraction_of_responses_that_reached_the_length_limit():
+    lengths = torch.tensor([16.0, 3.0, 16.0, 15.0])
+    metrics = rollout_metrics(torch.zeros(4), lengths, torch.ones(4), group_size=2, max_response_length=16)
+    assert metrics["response_length/clip_ratio"] == 0.5
 
 
 def test_resume_drops_later_steps_and_a_last_line_cut_short_by_a_kill(tmp_path):

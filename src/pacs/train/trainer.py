@@ -155,11 +155,13 @@ def rollout_metrics(
     response_lengths: torch.Tensor,
     entropy_sums: torch.Tensor,
     group_size: int,
+    max_response_length: int,
     model_token_counts: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """What a step's rollouts look like: mean reward, fraction of groups with mixed outcomes,
-    response lengths (a tool's output included), and the rollout policy's entropy averaged over
-    every token the model sampled.
+    response lengths (a tool's output included), the fraction of responses cut at the length
+    limit (as long as `max_response_length` or longer: verl's `response_length/clip_ratio`), and
+    the rollout policy's entropy averaged over every token the model sampled.
 
     rewards, response_lengths, entropy_sums: (B,) per response, entropy summed over the model's
     tokens; model_token_counts: (B,) the model's tokens of each response (None: all of them).
@@ -170,6 +172,7 @@ def rollout_metrics(
         "reward/groups_mixed_fraction": mixed_group_fraction(rewards, group_size),
         "response_length/mean": float(response_lengths.mean()),
         "response_length/max": float(response_lengths.max()),
+        "response_length/clip_ratio": float((response_lengths >= max_response_length).double().mean()),
         "actor/entropy": float(entropy_sums.sum() / entropy_tokens.sum().clamp(min=1)),
     }
 
@@ -462,7 +465,7 @@ class Trainer:
             metrics["reference/reset"] = float(resets_reference)
         metrics.update(self.sampler_metrics(batch))
         metrics.update(slowest_timings(self.world, times.metrics(), by="time/step_s"))
-        metrics.update(step_report(self.world, batch, scored, self.config.rollout.n, metrics["time/step_s"]))
+        metrics.update(step_report(self.world, batch, scored, self.config, metrics["time/step_s"]))
         work = self.step_work(metrics["time/step_s"], first_update_rows, updates_policy)
         metrics.update(step_mfu(self.world, batch, work, train.peak_flops))
         if step == self.start_step + 1:
@@ -865,7 +868,7 @@ def restore_progress(
     return PromptSampler(**state["sampler"]), state["step"], state["trackers"], in_flight
 
 
-def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_size: int, step_seconds: float) -> dict[str, float]:
+def step_report(world: World, batch: PolicyBatch, scored: BatchScores, config: Config, step_seconds: float) -> dict[str, float]:
     """The step's rollouts over every rank (`rollout_metrics`), the scorer's timeouts and crashes,
     and tokens per second."""
     per_row = torch.stack(
@@ -881,7 +884,7 @@ def step_report(world: World, batch: PolicyBatch, scored: BatchScores, group_siz
     rewards, lengths, entropy, prompt_lengths, model_tokens = gather_rows(world, per_row.double()).unbind(dim=1)
     timeouts, crashes = sum_over_ranks(world, torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
     return {
-        **rollout_metrics(rewards, lengths, entropy, group_size, model_tokens),
+        **rollout_metrics(rewards, lengths, entropy, config.rollout.n, config.data.max_response_length, model_tokens),
         "reward/timeouts": timeouts,
         "reward/crashes": crashes,
         "throughput/tokens_per_s": float(lengths.sum() + prompt_lengths.sum()) / step_seconds,
