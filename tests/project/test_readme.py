@@ -83,6 +83,8 @@ def file_blocks(page: str) -> dict[str, str]:
 
 WARM_MODEL = "builtin:tiny-arithmetic"
 """A block that names the warm-started model uses it, as the `warm_model` tests do."""
+REAL_MODEL = "builtin:smollm2-135m-instruct"
+"""A block that names the real model runs with the conversion the machine keeps (`smollm2_dir`)."""
 
 
 def runnable(slow: bool) -> list:
@@ -122,7 +124,9 @@ def test_block_runs_as_written(tmp_path, page, block_commands):
 
 
 @pytest.mark.parametrize(("page", "block_commands"), runnable(slow=True))
-def test_slow_block_runs_as_written(tmp_path, page, block_commands):
+def test_slow_block_runs_as_written(tmp_path, request, page, block_commands):
+    if any(REAL_MODEL in command for command in block_commands):
+        request.getfixturevalue("smollm2_dir")
     run_in_fresh_folder(tmp_path, page, block_commands)
 
 
