@@ -264,7 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("eval", help="sample N responses per problem and report pass@k")
-    evaluate.add_argument("--model", required=True, help="Hugging Face model directory (or builtin:NAME)")
+    evaluate.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face model directory, hub id, .gguf file or builtin:NAME (e.g. builtin:smollm2-135m-instruct)",
+    )
     evaluate.add_argument(
         "--data",
         type=_comma_list(str, "comma-separated dataset specs"),
@@ -325,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run=_eval)
 
     sft = commands.add_parser("sft", help="supervised warm-start on a task's reference answers")
-    sft.add_argument("--model", default="builtin:tiny", help="model to fine-tune (local directory, hub id or builtin:NAME)")
+    sft.add_argument(
+        "--model", default="builtin:tiny", help="model to fine-tune (local directory, hub id, .gguf file or builtin:NAME)"
+    )
     sft.add_argument("--data", default="builtin:arithmetic?size=4000", help="dataset spec of the training rows")
     sft.add_argument("--out", required=True, help="new or empty directory for the fine-tuned model")
     sft.add_argument("--steps", type=AT_LEAST_ONE, default=300, help="optimizer steps")

