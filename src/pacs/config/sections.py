@@ -170,8 +170,16 @@ class RolloutConfig(Section):
     tool_workers: int = Field(2, ge=1)
     """With `tools`: worker processes that run tool calls in parallel."""
     tool_memory_limit_mib: int | None = Field(1024, ge=1)
-    """With `tools`: how far each tool worker may grow its address space, in MiB (None: no limit);
-    a program past it gets a MemoryError as its output."""
+    """With `tools`: the address space of one call, in MiB (None: no limit): the python tool's whole
+    sandboxed program, or how far a user's tool's worker may grow; a program past it gets a
+    MemoryError as its output."""
+    tool_sandbox: Literal["bwrap", "none"] = "bwrap"
+    """With `tools: python`: where the model's programs run (`pacs.sandbox`, docs/tools.md).
+    `bwrap`: a bubblewrap sandbox per call (new user, pid, mount, network, ipc and uts namespaces, a
+    read-only view of the interpreter only, a private /tmp, a seccomp filter), refused at start
+    where the kernel or the machine cannot make one. `none`: a fresh interpreter per call with the
+    same limits, filter and scrubbed environment but the trainer's filesystem (it can read what
+    the trainer's user can); said at start."""
 
     @field_validator("tools")
     @classmethod

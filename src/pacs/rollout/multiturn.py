@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -454,6 +455,7 @@ TOOL_SETTINGS = (
     "tool_max_output_chars",
     "tool_workers",
     "tool_memory_limit_mib",
+    "tool_sandbox",
 )
 """The `RolloutConfig` fields that decide how a response calls tools (`tool_settings`)."""
 
@@ -481,12 +483,19 @@ def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> Roll
     if rollout.tools is None:
         return engine
     tool_format = tool_format_of(rollout, tokenizer)
+    if rollout.tools == PYTHON_TOOL and rollout.tool_sandbox == "none":
+        print(
+            "pacs: rollout.tool_sandbox=none: the model's programs run without namespaces and can read what this "
+            "user can (docs/tools.md, 'The sandbox')",
+            file=sys.stderr,
+        )
     tools = ToolRunner(
         rollout.tools,
         num_workers=rollout.tool_workers,
         timeout_s=rollout.tool_timeout_s,
         memory_limit_mib=rollout.tool_memory_limit_mib,
         max_output_chars=rollout.tool_max_output_chars,
+        sandbox=rollout.tool_sandbox,
     )
     return ToolCallingEngine(engine, tokenizer, tools, max_turns=rollout.max_turns, tool_format=tool_format)
 
