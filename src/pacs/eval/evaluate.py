@@ -403,7 +403,7 @@ def evaluate(
         for start in range(0, len(members), prompts_per_call):
             chunk = members[start : start + prompts_per_call]
             rollouts = engine.generate([token_ids[problem] for problem in chunk], replace(params, n=samples, max_new_tokens=cap))
-            batch = scorer.score([problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.response_texts)
+            batch = scorer.score([problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.scored_texts)
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
             if isinstance(engine, ToolCallingEngine):

@@ -92,6 +92,7 @@ def _group_rollouts(rollouts: Rollouts, group: int, group_size: int) -> Rollouts
         group_size=group_size,
         response_logprobs=None if rollouts.response_logprobs is None else rollouts.response_logprobs[rows],
         model_token_mask=None if rollouts.model_token_mask is None else rollouts.model_token_mask[rows],
+        answer_texts=None if rollouts.answer_texts is None else rollouts.answer_texts[rows],
     )
 
 
@@ -116,4 +117,5 @@ def _concatenated(parts: Sequence[Rollouts]) -> Rollouts:
         if parts[0].response_logprobs is None
         else stacked("response_logprobs", response_width, left=False),
         model_token_mask=None if parts[0].model_token_mask is None else stacked("model_token_mask", response_width, left=False),
+        answer_texts=None if parts[0].answer_texts is None else [text for part in parts for text in part.scored_texts],
     )

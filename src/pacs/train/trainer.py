@@ -534,7 +534,7 @@ class Trainer:
         with times.phase("generate"):
             rows, rollouts = self.generate()
         with times.phase("score"):
-            scored = self.scorer.score(rows, rollouts.response_texts)
+            scored = self.scorer.score(rows, rollouts.scored_texts)
         return Draw(rows, rollouts, scored)
 
     def take_async_batch(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
@@ -545,7 +545,7 @@ class Trainer:
             generated = self.pipeline.take(step)
         rows = [self.train_prompts.rows[i] for i in generated.prompt_indices for _ in range(self.config.rollout.n)]
         with times.phase("score"):
-            scored = self.scorer.score(rows, generated.rollouts.response_texts)
+            scored = self.scorer.score(rows, generated.rollouts.scored_texts)
         staleness = float(step - 1 - generated.version)
         metrics = {
             "rollout/staleness_mean": staleness,
