@@ -148,7 +148,7 @@ def _main():
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    sys.stdout.reconfigure(errors="backslashreplace")
+    sys.stdout.reconfigure(errors="backslashreplace", line_buffering=True)
     sys.stderr = sys.stdout
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
