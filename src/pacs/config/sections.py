@@ -336,3 +336,6 @@ class RewardConfig(Section):
     stop_after_failing_steps: int = Field(3, ge=0)
     """Steps in a row in which most answers got no score (at least half timed out or crashed, each
     warned about) after which the run stops with an error naming the reward function; 0: never stop."""
+    max_server_restarts: int = Field(3, ge=0)
+    """Unexpected deaths of the scoring workers' server (each warned about, counted in
+    `reward/server_restarts`) at which the run stops; 0: never stop."""

@@ -76,7 +76,12 @@ def _groups_of(draws: Sequence[Draw], chosen: Sequence[tuple[int, int]], group_s
     rows = [draws[d].rows[g * group_size + k] for d, g in chosen for k in range(group_size)]
     parts = [_group_rollouts(draws[d].rollouts, g, group_size) for d, g in chosen]
     scores = [draws[d].scored.scores[g * group_size + k] for d, g in chosen for k in range(group_size)]
-    scored = BatchScores(scores, timed_out=sum(d.scored.timed_out for d in draws), crashed=sum(d.scored.crashed for d in draws))
+    scored = BatchScores(
+        scores,
+        timed_out=sum(d.scored.timed_out for d in draws),
+        crashed=sum(d.scored.crashed for d in draws),
+        server_restarts=sum(d.scored.server_restarts for d in draws),
+    )
     return Draw(rows, _concatenated(parts), scored)
 
 
