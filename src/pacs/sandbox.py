@@ -9,8 +9,9 @@ What a sandbox is (``sandbox="bwrap"``, the default): a fresh process tree made 
 cgroup namespaces, started from this process by a thread that waits on it:
 
 - **Files**: a read-only view of what the interpreter needs and nothing else: the system's shared
-  libraries (``/usr/lib``, ``/lib``...), the interpreter and its standard library (its
-  ``site-packages`` hidden under an empty folder), a fresh ``/proc`` and a minimal ``/dev``. No
+  libraries (``/usr/lib``, ``/lib``...), the interpreter, its standard library and the packages
+  installed beside pacs (`package_dirs`: sympy, numpy..., which model-written math programs
+  import; pacs itself hidden under an empty folder), a fresh ``/proc`` and a minimal ``/dev``. No
   home, no working directory, no run folder, data, checkpoints, caches or pacs source. The only
   writable place is ``/tmp``, a private ``tmpfs`` of ``Limits.scratch_mib``, gone with the call.
 - **Environment**: none of this process's variables: the program sees only ``HOME=/tmp``,
@@ -145,6 +146,7 @@ def _main():
     filter_length, program_length = struct.unpack(">II", data[:8])
     filter_bytes, program = data[8 : 8 + filter_length], data[8 + filter_length :].decode("utf-8", "replace")
     _install(filter_bytes, [int(value) for value in sys.argv[1:6]])
+    sys.path.extend(sys.argv[6:])
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -270,7 +272,7 @@ def _command(limits: Limits, sandbox: str) -> list[str]:
     memory = -1 if limits.memory_mib is None else limits.memory_mib << 20
     cpu_s = int(limits.timeout_s) + 2
     runner = [interpreter, "-I", "-S", "-B", "-c", RUNNER, str(memory), str(cpu_s), str(limits.open_files)]
-    runner += [str(limits.scratch_mib << 20), "0"]
+    runner += [str(limits.scratch_mib << 20), "0", *package_dirs()]
     if sandbox == "none":
         return runner
     return [*_bubblewrap_arguments(interpreter, limits.scratch_mib), "--", *runner]
@@ -284,13 +286,14 @@ def _bubblewrap_arguments(interpreter: str, scratch_mib: int) -> list[str]:
         arguments += ["--setenv", name, value]
     arguments += _interpreter_view(interpreter)
     arguments += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mib << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    return [*arguments, "--remount-ro", "/"]
+    return [*arguments, "--remount-ro", "/dev", "--remount-ro", "/"]
 
 
 @cache
 def _interpreter_view(interpreter: str) -> tuple[str, ...]:
     """bwrap arguments for a read-only view of the system's libraries and of `interpreter` with its
-    standard library, its site-packages hidden."""
+    standard library and `package_dirs` (pacs hidden in them; the base interpreter's own
+    site-packages hidden when it is not one of them)."""
     view: list[str] = []
     for system_dir in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/lib32", "/lib32"):
         path = Path(system_dir)
@@ -299,13 +302,24 @@ def _interpreter_view(interpreter: str) -> tuple[str, ...]:
         elif path.is_dir():
             view += ["--ro-bind", system_dir, system_dir]
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    for needed in (Path(sys.base_prefix).resolve() / "lib", stdlib, Path(interpreter)):
+    packages = [Path(directory) for directory in package_dirs()]
+    for needed in (Path(sys.base_prefix).resolve() / "lib", stdlib, Path(interpreter), *packages):
         if not any(str(needed).startswith(bound + "/") for bound in ("/usr/lib", "/usr/lib64", "/lib", "/lib64")):
             view += ["--ro-bind", str(needed), str(needed)]
-    site_packages = stdlib / "site-packages"
-    if site_packages.is_dir():
-        view += ["--tmpfs", str(site_packages)]
+    base_site_packages = stdlib / "site-packages"
+    hidden = [base_site_packages] if base_site_packages.is_dir() and base_site_packages not in packages else []
+    hidden += [directory / "pacs" for directory in packages if (directory / "pacs").is_dir()]
+    for directory in hidden:  # an empty, read-only folder over it
+        view += ["--tmpfs", str(directory), "--remount-ro", str(directory)]
     return tuple(view)
+
+
+@cache
+def package_dirs() -> tuple[str, ...]:
+    """The folders of the packages installed beside pacs (this interpreter's purelib and platlib),
+    which a sandboxed program may import from, read-only."""
+    paths = sysconfig.get_paths()
+    return tuple(dict.fromkeys(str(Path(paths[name]).resolve()) for name in ("purelib", "platlib") if Path(paths[name]).is_dir()))
 
 
 def _run_one(command: list[str], filter_bytes: bytes, program: str, limits: Limits, *, working_dir: str | None) -> ProgramOutcome:
