@@ -324,5 +324,20 @@ def test_without_namespaces_a_program_still_runs_alone_in_a_fresh_folder_with_a_
 
 
 def test_a_killed_program_says_how_it_ended(python_tool):
-    (output,) = python_tool.run([f"import os, signal\nprint('bye')\nos.kill(os.getpid(), signal.{signal.SIGSEGV.name})"])
+    (output,) = python_tool.run(["import ctypes\nprint('bye')\nctypes.string_at(0)"])
     assert output == ToolOutput("bye\nthe program's process was killed by SIGSEGV (its memory limit is 512 MiB)", True)
+
+
+def test_a_program_sees_no_process_but_its_own(python_tool):
+    (output,) = python_tool.run(["import os\nprint(os.getpid(), os.listdir('/proc'))"])
+    assert output == ToolOutput("1 []\n", False)
+
+
+def test_a_sandbox_whose_zygotes_were_killed_starts_them_again_and_answers():
+    with ToolRunner(PYTHON_TOOL, num_workers=2, timeout_s=3.0, memory_limit_mib=256, max_output_chars=100) as runner:
+        assert runner.run(["print(1)"] * 2) == [ToolOutput("1\n", False)] * 2
+        for zygote in runner._sandbox._all:  # what the OOM killer might do; no program can reach them
+            os.kill(zygote.process.pid, signal.SIGKILL)
+        lost = runner.run(["print(2)"] * 2)
+        assert all(output.failed and output.text.startswith("SandboxError") for output in lost)
+        assert runner.run([f"print({i})" for i in range(6)]) == [ToolOutput(f"{i}\n", False) for i in range(6)]

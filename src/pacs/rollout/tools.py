@@ -12,9 +12,10 @@ model reads back). `rollout.tools` names it:
   named by import path, like `reward.function`; what it raises becomes its output.
 
 The python tool runs each program in a sandbox of its own (`pacs.sandbox`, `rollout.tool_sandbox`):
-a fresh process per call in new namespaces (bubblewrap), which sees no file of the run, no
-variable of its environment and no process of it, may start no process and open no socket, and
-is killed with everything in it at its deadline by a thread of the trainer's that it cannot reach.
+a fresh process per call in namespaces of its own (forked by a zygote inside bubblewrap), which
+sees no file of the run, no variable of its environment and no process of it or of another call,
+may start no process and open no socket, and is killed with everything in it at its deadline by a
+thread of the trainer's that it cannot reach.
 What comes back is at most `pacs.sandbox.Limits.output_bytes` bytes of output and an exit status,
 from which `python_output` writes the model's text: nothing a program does persists into another
 call or reaches the trainer as anything but that text.
@@ -36,8 +37,11 @@ from typing import cast
 
 from pacs.plugins import PYTHON_TOOL, import_function
 from pacs.rewards.workers import NO_RESULT, TimeLimitedWorkers, check_timeout_s, exception_text
-from pacs.sandbox import PROGRAM_RAISED, Limits, ProgramOutcome, check_sandbox, run_programs, signal_name
+from pacs.sandbox import PROGRAM_RAISED, Limits, ProgramOutcome, ProgramSandbox, check_sandbox, signal_name
 
+PRELOADED_MODULES = ("sympy",)
+"""Imported once by each of the python tool's zygotes, so that a program's ``import sympy`` (as
+Qwen2.5-Math's tool-integrated programs write) costs nothing; pure Python, safe to fork."""
 TOOL_CALL_SPEC = "pacs.rollout.tools:tool_call"
 """The function the workers of a user's tool run (`tool_call`)."""
 
@@ -134,8 +138,10 @@ class ToolRunner:
             timeout_s=self.timeout_s, memory_mib=memory_limit_mib, output_bytes=max(1 << 16, 4 * max_output_chars)
         )
         self._workers: TimeLimitedWorkers | None = None
+        self._sandbox: ProgramSandbox | None = None
         if tool == PYTHON_TOOL:
             check_sandbox(sandbox)
+            self._sandbox = ProgramSandbox(sandbox, parallel=num_workers, preload=PRELOADED_MODULES)
         else:
             import_function(tool, "tool")
             self._workers = TimeLimitedWorkers(TOOL_CALL_SPEC, num_workers=num_workers, memory_limit_mib=memory_limit_mib)
@@ -147,18 +153,21 @@ class ToolRunner:
         self.close()
 
     def close(self) -> None:
-        """Stop a user's tool's workers (a later `run` starts fresh ones); the python tool keeps none."""
+        """Stop the python tool's zygotes or a user's tool's workers (a later `run` starts fresh ones)."""
         if self._workers is not None:
             self._workers.close()
+        if self._sandbox is not None:
+            self._sandbox.close()
 
     def run(self, programs: Sequence[str]) -> list[ToolOutput]:
         """The tool's output for each of `programs`, in order; a call past the time limit or that
         crashed gives a message saying so."""
         if not programs:
             return []
-        if self._workers is None:
-            outcomes = run_programs(programs, self.limits, sandbox=self.sandbox, parallel=self.num_workers)
+        if self._sandbox is not None:
+            outcomes = self._sandbox.run(programs, self.limits)
             return [python_output(outcome, self.limits, self.max_output_chars) for outcome in outcomes]
+        assert self._workers is not None  # a user's tool
         calls = [(self.tool, program, self.max_output_chars) for program in programs]
         outcome = self._workers.run(calls, timeout_s=self.timeout_s)
         outputs = []
