@@ -4,34 +4,38 @@
 printed and how it ended (`ProgramOutcome`). The python tool (`pacs.rollout.tools`) runs every
 call through it, and code-executing rewards are meant to.
 
-What a sandbox is (``sandbox="bwrap"``, the default): a fresh process tree made by bubblewrap
-(``bwrap``, the distribution's package) per call, in new user, pid, mount, network, ipc, uts and
-cgroup namespaces, started from this process by a thread that waits on it:
+What a sandbox is (``sandbox="bwrap"``, the default): bubblewrap (``bwrap``, the distribution's
+package) runs a zygote (`ZYGOTE`), a small interpreter of ours in new user, pid, mount, network,
+ipc, uts and cgroup namespaces, which forks a child per call; the child makes namespaces of its
+own (user, mount, pid, network, ipc, uts) before anything of the program runs, so calls are apart
+from one another as from the run:
 
 - **Files**: a read-only view of what the interpreter needs and nothing else: the system's shared
   libraries (``/usr/lib``, ``/lib``...), the interpreter, its standard library and the packages
   installed beside pacs (`package_dirs`: sympy, numpy..., which model-written math programs
-  import; pacs itself hidden under an empty folder), a fresh ``/proc`` and a minimal ``/dev``. No
-  home, no working directory, no run folder, data, checkpoints, caches or pacs source. The only
-  writable place is ``/tmp``, a private ``tmpfs`` of ``Limits.scratch_mib``, gone with the call.
+  import; pacs itself hidden under an empty folder) and a minimal ``/dev``; ``/proc`` is empty.
+  No home, no working directory, no run folder, data, checkpoints, caches or pacs source. The
+  only writable place is the call's own ``/tmp``, a ``tmpfs`` of ``Limits.scratch_mib``, gone
+  with the call.
 - **Environment**: none of this process's variables: the program sees only ``HOME=/tmp``,
   ``TMPDIR=/tmp``, ``LANG=C.UTF-8`` and ``PATH`` (`SANDBOX_ENVIRONMENT`), so no token or key.
-- **Processes**: the program runs alone in its pid namespace (with bubblewrap's init): it cannot
-  see or signal any process of the run. A seccomp filter (`seccomp_filter`), installed before the
+- **Processes**: the program is pid 1 of its own pid namespace and uid 0 of its own user
+  namespace with every capability dropped: it cannot see or signal any process of the run, of
+  the zygote or of another call. A seccomp filter (`seccomp_filter`), installed before the
   program's first line and after ``no_new_privs``, refuses starting a process (fork, vfork, clone
   without ``CLONE_THREAD``, execve; threads are allowed), tracing or reading another process
   (ptrace, process_vm_*, pidfd_*), mounting, new namespaces, kernel modules, BPF, keyrings,
   io_uring and opening a socket; a refused call fails with EPERM (``PermissionError``).
 - **Limits for the whole call**: the call is one process, so its limits are the call's: address
-  space (``Limits.memory_mib``, a ``MemoryError`` past it), CPU seconds (the time limit plus one),
+  space (``Limits.memory_mib``, a ``MemoryError`` past it), CPU seconds (the time limit plus two),
   open files, the size of any file (and ``/tmp`` as a whole) at ``Limits.scratch_mib``. The
-  wall-clock deadline is kept by the thread here, outside the sandbox, which the program cannot
-  see or stop: at the deadline, or once the program has printed more than
-  ``Limits.output_bytes``, the sandbox is killed, and with it (``--die-with-parent``, the pid
-  namespace's init gone) every process in it.
-- **What comes back** is bytes read from the program's output pipe, at most
-  ``Limits.output_bytes``, and its exit status; the caller builds its result from those itself.
-  Nothing the program does persists into another call.
+  wall-clock deadline is kept by the calling thread here, outside the sandbox, which the program
+  cannot see or stop: at the deadline, or once the program has printed more than
+  ``Limits.output_bytes``, it kills the call through a pidfd the zygote handed over, and with it
+  every process in the call's namespaces.
+- **What comes back** is bytes read from the call's own output pipe, at most
+  ``Limits.output_bytes``, and its exit status from the zygote; the caller builds its result from
+  those itself. A call is a fork: nothing the program changes reaches the zygote or another call.
 
 ``sandbox="none"`` runs the same runner without bubblewrap (a fresh interpreter per call, the same
 limits, seccomp filter and scrubbed environment, but the trainer's filesystem and process
@@ -39,6 +43,8 @@ namespace): for machines whose kernel refuses namespaces, chosen by name and nev
 
 `check_sandbox` runs a program once to say, before anything expensive, whether the sandbox can
 start here (bubblewrap installed, namespaces allowed), with the fix in its message.
+`ProgramSandbox` keeps its zygotes between `run` calls (the python tool keeps one for its run);
+`run_programs` starts and stops one for a single batch.
 """
 
 from __future__ import annotations
