@@ -20,9 +20,20 @@ ALL_EXTRAS := $(subst $(space),$(comma),$(strip $(subst $(comma), ,$(EXTRAS)) $(
 # `make demo` installs pacs without extras (the demo uses none of them), under a stamp of its own.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install peer-venvs vllm-venv vllm026-venv test-vllm026 demo test test-fast lint typecheck test-gpu gpu-wheels warm-model-variants clean
+.PHONY: install bubblewrap peer-venvs vllm-venv vllm026-venv test-vllm026 demo test test-fast lint typecheck test-gpu gpu-wheels warm-model-variants clean
 
-install: $(STAMP)
+install: $(STAMP) bubblewrap
+
+# The python tool runs the model's programs in bubblewrap (pacs.sandbox, docs/tools.md), a package
+# of the distribution, not of PyPI: installed here when it is missing and this is root on a system
+# with apt-get; otherwise named, and a run with rollout.tools=python refuses to start without it.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "pacs: the python tool's sandbox needs bubblewrap: sudo apt-get install bubblewrap (Debian, Ubuntu) or sudo dnf install bubblewrap (Fedora)" >&2; \
+	  fi; }
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

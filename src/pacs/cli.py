@@ -113,7 +113,7 @@ def _eval(args: argparse.Namespace) -> None:
     from pacs.distributed.world import World
     from pacs.eval.evaluate import eval_tool_settings, evaluate_model
 
-    tools, tools_from = eval_tool_settings(args.model, args.tools, args.max_turns, args.tool_format)
+    tools, tools_from = eval_tool_settings(args.model, args.tools, args.max_turns, args.tool_format, args.tool_sandbox)
     if tools_from is not None:
         print(
             f"generating with the tools of {tools_from} (rollout.tools={tools['tools']}); --tools none: without", file=sys.stderr
@@ -324,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("tir", "chat"),
         default=None,
         help="with tools: how the model calls them (rollout.tool_format; default: the run's, else tir)",
+    )
+    evaluate.add_argument(
+        "--tool-sandbox",
+        choices=("bwrap", "none"),
+        default=None,
+        help="with --tools python: where its programs run (rollout.tool_sandbox; default: the run's, else bwrap)",
     )
     evaluate.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     evaluate.set_defaults(run=_eval)

@@ -207,10 +207,9 @@ def test_the_first_update_reports_the_loss_before_any_old_log_prob_is_computed(n
 def test_the_overlong_penalty_is_dapos_equation_13():
     """L_max = 10, L_cache = 4: no penalty up to 6 tokens, then −(|o| − 6)/4, −1 at 10."""
     lengths = torch.tensor([0, 3, 6, 7, 9, 10])
-    mask = (torch.arange(10) < lengths[:, None]).float()
     expected = torch.tensor([0.0, 0.0, 0.0, -0.25, -0.75, -1.0])
-    torch.testing.assert_close(overlong_penalty(mask, 10, 4), expected)
-    torch.testing.assert_close(overlong_penalty(mask, 10, 4, penalty=0.5), expected / 2)
+    torch.testing.assert_close(overlong_penalty(lengths, 10, 4), expected)
+    torch.testing.assert_close(overlong_penalty(lengths, 10, 4, penalty=0.5), expected / 2)
 
 
 def test_overlong_shaping_changes_the_rewards_that_group_baselines_compare():

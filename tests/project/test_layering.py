@@ -10,7 +10,7 @@ import pacs
 
 SOURCE = Path(pacs.__file__).parent
 LAYERS = [
-    {"pacs", "pacs.paths", "pacs.plugins", "pacs.progress", "pacs.outputs", "pacs.threads"},
+    {"pacs", "pacs.paths", "pacs.plugins", "pacs.progress", "pacs.outputs", "pacs.threads", "pacs.sandbox"},
     {"pacs.algos"},
     {"pacs.rewards", "pacs.data", "pacs.models", "pacs.config"},
     {"pacs.distributed"},

@@ -109,6 +109,14 @@ def too_high(data_source, solution_str, ground_truth, extra_info=None):
 
 def process_id(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0 if os.getpid() == int(ground_truth) else 0.0
+
+
+def kill_the_server(data_source, solution_str, ground_truth, extra_info=None):
+    import signal
+    if solution_str == "kill":
+        os.kill(os.getppid(), signal.SIGKILL)  # a worker's parent is the fork server
+        time.sleep(5)
+    return 1.0
 '''
 TIMEOUT_S = 0.5
 
@@ -352,3 +360,12 @@ def test_what_the_reward_function_prints_reaches_standard_error(plugin: str, tmp
     assert caller.returncode == 0, caller.stderr
     assert "printed by the reward function" in caller.stderr
     assert caller.stdout == "scores [1.0]\n"
+
+
+@pytest.mark.slow
+def test_a_scoring_server_that_dies_is_started_again_and_the_batch_says_so(plugin: str) -> None:
+    with ScoringPool(f"{plugin}:kill_the_server", num_workers=1, timeout_s=10.0) as pool:
+        killed = pool.score(rows(2), ["kill", "fine"])
+        after = pool.score(rows(1), ["fine"])
+    assert killed.server_restarts == 1 and killed.scores == [0.0, 1.0] and killed.crashed == 1
+    assert after == BatchScores([1.0])

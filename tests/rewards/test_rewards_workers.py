@@ -284,6 +284,7 @@ def test_a_server_killed_between_runs_is_restarted() -> None:
         os.kill(server, signal.SIGKILL)
         assert gone(server)  # SIGKILL is asynchronous: a call sent before the server ended still reaches its worker
         [new_server] = workers.run([()], timeout_s=5).results
+        assert workers.server_deaths == 1
     assert new_server != server
 
 

@@ -78,6 +78,16 @@ def test_the_set_number_of_failing_steps_in_a_row_stops_naming_the_function_and_
         scoring.observe("step 2", timed_out=6, crashed=1, answers=8)
 
 
+def test_each_death_of_the_scoring_server_is_warned_about_and_the_set_number_stops_the_run():
+    watch = ScoringWatch("default_compute_score", remedy="", stop_after=3, stop_option="", max_server_restarts=2)
+    assert watch.observe_restarts("step 1", 0) is None
+    assert "step 2: the worker server of reward function default_compute_score died unexpectedly" in (
+        watch.observe_restarts("step 2", 1) or ""
+    )
+    with pytest.raises(ScoringFailed, match=r"died unexpectedly 2 times \(step 2, step 5\); stopped"):
+        watch.observe_restarts("step 5", 1)
+
+
 def test_zero_never_stops():
     scoring = watch(0)
     for step in range(1, 10):

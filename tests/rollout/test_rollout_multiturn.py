@@ -59,7 +59,7 @@ def test_a_call_is_cut_at_its_closing_fence_and_the_output_is_appended_as_tool_t
     assert rollouts.response_ids[0].tolist() == turn + block + answer
     assert rollouts.model_token_mask[0].tolist() == [1] * len(turn) + [0] * len(block) + [1] * len(answer)
     assert engine.prompts[1] == [encoded(tokenizer, "Q:") + turn + block]
-    assert rollouts.response_texts == ["Let me compute.\n```python\nprint(6 * 7)\n```\n```output\n42\n```\nThe answer is 42."]
+    assert rollouts.answer_texts == ["The answer is 42."]  # what the reward scores: the model's last turn
 
 
 def test_a_trace_gives_the_models_turns_and_the_tools_outputs_in_order(tokenizer, python_tool):
@@ -105,7 +105,7 @@ def test_the_models_tokens_are_kept_as_sampled_not_encoded_again(tokenizer, pyth
     )
     turn_length = len(sampled) - 1
     assert rollouts.response_ids[0, :turn_length].tolist() == sampled[:-1]
-    assert rollouts.response_texts[0].startswith("```python\nprint(1)\n```\n```output\n1\n```\n")
+    assert trajectory_turns(rollouts, 0, tokenizer)[1] == {"tool": "\n```output\n1\n```\n"}
 
 
 def test_every_row_of_a_group_takes_its_own_turns_and_errors_are_counted(tokenizer, python_tool):
@@ -116,11 +116,11 @@ def test_every_row_of_a_group_takes_its_own_turns_and_errors_are_counted(tokeniz
     ]
     engine = ToolCallingEngine(ScriptedEngine(tokenizer, turns), tokenizer, python_tool, max_turns=4)
     rollouts = engine.generate([encoded(tokenizer, "Q:")], SamplingParams(n=3, max_new_tokens=200))
-    assert rollouts.response_texts == [
-        "```python\nprint(1 / 0)\n```\n```output\nZeroDivisionError: division by zero\n```\n```python\nprint(3)\n```\n```output\n3\n```\nThree.",
-        "No tool.",
-        "```python\nprint(2)\n```\n```output\n2\n```\nTwo.",
+    assert [turn for turn in trajectory_turns(rollouts, 0, tokenizer) if "tool" in turn] == [
+        {"tool": "\n```output\nZeroDivisionError: division by zero\n```\n"},
+        {"tool": "\n```output\n3\n```\n"},
     ]
+    assert rollouts.answer_texts == ["Three.", "No tool.", "Two."]
     assert (engine.last_stats.calls, engine.last_stats.errors, engine.last_stats.turns) == ([2, 0, 1], [1, 0, 0], [3, 1, 2])
     assert rollouts.model_token_mask.shape == rollouts.response_mask.shape
     assert rollouts.model_token_mask[1].tolist() == rollouts.response_mask[1].tolist()
@@ -130,7 +130,7 @@ def test_the_last_turn_is_not_stopped_at_a_block_and_its_block_is_not_run(tokeni
     turns = [["```python\nprint(1)\n```"], ["```python\nprint(2)\n```\nDone." + END]]
     engine = ToolCallingEngine(ScriptedEngine(tokenizer, turns), tokenizer, python_tool, max_turns=2)
     rollouts = engine.generate([encoded(tokenizer, "Q:")], SamplingParams(max_new_tokens=200))
-    assert rollouts.response_texts == ["```python\nprint(1)\n```\n```output\n1\n```\n```python\nprint(2)\n```\nDone."]
+    assert rollouts.answer_texts == ["```python\nprint(2)\n```\nDone."]
     assert engine.last_stats.calls == [1] and engine.last_stats.turns == [2]
 
 

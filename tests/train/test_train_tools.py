@@ -178,3 +178,34 @@ def test_a_killed_run_with_a_tool_resumes_to_the_weights_of_an_uninterrupted_one
     assert [row["step"] for row in read_metrics(killed)] == [1, 2, 3, 4]
     assert all("rollout/tool_calls_mean" in row for row in read_metrics(killed))
     assert [json.loads(line)["step"] for line in (killed / "traces.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_tool_that_prints_the_answer_earns_no_reward_when_the_models_last_turn_does_not_give_it(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Every response's first token calls a program printing the ground truth in `\\boxed{}`;
+    the model's last turn is at most 2 tokens, too short to write it: each reward is 0 (it would be
+    1 if the verifier read the tool's output)."""
+    data = tmp_path / "sevens.jsonl"
+    row = {"data_source": "arithmetic", "prompt": [{"role": "user", "content": "What is 3+4?"}]}
+    data.write_text("".join(json.dumps({**row, "reward_model": {"ground_truth": "7"}}) + "\n" for _ in range(8)))
+    original = multiturn.tool_call_end
+    monkeypatch.setattr(
+        multiturn, "tool_call_end", lambda ids, tokenizer: (1, "print('\\\\boxed{7}')") if ids else original(ids, tokenizer)
+    )
+    block = len(multiturn.output_block("x", "\\boxed{7}"))  # the tiny tokenizer: a token per character
+    result, _ = run(
+        tmp_path,
+        tiny_model_dir,
+        "forged",
+        f"data.train={data}",
+        "rollout.tools=python",
+        "rollout.max_turns=2",
+        f"data.max_response_length={1 + block + 2}",
+        "train.traces_per_step=1",
+        "reward.function=null",  # the data's own verifier, not the helpers' alternating scores
+    )
+    trajectory = json.loads((result.output_dir / "traces.jsonl").read_text().splitlines()[-1])["trajectories"][0]
+    assert "\\boxed{7}" in trajectory["turns"][1]["tool"]
+    assert all(row["reward/mean"] == 0.0 for row in read_metrics(result.output_dir))

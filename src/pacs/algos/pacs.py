@@ -133,7 +133,7 @@ from pacs.algos.importance import RolloutIsLevel, check_rollout_is, rollout_is_w
 from pacs.algos.kl import check_kl_penalty, kl_penalty
 from pacs.algos.masks import check_choice, check_same_shape, masked_mean, masked_sum
 from pacs.algos.options import BaseAlgorithmConfig, RunSettings
-from pacs.algos.shaping import check_overlong_shaping, shaped_rewards
+from pacs.algos.shaping import check_overlong_shaping, response_lengths, shaped_rewards
 
 LOSS_NOTE = (
     "note: PACS's loss is a cross-entropy of logits ψ that start each step from the policy's log-ratio to its "
@@ -607,7 +607,7 @@ class PACS:
             return rewards
         shaped = shaped_rewards(
             rewards,
-            rows["response_mask"],
+            response_lengths(rows),
             max_length=self.max_response_length,
             buffer=self.overlong_buffer,
             penalty=self.overlong_penalty,

@@ -79,6 +79,7 @@ from pacs.algos.masks import check_choice, masked_mean
 from pacs.algos.shaping import (
     check_overlong_shaping,
     outcome_token_rewards,
+    response_lengths,
     shaped_rewards,
 )
 from pacs.algos.surrogates import check_clip_range, clipped_surrogate
@@ -226,7 +227,7 @@ class ClippedPolicyGradient:
         if not self.overlong_buffer:
             return batch["rewards"]
         return shaped_rewards(
-            batch["rewards"], batch["response_mask"], max_length=self.max_response_length, buffer=self.overlong_buffer,
+            batch["rewards"], response_lengths(batch), max_length=self.max_response_length, buffer=self.overlong_buffer,
             penalty=self.overlong_penalty,
         )  # fmt: skip
 

@@ -25,18 +25,32 @@ def check_overlong_shaping(buffer: int, penalty: float, max_response_length: int
         )
 
 
-def overlong_penalty(response_mask: torch.Tensor, max_length: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
+RESPONSE_LENGTHS = "response_lengths"
+"""The batch key of (B,) response lengths as the length limit counts them: with tool outputs in a
+response, its model and tool tokens together, which "response_mask" (the model's tokens only)
+does not count (`response_lengths`)."""
+
+
+def response_lengths(batch) -> torch.Tensor:
+    """(B,) each response's length as the length limit counts it: ``batch["response_lengths"]``
+    where the trainer gives it (responses with tool outputs), else Σ_t ``response_mask``."""
+    if RESPONSE_LENGTHS in batch:
+        return batch[RESPONSE_LENGTHS]
+    return batch["response_mask"].sum(dim=-1)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, Eq. 13), added to the
     outcome reward so that a response nearing the length limit earns less, whatever its outcome.
 
-    Formula (|o_i| = Σ_t m_it, L_max = ``max_length``, L_cache = ``buffer``, p = ``penalty``):
+    Formula (|o_i| = ``lengths``, L_max = ``max_length``, L_cache = ``buffer``, p = ``penalty``):
         R_length(o_i) = 0                                   |o_i| ≤ L_max − L_cache
                       = ((L_max − L_cache) − |o_i|) / L_cache   L_max − L_cache < |o_i| ≤ L_max
                       = −1                                  |o_i| > L_max
         returned:  p · R_length(o_i)   (verl's ``overlong_buffer.penalty_factor``; DAPO: p = 1)
 
     Args:
-        response_mask: (B, T) 1 at response tokens.
+        lengths: (B,) response lengths |o_i| as ``max_length`` counts them (`response_lengths`).
         max_length: L_max, the maximum response length (``data.max_response_length``).
         buffer: L_cache, 1 <= L_cache <= L_max.
         penalty: p >= 0.
@@ -47,21 +61,22 @@ def overlong_penalty(response_mask: torch.Tensor, max_length: int, buffer: int, 
     check_overlong_shaping(buffer, penalty, max_length)
     if buffer == 0:
         raise ValueError("overlong_penalty needs buffer >= 1 (buffer 0 switches the shaping off)")
-    dtype = torch.promote_types(response_mask.dtype, torch.float32) if response_mask.is_floating_point() else torch.float32
-    lengths = response_mask.detach().to(dtype).sum(dim=-1)
+    dtype = torch.promote_types(lengths.dtype, torch.float32) if lengths.is_floating_point() else torch.float32
+    lengths = lengths.detach().to(dtype)
     excess = (lengths - (max_length - buffer)).clamp(min=0) / buffer
     return -penalty * excess.clamp(max=1)
 
 
 def shaped_rewards(
-    rewards: torch.Tensor, response_mask: torch.Tensor, *, max_length: int | None, buffer: int, penalty: float
+    rewards: torch.Tensor, lengths: torch.Tensor, *, max_length: int | None, buffer: int, penalty: float
 ) -> torch.Tensor:
-    """The outcome rewards with DAPO's overlong penalty added (``overlong_penalty``, ``buffer`` >= 1):
-    (B,) R_i + p · R_length(o_i), constants, at least float32. ValueError without ``max_length``
+    """The outcome rewards with DAPO's overlong penalty added (``overlong_penalty``, ``buffer`` >= 1,
+    ``lengths`` (B,) as the limit counts them): (B,) R_i + p · R_length(o_i), constants, at least
+    float32. ValueError without ``max_length``
     (``check_overlong_shaping`` refuses that combination first)."""
     if max_length is None:
         raise ValueError("overlong shaping needs max_length, the longest response allowed")
-    shaping = overlong_penalty(response_mask, max_length, buffer, penalty)
+    shaping = overlong_penalty(lengths, max_length, buffer, penalty)
     dtype = torch.promote_types(rewards.dtype, shaping.dtype)
     return rewards.detach().to(dtype) + shaping.to(dtype)
 

@@ -172,8 +172,16 @@ class RolloutConfig(Section):
     tool_workers: int = Field(2, ge=1)
     """With `tools`: worker processes that run tool calls in parallel."""
     tool_memory_limit_mib: int | None = Field(1024, ge=1)
-    """With `tools`: how far each tool worker may grow its address space, in MiB (None: no limit);
-    a program past it gets a MemoryError as its output."""
+    """With `tools`: the address space of one call, in MiB (None: no limit): the python tool's whole
+    sandboxed program, or how far a user's tool's worker may grow; a program past it gets a
+    MemoryError as its output."""
+    tool_sandbox: Literal["bwrap", "none"] = "bwrap"
+    """With `tools: python`: where the model's programs run (`pacs.sandbox`, docs/tools.md).
+    `bwrap`: a bubblewrap sandbox per call (new user, pid, mount, network, ipc and uts namespaces, a
+    read-only view of the interpreter only, a private /tmp, a seccomp filter), refused at start
+    where the kernel or the machine cannot make one. `none`: a fresh interpreter per call with the
+    same limits, filter and scrubbed environment but the trainer's filesystem (it can read what
+    the trainer's user can); said at start."""
 
     @field_validator("tools")
     @classmethod
@@ -330,3 +338,6 @@ class RewardConfig(Section):
     stop_after_failing_steps: int = Field(3, ge=0)
     """Steps in a row in which most answers got no score (at least half timed out or crashed, each
     warned about) after which the run stops with an error naming the reward function; 0: never stop."""
+    max_server_restarts: int = Field(3, ge=0)
+    """Unexpected deaths of the scoring workers' server (each warned about, counted in
+    `reward/server_restarts`) at which the run stops; 0: never stop."""

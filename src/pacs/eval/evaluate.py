@@ -80,6 +80,7 @@ from pacs.rollout.hf import TransformersEngine
 from pacs.rollout.multiturn import TOOL_SETTINGS, ToolCallingEngine, ToolStats, tool_format_of, tool_metrics, with_tools
 from pacs.rollout.tools import PYTHON_TOOL
 from pacs.rollout.vllm import EnginePlace, VllmEngine, check_vllm_usable, local_model_dir
+from pacs.sandbox import check_sandbox
 
 SAME_INPUTS_EVERYWHERE = (
     "Every process runs the same pacs eval command and reads --model and --data from its own disk, at the same paths "
@@ -402,7 +403,7 @@ def evaluate(
         for start in range(0, len(members), prompts_per_call):
             chunk = members[start : start + prompts_per_call]
             rollouts = engine.generate([token_ids[problem] for problem in chunk], replace(params, n=samples, max_new_tokens=cap))
-            batch = scorer.score([problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.response_texts)
+            batch = scorer.score([problems[problem][0] for problem in chunk for _ in range(samples)], rollouts.scored_texts)
             report.timeouts += batch.timed_out
             report.crashes += batch.crashed
             if isinstance(engine, ToolCallingEngine):
@@ -591,13 +592,13 @@ def evaluate_model(
 
 
 def eval_tool_settings(
-    model_path: str, tools: str | None, max_turns: int | None, tool_format: str | None = None
+    model_path: str, tools: str | None, max_turns: int | None, tool_format: str | None = None, tool_sandbox: str | None = None
 ) -> tuple[dict | None, Path | None]:
     """The tool settings `pacs eval` generates with, and the run config they came from (None: from
     the command alone). A checkpoint of a `pacs train` run (`RUN/checkpoints/NAME`) whose
     `RUN/config.yaml` sets `rollout.tools` starts from that run's `TOOL_SETTINGS`; `tools` (the
     `--tools` option: `python`, `package.module:function`, or `none` for single-turn responses),
-    `max_turns` and `tool_format` replace theirs. None: single-turn responses."""
+    `max_turns`, `tool_format` and `tool_sandbox` replace theirs. None: single-turn responses."""
     run_config = Path(model_path).parent.parent / "config.yaml"
     settings: dict | None = None
     if Path(model_path).parent.name == "checkpoints" and run_config.is_file():
@@ -609,7 +610,12 @@ def eval_tool_settings(
         settings, source = None, None
     elif tools is not None:
         settings = {**(settings or {}), "tools": tools}
-    for option, name, value in (("--max-turns", "max_turns", max_turns), ("--tool-format", "tool_format", tool_format)):
+    replaced = (
+        ("--max-turns", "max_turns", max_turns),
+        ("--tool-format", "tool_format", tool_format),
+        ("--tool-sandbox", "tool_sandbox", tool_sandbox),
+    )
+    for option, name, value in replaced:
         if value is None:
             continue
         if settings is None:
@@ -636,7 +642,7 @@ def tool_rollout(tools: dict | None) -> RolloutConfig:
             f"{'.'.join(map(str, problem['loc']))}={problem['input']!r}: {problem['msg']}" for problem in error.errors()
         )
         raise ValueError(
-            f"tool settings (--tools, --max-turns, --tool-format or the run's rollout section): {problems}"
+            f"tool settings (--tools, --max-turns, --tool-format, --tool-sandbox or the run's rollout section): {problems}"
         ) from None
 
 
@@ -676,6 +682,8 @@ def _checked_inputs(
     if rollout.tools is not None and rollout.tools != PYTHON_TOOL:
         user_tool = rollout.tools
         checks.append(("--tools", lambda: import_function(user_tool, "tool")))
+    if rollout.tools == PYTHON_TOOL:
+        checks.append(("--tools python", lambda: check_sandbox(rollout.tool_sandbox)))
     if rollout.tools is not None and rollout.tool_format == "chat":
         checks.append(("--tool-format chat", lambda: tool_format_of(rollout, load_tokenizer(model_path))))
     if problems := unusable_inputs(checks):

@@ -42,11 +42,13 @@ DEFAULT_FUNCTION_SPEC = "pacs.rewards.registry:default_compute_score"
 
 @dataclass
 class BatchScores:
-    """Scores of one batch, in response order; calls that timed out or crashed score 0.0."""
+    """Scores of one batch, in response order; calls that timed out or crashed score 0.0;
+    `server_restarts`: how often the workers' server was found dead and started again during it."""
 
     scores: list[float]
     timed_out: int = 0
     crashed: int = 0
+    server_restarts: int = 0
 
 
 class ScoringFailed(ValueError):
@@ -74,8 +76,32 @@ class ScoringWatch:
     stop_option: str
     batch: str = "step"
     batches: str = "steps"
+    max_server_restarts: int = 3
+    """Unexpected deaths of the scoring workers' server after which the run stops (0: never)."""
     failing: list[str] = field(default_factory=list)
     """The failing batches in a row so far, e.g. "step 3: 32 of 32"."""
+    server_restarts: list[str] = field(default_factory=list)
+    """The batches in which the server was found dead, e.g. "step 3"."""
+
+    def observe_restarts(self, label: str, restarts: int) -> str | None:
+        """A warning when the scoring workers' server died during the batch `label` and was
+        started again, else None; raises `ScoringFailed` at the `max_server_restarts`-th death:
+        a server that something keeps killing (a reward's program, the OOM killer) is not one to
+        trust with the run's rewards."""
+        if not restarts:
+            return None
+        self.server_restarts += [label] * restarts
+        count = len(self.server_restarts)
+        if self.max_server_restarts and count >= self.max_server_restarts:
+            raise ScoringFailed(
+                f"the worker server of reward function {self.function_name} died unexpectedly {count} times "
+                f"({', '.join(self.server_restarts)}); stopped. Something kills it (the OOM killer: lower "
+                "reward.memory_limit_mib; or code the reward runs); reward.max_server_restarts=0 goes on regardless"
+            )
+        return (
+            f"warning: {label}: the worker server of reward function {self.function_name} died unexpectedly and "
+            f"was started again ({count} of {self.max_server_restarts} allowed, reward.max_server_restarts)"
+        )
 
     def _count(self, number: int) -> str:
         return f"{number} {self.batch if number == 1 else self.batches}"
@@ -170,12 +196,14 @@ class ScoringPool:
             timeouts_before = math_score_timeouts()
             scores = [self._score_in_process(call) for call in calls]
             return BatchScores(scores, timed_out=math_score_timeouts() - timeouts_before)
+        deaths_before = self._workers.server_deaths
         try:
             outcome = self._workers.run(calls, timeout_s=check_timeout_s(self.timeout_s))
         except CallError as error:
             raise self._function_error(calls[error.index], error.text) from None
         scores = [0.0 if result is NO_RESULT else self._checked(result, call) for call, result in zip(calls, outcome.results)]
-        return BatchScores(scores, timed_out=outcome.timed_out, crashed=outcome.crashed)
+        restarts = self._workers.server_deaths - deaths_before
+        return BatchScores(scores, timed_out=outcome.timed_out, crashed=outcome.crashed, server_restarts=restarts)
 
     @property
     def function_name(self) -> str:

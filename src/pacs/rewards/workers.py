@@ -44,7 +44,8 @@ caller closes it, drops it, exits or dies. A program that leaves the group (``se
 double fork) is still caught: the server and each worker are child subreapers (Linux), so an
 orphaned descendant of a worker is adopted by that worker while it lives and by the server once
 it is gone, and the server kills every child of its own that is not a live worker. If the server dies (the OOM killer), its workers die
-with it (Linux), the caller kills what is left of their groups, and the next call starts afresh.
+with it (Linux), the caller kills what is left of their groups, and the next call starts afresh,
+counted in ``server_deaths`` (a scorer says so: `pacs.rewards.pool`).
 A process that forks keeps the caller's workers with the caller: the child forgets them. The
 server and workers ignore SIGINT: Ctrl-C interrupts the caller, which stops them.
 
@@ -190,6 +191,9 @@ class TimeLimitedWorkers:
         self._control: socket.socket | None = None
         self._stop_server: weakref.finalize | None = None
         self._workers: list[_Worker] = []
+        self.server_deaths = 0
+        """How often the server was found dead (killed, by the OOM killer or a program) and
+        started again; a caller that cannot afford silent restarts reads it."""
         _live_pools.add(self)
 
     def __enter__(self) -> TimeLimitedWorkers:
@@ -285,6 +289,7 @@ class TimeLimitedWorkers:
     def _start(self) -> None:
         """Start the fork server (again, if it died) and as many workers as are missing."""
         if self._server is not None and self._server.poll() is not None:
+            self.server_deaths += 1
             self._close()
         if self._server is None:
             self._start_server()
@@ -374,6 +379,7 @@ class TimeLimitedWorkers:
         except (OSError, _ServerLost):
             for other in self._workers:
                 pending.extendleft(reversed(other.assigned))
+            self.server_deaths += 1
             self._close()
             self._start()
 

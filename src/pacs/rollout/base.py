@@ -62,6 +62,9 @@ class Rollouts:
     model_token_mask: (B, R) 1 on the response tokens the model sampled, 0 on a tool's output
                       inserted into the response (`pacs.rollout.multiturn`) and on padding; None:
                       every response token is the model's (single-turn rollouts)
+    answer_texts:   B texts the reward scores where they are not the responses' (with a tool: the
+                    model's last turn, never a tool's output, `pacs.rollout.multiturn`); None:
+                    `response_texts` (`scored_texts`)
     """
 
     prompt_ids: torch.Tensor
@@ -72,6 +75,12 @@ class Rollouts:
     group_size: int
     response_logprobs: torch.Tensor | None = None
     model_token_mask: torch.Tensor | None = None
+    answer_texts: list[str] | None = None
+
+    @property
+    def scored_texts(self) -> list[str]:
+        """The B texts a reward function scores: `answer_texts`, else `response_texts`."""
+        return self.response_texts if self.answer_texts is None else self.answer_texts
 
     def rows(self, start: int, stop: int) -> Rollouts:
         """Rows [start, stop) (whole groups), their padding trimmed to their own longest prompt and response."""
@@ -88,6 +97,7 @@ class Rollouts:
             group_size=self.group_size,
             response_logprobs=None if logprobs is None else logprobs[start:stop, :response_to],
             model_token_mask=None if model_tokens is None else model_tokens[start:stop, :response_to],
+            answer_texts=None if self.answer_texts is None else self.answer_texts[start:stop],
         )
 
 

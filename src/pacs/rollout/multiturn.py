@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -81,6 +82,46 @@ def output_block(turn_text: str, output: str) -> str:
     did not end with one."""
     separator = "" if turn_text.endswith("\n") else "\n"
     return f"{separator}```output\n{output.rstrip(chr(10))}\n```\n"
+
+
+TOOL_OUTPUT_SLOT = "\x00pacs-tool-output\x00"
+"""Stands in a format's text for the tool's output, to find the text around it."""
+
+
+def tool_output_ids(tokenizer, before: str, output: str, after: str) -> list[int]:
+    """The token ids of ``before + output + after``, the text a format appends, where `output`, the
+    tool's, is data, never structure: a special or added token's text in it (``<|im_end|>``,
+    ``<tool_call>``) is tokenised as the characters it is made of, so that a program cannot write
+    a turn, a role or a call into the context. An output without such text is tokenised with the
+    rest as one text, as the chat template's own tokenisation would."""
+    markers = _token_markers(tokenizer)
+    if markers is None or not markers.search(output):
+        return tokenizer.encode(before + output + after, add_special_tokens=False)
+    return [
+        *tokenizer.encode(before, add_special_tokens=False),
+        *_plain_text_ids(tokenizer, output, markers),
+        *tokenizer.encode(after, add_special_tokens=False),
+    ]
+
+
+def _token_markers(tokenizer) -> re.Pattern | None:
+    """A pattern of the texts of the tokenizer's special and added tokens, longest first (None: it has none)."""
+    texts = sorted({text for text in tokenizer.get_added_vocab() if text}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+
+def _plain_text_ids(tokenizer, text: str, markers: re.Pattern) -> list[int]:
+    """`text`'s token ids with every token marker in it split after its first character, so that
+    none is matched as its token."""
+    ids: list[int] = []
+    start = 0
+    for match in markers.finditer(text):
+        ids += tokenizer.encode(text[start : match.start()], add_special_tokens=False, split_special_tokens=True)
+        marker = match.group()
+        ids += tokenizer.encode(marker[0], add_special_tokens=False, split_special_tokens=True)
+        ids += _plain_text_ids(tokenizer, marker[1:], markers)
+        start = match.end()
+    return ids + tokenizer.encode(text[start:], add_special_tokens=False, split_special_tokens=True)
 
 
 def tool_call_end(token_ids: Sequence[int], tokenizer) -> tuple[int, str] | None:
@@ -151,7 +192,8 @@ class TirFormat:
 
     def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
         last_token = self.tokenizer.decode(list(response_token_ids[-1:]))
-        return self.tokenizer.encode(output_block(last_token, output), add_special_tokens=False)
+        before, after = output_block(last_token, TOOL_OUTPUT_SLOT).split(TOOL_OUTPUT_SLOT)
+        return tool_output_ids(self.tokenizer, before, output.rstrip("\n"), after)
 
     def call_completed(self, turn_token_ids: Sequence[int]) -> bool:
         """Whether the turn's tokens so far hold a closed python block (`tool_call_end`), asked
@@ -202,7 +244,14 @@ class ChatFormat:
                 "format ends a turn there: use rollout.tool_format=tir, or a tokenizer whose template does"
             )
         self._prefix, self._after_end = prefix, prefix[end_at + len(tokenizer.eos_token) :]
-        self.output_text("")  # a template that renders no tool message after the probe fails here, before any rollout
+        around = self.output_text(TOOL_OUTPUT_SLOT).split(TOOL_OUTPUT_SLOT)  # fails here for a template with no tool message
+        if len(around) != 2:
+            raise ValueError(
+                f"rollout.tool_format=chat: the chat template of {tokenizer.name_or_path!r} does not render a tool "
+                "message's content as it is, so the tool's output cannot be kept as plain text: use rollout.tool_format=tir"
+            )
+        self._around_output = (around[0], around[1])
+        """The text the template puts before and after a tool message's content."""
 
     def _render(self, messages: list[dict], *, add_generation_prompt: bool) -> str:
         try:
@@ -253,7 +302,8 @@ class ChatFormat:
         return ToolCall(arguments["code"])
 
     def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
-        return self.tokenizer.encode(self.output_text(output), add_special_tokens=False)
+        before, after = self._around_output
+        return tool_output_ids(self.tokenizer, before, output.rstrip("\n"), after)
 
     turn_stop = None
     """No check: a turn that calls ends at the end-of-sequence token, where generation stops already."""
@@ -391,7 +441,15 @@ class ToolCallingEngine:
             params.n,
         )
         model_tokens = pad_rows([torch.tensor(t.model_tokens, dtype=torch.long) for t in trajectories], 0, left=False)
-        return replace(rollouts, model_token_mask=model_tokens)
+        return replace(rollouts, model_token_mask=model_tokens, answer_texts=[self._final_turn_text(t) for t in trajectories])
+
+    def _final_turn_text(self, trajectory: _Trajectory) -> str:
+        """The text a reward scores: the model's own last turn, the tokens it sampled after the
+        last tool output (decoded, special tokens removed); empty for a response that ends in a
+        tool output (cut at the length limit: the model never answered). Never a tool's text, so a
+        program that prints an answer does not earn its reward."""
+        last_tool_token = max((i for i, by_model in enumerate(trajectory.model_tokens) if not by_model), default=-1)
+        return self.tokenizer.decode(trajectory.response[last_tool_token + 1 :], skip_special_tokens=True)
 
     def _stop(self, turn: int) -> Callable[[Sequence[int]], bool] | None:
         """`SamplingParams.stop` for turn `turn` (from 1) of every active trajectory (they all take
@@ -454,6 +512,7 @@ TOOL_SETTINGS = (
     "tool_max_output_chars",
     "tool_workers",
     "tool_memory_limit_mib",
+    "tool_sandbox",
 )
 """The `RolloutConfig` fields that decide how a response calls tools (`tool_settings`)."""
 
@@ -481,12 +540,19 @@ def with_tools(engine: RolloutEngine, tokenizer, rollout: RolloutConfig) -> Roll
     if rollout.tools is None:
         return engine
     tool_format = tool_format_of(rollout, tokenizer)
+    if rollout.tools == PYTHON_TOOL and rollout.tool_sandbox == "none":
+        print(
+            "pacs: rollout.tool_sandbox=none: the model's programs run without namespaces and can read what this "
+            "user can (docs/tools.md, 'The sandbox')",
+            file=sys.stderr,
+        )
     tools = ToolRunner(
         rollout.tools,
         num_workers=rollout.tool_workers,
         timeout_s=rollout.tool_timeout_s,
         memory_limit_mib=rollout.tool_memory_limit_mib,
         max_output_chars=rollout.tool_max_output_chars,
+        sandbox=rollout.tool_sandbox,
     )
     return ToolCallingEngine(engine, tokenizer, tools, max_turns=rollout.max_turns, tool_format=tool_format)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from pacs.algos.shaping import RESPONSE_LENGTHS
 from pacs.distributed.collectives import gather_rows
 from pacs.distributed.world import World
 from pacs.rollout.base import Rollouts
@@ -97,13 +98,18 @@ class PolicyBatch:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """What an algorithm sees (`pacs.algos.base`): old_logprobs, the `loss_mask` as
-        "response_mask", rewards and every row term."""
-        return {
+        "response_mask", rewards and every row term; with tool tokens, also each response's
+        length as the length limit counts it (model and tool tokens, `RESPONSE_LENGTHS`), which
+        the loss mask does not give (DAPO's overlong shaping)."""
+        tensors = {
             "old_logprobs": self.old_logprobs,
             "response_mask": self.loss_mask,
             "rewards": self.rewards,
             **self.row_terms,
         }
+        if self.model_token_mask is not None:
+            tensors[RESPONSE_LENGTHS] = self.response_mask.sum(dim=1)
+        return tensors
 
     def to(self, device: torch.device) -> PolicyBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name not in _OPTIONAL_FIELDS}

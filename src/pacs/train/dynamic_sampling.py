@@ -76,7 +76,12 @@ def _groups_of(draws: Sequence[Draw], chosen: Sequence[tuple[int, int]], group_s
     rows = [draws[d].rows[g * group_size + k] for d, g in chosen for k in range(group_size)]
     parts = [_group_rollouts(draws[d].rollouts, g, group_size) for d, g in chosen]
     scores = [draws[d].scored.scores[g * group_size + k] for d, g in chosen for k in range(group_size)]
-    scored = BatchScores(scores, timed_out=sum(d.scored.timed_out for d in draws), crashed=sum(d.scored.crashed for d in draws))
+    scored = BatchScores(
+        scores,
+        timed_out=sum(d.scored.timed_out for d in draws),
+        crashed=sum(d.scored.crashed for d in draws),
+        server_restarts=sum(d.scored.server_restarts for d in draws),
+    )
     return Draw(rows, _concatenated(parts), scored)
 
 
@@ -92,6 +97,7 @@ def _group_rollouts(rollouts: Rollouts, group: int, group_size: int) -> Rollouts
         group_size=group_size,
         response_logprobs=None if rollouts.response_logprobs is None else rollouts.response_logprobs[rows],
         model_token_mask=None if rollouts.model_token_mask is None else rollouts.model_token_mask[rows],
+        answer_texts=None if rollouts.answer_texts is None else rollouts.answer_texts[rows],
     )
 
 
@@ -116,4 +122,5 @@ def _concatenated(parts: Sequence[Rollouts]) -> Rollouts:
         if parts[0].response_logprobs is None
         else stacked("response_logprobs", response_width, left=False),
         model_token_mask=None if parts[0].model_token_mask is None else stacked("model_token_mask", response_width, left=False),
+        answer_texts=None if parts[0].answer_texts is None else [text for part in parts for text in part.scored_texts],
     )

@@ -30,6 +30,7 @@ from pacs.rewards import load_reward_function
 from pacs.rewards.checks import check_scoring
 from pacs.rollout.multiturn import tool_format_of
 from pacs.rollout.vllm import check_vllm_usable
+from pacs.sandbox import check_sandbox
 from pacs.train.trackers import check_tracker_packages
 
 
@@ -97,6 +98,8 @@ def _node_input_checks(config: Config, rows_by_spec: dict[str, list[dict]]) -> l
         checks.append(("reward.function", lambda: load_reward_function(config.reward.function)))
     if config.rollout.tools not in (None, PYTHON_TOOL):
         checks.append(("rollout.tools", lambda: import_function(config.rollout.tools, "tool")))
+    if config.rollout.tools == PYTHON_TOOL:
+        checks.append(("rollout.tool_sandbox", lambda: check_sandbox(config.rollout.tool_sandbox)))
     if config.rollout.tools is not None and config.rollout.tool_format == "chat":
         checks.append(("rollout.tool_format", lambda: _check_chat_template(config)))
     if config.rollout.engine == "vllm":

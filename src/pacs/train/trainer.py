@@ -427,11 +427,13 @@ class Trainer:
         and stop the run on every rank (`ScoringWatch`: global counts, so all ranks agree) after
         `reward.stop_after_failing_steps` of them in a row."""
         answers = self.config.train.batch_size * self.config.rollout.n
-        warning = self.scoring_watch.observe(
-            f"step {step}", int(metrics["reward/timeouts"]), int(metrics["reward/crashes"]), answers
-        )
-        if warning and self.world.is_writer:
-            steps.write(warning, file=sys.stderr)
+        warnings = [
+            self.scoring_watch.observe(f"step {step}", int(metrics["reward/timeouts"]), int(metrics["reward/crashes"]), answers),
+            self.scoring_watch.observe_restarts(f"step {step}", int(metrics["reward/server_restarts"])),
+        ]
+        for warning in warnings:
+            if warning and self.world.is_writer:
+                steps.write(warning, file=sys.stderr)
 
     def step(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """One step of the algorithm on this rank's share of the step's prompts: rollout → score
@@ -540,7 +542,7 @@ class Trainer:
         with times.phase("generate"):
             rows, rollouts = self.generate()
         with times.phase("score"):
-            scored = self.scorer.score(rows, rollouts.response_texts)
+            scored = self.scorer.score(rows, rollouts.scored_texts)
         return Draw(rows, rollouts, scored)
 
     def take_async_batch(self, step: int, times: PhaseTimes) -> tuple[Draw, dict[str, float]]:
@@ -551,7 +553,7 @@ class Trainer:
             generated = self.pipeline.take(step)
         rows = [self.train_prompts.rows[i] for i in generated.prompt_indices for _ in range(self.config.rollout.n)]
         with times.phase("score"):
-            scored = self.scorer.score(rows, generated.rollouts.response_texts)
+            scored = self.scorer.score(rows, generated.rollouts.scored_texts)
         staleness = float(step - 1 - generated.version)
         metrics = {
             "rollout/staleness_mean": staleness,
@@ -821,6 +823,7 @@ def reward_scoring(config: Config) -> tuple[ScoringPool, ScoringWatch]:
         remedy=f"reward.timeout_s={config.reward.timeout_s:g}, reward.memory_limit_mib={config.reward.memory_limit_mib}",
         stop_after=config.reward.stop_after_failing_steps,
         stop_option="reward.stop_after_failing_steps",
+        max_server_restarts=config.reward.max_server_restarts,
     )
     return scorer, scoring_watch
 
@@ -869,8 +872,8 @@ def restore_progress(
 
 
 def step_report(world: World, batch: PolicyBatch, scored: BatchScores, config: Config, step_seconds: float) -> dict[str, float]:
-    """The step's rollouts over every rank (`rollout_metrics`), the scorer's timeouts and crashes,
-    and tokens per second."""
+    """The step's rollouts over every rank (`rollout_metrics`), the scorer's timeouts, crashes and
+    server restarts, and tokens per second."""
     per_row = torch.stack(
         [
             batch.rewards,
@@ -882,10 +885,12 @@ def step_report(world: World, batch: PolicyBatch, scored: BatchScores, config: C
         dim=1,
     )
     rewards, lengths, entropy, prompt_lengths, model_tokens = gather_rows(world, per_row.double()).unbind(dim=1)
-    timeouts, crashes = sum_over_ranks(world, torch.tensor([scored.timed_out, scored.crashed], dtype=torch.float64)).tolist()
+    counts = torch.tensor([scored.timed_out, scored.crashed, scored.server_restarts], dtype=torch.float64)
+    timeouts, crashes, server_restarts = sum_over_ranks(world, counts).tolist()
     return {
         **rollout_metrics(rewards, lengths, entropy, config.rollout.n, config.data.max_response_length, model_tokens),
         "reward/timeouts": timeouts,
         "reward/crashes": crashes,
+        "reward/server_restarts": server_restarts,
         "throughput/tokens_per_s": float(lengths.sum() + prompt_lengths.sum()) / step_seconds,
     }
