@@ -187,6 +187,8 @@ def _prepare(args: argparse.Namespace) -> None:
         return
     if not args.input or not args.out:
         raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
+    from pacs.rewards.checks import unverifiable_ground_truths
+
     prepared = prepare_dataset(
         args.input,
         source=args.source,
@@ -195,6 +197,8 @@ def _prepare(args: argparse.Namespace) -> None:
         answer_field=args.answer_field,
         data_source=args.data_source,
         prompt_suffix=args.prompt_suffix,
+        unverifiable=unverifiable_ground_truths,
+        allow_unverifiable=args.allow_unverifiable,
     )
     if aside := claim_output_file(Path(args.out), replace=args.overwrite):
         print(f"the previous {args.out} is now {aside}")
@@ -240,7 +244,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pacs.data.prepare import PROMPT_SUFFIX, SOURCES  # torch-free, as every command's parser must be
+    from pacs.data.prepare import PROMPT_SUFFIX, SOURCES, UNVERIFIABLE_LIMIT  # torch-free, as every command's parser must be
 
     parser = argparse.ArgumentParser(prog="pacs", description="PACS and its baselines for RL from verifiable rewards.")
     parser.add_argument("--version", action="version", version=f"pacs {pacs.__version__}")
@@ -338,14 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare",
         help="convert a file of problems and answers (yours, or a public math set) into the row schema",
         description="Convert a file of problems and answers into the row schema that pacs train and pacs eval "
-        "read. Public math sets are recognised by file name (or --source); any other file by its fields "
-        "(problem, question or prompt; answer, ground_truth or solution) or the fields you name.",
+        "read. The layouts of public math sets (GSM8K, MATH, AIME, AMC, DeepScaleR) are recognised from a "
+        "file's content, never its name (or named with --source); any other file is read by its fields (problem, "
+        "question or prompt; answer, ground_truth or solution) or the fields you name. Every ground truth is "
+        "checked to be an answer its reward can verify.",
     )
     prepare.add_argument("--input", help="jsonl, json, csv or parquet file, one record per problem")
     prepare.add_argument(
         "--source",
         choices=list(SOURCES),
-        help="read the file as this public set (default: the set its file name names, else a file of your own)",
+        help="read the file as this public set (default: the layout its content shows; the set its file name names "
+        "labels the rows)",
     )
     prepare.add_argument("--prompt-field", help="field holding each problem (default: problem, question or prompt)")
     prepare.add_argument("--answer-field", help="field holding each answer (default: answer, ground_truth or solution)")
@@ -362,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--out", help="output .parquet file")
     prepare.add_argument("--repeat", type=AT_LEAST_ONE, default=1, help="write every problem R times (pass@k up to n*R in eval)")
     prepare.add_argument("--overwrite", action="store_true", help="move an existing --out file aside (to NAME.superseded)")
+    prepare.add_argument(
+        "--allow-unverifiable",
+        action="store_true",
+        help=f"write the rows even when more than {UNVERIFIABLE_LIMIT * 100:g}%% of their ground truths are no answer their reward can verify "
+        "(math-verify reads them as text only: every answer to them scores 0)",
+    )
     prepare.add_argument(
         "--check",
         metavar="FILE",
