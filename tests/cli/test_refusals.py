@@ -213,3 +213,50 @@ def test_compare_and_demo_refuse_a_config_error_and_bad_data_rows_in_one_message
     )
     assert -1 < typo < line_5 < line_6, error
     assert loads == [] and tree_hash(work) == before
+
+
+MODULES_THAT_DO_NOT_COMPILE = {
+    # module: (its text, what names it, the error pacs names)
+    "broken_reward": (
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None)\n    return 1.0\n",
+        "function 'broken_reward:compute_score'",
+        "broken_reward.py, line 1: SyntaxError: expected ':'",
+    ),
+    "broken_algorithm": (
+        "class Broken:\n    def section(self):\n    return 1\n",
+        "class 'broken_algorithm:Broken'",
+        "broken_algorithm.py, line 3: IndentationError: expected an indented block after function definition on line 2",
+    ),
+    "broken_tool": (
+        "def tool(code):\n    return 1\n        extra = 2\n",
+        "tool 'broken_tool:tool'",
+        "broken_tool.py, line 3: IndentationError: unexpected indent",
+    ),
+}
+USES_OF_A_USER_MODULE = {
+    # (command, module): the arguments, given the work folder and the data file
+    ("train", "broken_reward"): lambda work, data: [*train(work / "out", data, "builtin:tiny", "broken_reward:compute_score")],
+    ("train", "broken_algorithm"): lambda work, data: [*train(work / "out", data, "builtin:tiny", None), "algorithm.name=broken_algorithm:Broken"],
+    ("train", "broken_tool"): lambda work, data: [*train(work / "out", data, "builtin:tiny", None), "rollout.tools=broken_tool:tool"],
+    ("eval", "broken_reward"): lambda work, data: evaluate(work / "out", data, "builtin:tiny", "broken_reward:compute_score"),
+    ("eval", "broken_tool"): lambda work, data: [*evaluate(work / "out", data, "builtin:tiny", None), "--tools", "broken_tool:tool"],
+    ("prepare", "broken_reward"): lambda work, data: ["prepare", "--check", str(data), "--reward-function", "broken_reward:compute_score"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "module"), USES_OF_A_USER_MODULE)
+def test_a_user_module_that_does_not_compile_is_named_in_one_line_by_file_line_and_error(
+    tmp_path, loads, capsys, command, module
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    text, spec, compile_error = MODULES_THAT_DO_NOT_COMPILE[module]
+    (tmp_path / "code" / f"{module}.py").write_text(text)
+    data = work / "data.jsonl"
+    data.write_text(lines(row(data_source="math")))
+    before = tree_hash(work)
+    assert run(USES_OF_A_USER_MODULE[command, module](work, data)) == 2
+    error = capsys.readouterr().err
+    assert f"Cannot import module {module!r} of {spec}: {tmp_path / 'code' / compile_error}\n" in error
+    assert "Traceback" not in error and len(error.splitlines()) <= 2  # the command's header, then the one line
+    assert loads == [] and tree_hash(work) == before
