@@ -260,3 +260,29 @@ def test_a_user_module_that_does_not_compile_is_named_in_one_line_by_file_line_a
     assert f"Cannot import module {module!r} of {spec}: {tmp_path / 'code' / compile_error}\n" in error
     assert "Traceback" not in error and len(error.splitlines()) <= 2  # the command's header, then the one line
     assert loads == [] and tree_hash(work) == before
+
+
+@pytest.mark.slow
+def test_prompts_all_longer_than_max_prompt_length_are_refused_naming_the_longest_before_a_model_loads_or_a_file_is_written(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    from pacs.data.prompts import prompt_token_ids
+    from pacs.models.loading import load_tokenizer
+    from pacs.train.trainer import Trainer
+
+    work = tmp_path / "work"
+    work.mkdir()
+    short, long = row(), {**row(), "prompt": [{"role": "user", "content": "What is 3 + 4 + 5? Put the answer in \\boxed{}."}]}
+    data = work / "data.jsonl"
+    data.write_text(lines(short, long))
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    shortest, longest = (len(prompt_token_ids(tokenizer, one)) for one in (short, long))
+    monkeypatch.setattr(Trainer, "setup", lambda *arguments: pytest.fail("the models were loaded"))
+    before = tree_hash(work)
+    assert run([*train(work / "out", data, str(tiny_model_dir), None), f"data.max_prompt_length={shortest - 1}"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"data.train: every one of the 2 prompts is longer than data.max_prompt_length={shortest - 1} tokens" in error
+    assert f"the longest, {data}: line 2, has {longest} tokens: data.max_prompt_length={longest} keeps every prompt" in error
+    assert tree_hash(work) == before
+    with pytest.raises(pytest.fail.Exception, match="the models were loaded"):  # one prompt that fits is enough
+        run([*train(work / "out", data, str(tiny_model_dir), None), f"data.max_prompt_length={shortest}"])
