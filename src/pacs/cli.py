@@ -79,24 +79,21 @@ def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list
 
 def _train(args: argparse.Namespace) -> None:
     from pacs.train.metrics import summary_lines
-    from pacs.train.preflight import check_run_inputs, load_run_config
-    from pacs.train.trainer import train
+    from pacs.train.preflight import load_run_config
+    from pacs.train.trainer import TrainResult, train
 
     config = load_run_config(args.config, args.overrides)
-    if args.overwrite:
-        check_run_inputs(config)
-        if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):
-            print(f"the previous run in {config.output_dir} is now {aside}")
     start = time.perf_counter()
-    result = train(config, allow_changes=args.allow_changes)
-    if not result.is_writer:
-        return
-    took = "" if result.finished_before else f" in {duration_text(time.perf_counter() - start)}"
-    print(f"finished {config.train.steps} steps{took}; final checkpoint: {result.final_checkpoint}")
-    if result.skipped_updates:
-        print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
-    for line in summary_lines(Path(config.output_dir), config):
-        print(line)
+
+    def report(result: TrainResult) -> None:  # while the run still holds its folder: what it says is there
+        took = "" if result.finished_before else f" in {duration_text(time.perf_counter() - start)}"
+        print(f"finished {config.train.steps} steps{took}; final checkpoint: {result.final_checkpoint}")
+        if result.skipped_updates:
+            print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
+        for line in summary_lines(Path(config.output_dir), config):
+            print(line)
+
+    train(config, allow_changes=args.allow_changes, replace=args.overwrite, report=report)
 
 
 def duration_text(seconds: float) -> str:
