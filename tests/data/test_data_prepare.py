@@ -583,3 +583,20 @@ def test_pacs_prepare_refuses_unverifiable_ground_truths_leaving_no_file_and_wri
     assert "--allow-unverifiable writes the rows" in capsys.readouterr().err and not out.exists()
     assert run(["prepare", "--input", str(path), "--out", str(out), "--allow-unverifiable"]) == 0
     assert "warning: the ground truth of 2 rows (lines 1, 2)" in capsys.readouterr().out and len(read_rows(out)) == 2
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_line_and_column_of_the_first_bad_byte(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(ValueError, match=r"rows\.jsonl: line 2, column 17: not UTF-8 text \(byte 0xe9"):
+        prepare_dataset(path)
+
+
+def test_a_csv_header_with_neither_field_names_both_missing_fields(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text("q,final\n1+1?,2\n")
+    with pytest.raises(
+        ValueError,
+        match=r"no problem field recognised .*--prompt-field FIELD; and .*no answer field recognised .*--answer-field FIELD",
+    ):
+        prepare_dataset(path)

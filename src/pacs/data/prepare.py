@@ -431,11 +431,18 @@ def _recognised_field(read: RecordFile, given: str | None, common: tuple[str, ..
 
 
 def _read_text(path: Path) -> str:
-    """Return the UTF-8 text of ``path``; errors name the file."""
+    """Return the UTF-8 text of ``path``; errors name the file and the line and column of the
+    first byte that is not UTF-8."""
+    data = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(
+            f"{path}: line {line}, column {column}: not UTF-8 text (byte {data[error.start]:#04x}: {error.reason}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 @dataclass
@@ -777,8 +784,15 @@ def _file_reading(read: RecordFile, source: str | None, prompt_field: str | None
     layout = None if fields_named else recognised_layout(read.records[0])
     if layout is not None:
         return FileReading(SOURCES[layout.source], layout.source, labelled_as)
-    problem = _recognised_field(read, prompt_field, COMMON_PROBLEM_FIELDS, "problem")
-    answer = _recognised_field(read, answer_field, COMMON_ANSWER_FIELDS, "answer")
+    fields, unrecognised = [], []
+    for given, common, what in ((prompt_field, COMMON_PROBLEM_FIELDS, "problem"), (answer_field, COMMON_ANSWER_FIELDS, "answer")):
+        try:
+            fields.append(_recognised_field(read, given, common, what))
+        except ValueError as error:
+            unrecognised.append(str(error))
+    if unrecognised:  # both fields named at once when neither is found
+        raise ValueError("; and ".join(unrecognised))
+    problem, answer = fields
     return FileReading(replace(OWN_FORMAT, problem=(problem,), answer=(answer,)), "", labelled_as)
 
 
