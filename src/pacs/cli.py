@@ -83,6 +83,11 @@ def _train(args: argparse.Namespace) -> None:
     from pacs.train.trainer import TrainResult, train
 
     config = load_run_config(args.config, args.overrides)
+    if args.print_config:
+        from pacs.config import config_text
+
+        print(config_text(config), end="")
+        return
     start = time.perf_counter()
 
     def report(result: TrainResult) -> None:  # while the run still holds its folder: what it says is there
@@ -255,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
     train.add_argument("--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)")
+    train.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (the recipe, every default and the overrides, as YAML that --config "
+        "reads back) and exit: nothing is loaded or written",
+    )
     train.add_argument(
         "--allow-changes",
         action="store_true",
