@@ -79,24 +79,26 @@ def _comma_list(parse: Callable[[str], Any], valid: str) -> Callable[[str], list
 
 def _train(args: argparse.Namespace) -> None:
     from pacs.train.metrics import summary_lines
-    from pacs.train.preflight import check_run_inputs, load_run_config
-    from pacs.train.trainer import train
+    from pacs.train.preflight import load_run_config
+    from pacs.train.trainer import TrainResult, train
 
     config = load_run_config(args.config, args.overrides)
-    if args.overwrite:
-        check_run_inputs(config)
-        if aside := claim_output_dir(Path(config.output_dir), "pacs train", replace=True):
-            print(f"the previous run in {config.output_dir} is now {aside}")
-    start = time.perf_counter()
-    result = train(config, allow_changes=args.allow_changes)
-    if not result.is_writer:
+    if args.print_config:
+        from pacs.config import config_text
+
+        print(config_text(config), end="")
         return
-    took = "" if result.finished_before else f" in {duration_text(time.perf_counter() - start)}"
-    print(f"finished {config.train.steps} steps{took}; final checkpoint: {result.final_checkpoint}")
-    if result.skipped_updates:
-        print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
-    for line in summary_lines(Path(config.output_dir), config):
-        print(line)
+    start = time.perf_counter()
+
+    def report(result: TrainResult) -> None:  # while the run still holds its folder: what it says is there
+        took = "" if result.finished_before else f" in {duration_text(time.perf_counter() - start)}"
+        print(f"finished {config.train.steps} steps{took}; final checkpoint: {result.final_checkpoint}")
+        if result.skipped_updates:
+            print(f"skipped {result.skipped_updates} updates with a non-finite loss or gradient norm")
+        for line in summary_lines(Path(config.output_dir), config):
+            print(line)
+
+    train(config, allow_changes=args.allow_changes, replace=args.overwrite, report=report)
 
 
 def duration_text(seconds: float) -> str:
@@ -188,6 +190,8 @@ def _prepare(args: argparse.Namespace) -> None:
         return
     if not args.input or not args.out:
         raise ValueError("pacs prepare needs --input FILE and --out FILE.parquet (or --check FILE)")
+    from pacs.rewards.checks import unverifiable_ground_truths
+
     prepared = prepare_dataset(
         args.input,
         source=args.source,
@@ -196,6 +200,8 @@ def _prepare(args: argparse.Namespace) -> None:
         answer_field=args.answer_field,
         data_source=args.data_source,
         prompt_suffix=args.prompt_suffix,
+        unverifiable=unverifiable_ground_truths,
+        allow_unverifiable=args.allow_unverifiable,
     )
     if aside := claim_output_file(Path(args.out), replace=args.overwrite):
         print(f"the previous {args.out} is now {aside}")
@@ -241,7 +247,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pacs.data.prepare import PROMPT_SUFFIX, SOURCES  # torch-free, as every command's parser must be
+    from pacs.data.prepare import PROMPT_SUFFIX, SOURCES, UNVERIFIABLE_LIMIT  # torch-free, as every command's parser must be
 
     parser = argparse.ArgumentParser(prog="pacs", description="PACS and its baselines for RL from verifiable rewards.")
     parser.add_argument("--version", action="version", version=f"pacs {pacs.__version__}")
@@ -255,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=20")
     train.add_argument("--overwrite", action="store_true", help="move a previous run in output_dir aside (to NAME.superseded)")
+    train.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (the recipe, every default and the overrides, as YAML that --config "
+        "reads back) and exit: nothing is loaded or written",
+    )
     train.add_argument(
         "--allow-changes",
         action="store_true",
@@ -351,14 +363,17 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare",
         help="convert a file of problems and answers (yours, or a public math set) into the row schema",
         description="Convert a file of problems and answers into the row schema that pacs train and pacs eval "
-        "read. Public math sets are recognised by file name (or --source); any other file by its fields "
-        "(problem, question or prompt; answer, ground_truth or solution) or the fields you name.",
+        "read. The layouts of public math sets (GSM8K, MATH, AIME, AMC, DeepScaleR) are recognised from a "
+        "file's content, never its name (or named with --source); any other file is read by its fields (problem, "
+        "question or prompt; answer, ground_truth or solution) or the fields you name. Every ground truth is "
+        "checked to be an answer its reward can verify.",
     )
     prepare.add_argument("--input", help="jsonl, json, csv or parquet file, one record per problem")
     prepare.add_argument(
         "--source",
         choices=list(SOURCES),
-        help="read the file as this public set (default: the set its file name names, else a file of your own)",
+        help="read the file as this public set (default: the layout its content shows; the set its file name names "
+        "labels the rows)",
     )
     prepare.add_argument("--prompt-field", help="field holding each problem (default: problem, question or prompt)")
     prepare.add_argument("--answer-field", help="field holding each answer (default: answer, ground_truth or solution)")
@@ -375,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--out", help="output .parquet file")
     prepare.add_argument("--repeat", type=AT_LEAST_ONE, default=1, help="write every problem R times (pass@k up to n*R in eval)")
     prepare.add_argument("--overwrite", action="store_true", help="move an existing --out file aside (to NAME.superseded)")
+    prepare.add_argument(
+        "--allow-unverifiable",
+        action="store_true",
+        help=f"write the rows even when more than {UNVERIFIABLE_LIMIT * 100:g}%% of their ground truths are no answer their reward can verify "
+        "(math-verify reads them as text only: every answer to them scores 0)",
+    )
     prepare.add_argument(
         "--check",
         metavar="FILE",

@@ -14,7 +14,11 @@ pacs writes only inside folders it owns and never deletes a previous output:
   `disk_faults`), the part it wrote removed;
 - a folder that a live process writes (it holds the run lock, `RUN_LOCK`, see `lock_run`) is
   never moved aside nor replaced, by any command: it is refused, naming that process; and a
-  writer whose folder was moved all the same (`mv`) stops at its next step (`check_run_in_place`).
+  writer whose folder was moved all the same (`mv`) stops at its next step (`check_run_in_place`);
+- what a command finds in a folder and what it then does there (claims it, moves it aside, takes
+  its run lock) happen under one claim of the folder that holds it (`claiming`), so no other pacs
+  process acts between the look and the act: a run that starts while another moves its folder
+  aside finds it either before the move or after it, never half way.
 
 A command that writes one file (`pacs prepare --out FILE`) refuses an existing file unless
 asked to replace it (`claim_output_file`), which moves it aside the same way.
@@ -35,7 +39,7 @@ import socket
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 MARKER = ".pacs-output"
 """File in every output folder that pacs made; holds the name of the command that made it."""
@@ -44,6 +48,12 @@ RUN_LOCK = ".pacs-run.lock"
 """In a run's folder: the file whose POSIX lock its writing process holds (`lock_run`)."""
 _held_locks: list[IO[str]] = []
 """The run locks this process holds (closed ones are dropped when next looked at)."""
+_claims: dict[str, tuple[int, int]] = {}
+"""Folder (real path) -> (the descriptor whose flock claims it, how many `claiming` bodies of
+this process hold it)."""
+
+
+Decision = TypeVar("Decision")
 
 
 class OutputRefused(ValueError):
@@ -142,6 +152,42 @@ def _listing(names: list[str], shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
+@contextmanager
+def claiming(directory: Path) -> Iterator[None]:
+    """Hold, for the body, the claim of the folder that holds `directory` (created if missing): an
+    exclusive `flock` of that folder itself, which writes nothing, waited for while another process
+    holds it. Every pacs command that looks at an output folder and then claims it, moves it aside
+    or takes its run lock does both holding the claim, so no other one acts in between. Reentrant
+    within a process; where the file system has no flock (some network file systems), the body
+    runs unclaimed, as a run goes on without a run lock there."""
+    parent = Path(directory).absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(parent)
+    if key in _claims:
+        descriptor, depth = _claims[key]
+        _claims[key] = (descriptor, depth + 1)
+    else:
+        descriptor = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError as error:
+            os.close(descriptor)
+            if error.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EINVAL):
+                raise
+            yield
+            return
+        _claims[key] = (descriptor, 1)
+    try:
+        yield
+    finally:
+        descriptor, depth = _claims[key]
+        if depth > 1:
+            _claims[key] = (descriptor, depth - 1)
+        else:
+            del _claims[key]
+            os.close(descriptor)  # releases the flock
+
+
 def superseded_path(directory: Path) -> Path:
     """The first free name of `NAME.superseded`, `NAME.superseded.2`, ... beside `directory`."""
     candidate = directory.with_name(directory.name + SUPERSEDED)
@@ -156,14 +202,37 @@ def move_aside(directory: Path) -> Path:
     """Rename the folder (or file) `directory` to `superseded_path(directory)` and return that path;
     a folder whose run lock a live process holds is refused (`RunLocked`), and the lock is held
     while the folder moves, so that no run starts writing it meanwhile."""
-    aside = superseded_path(directory)
-    lock = _try_lock(Path(directory) / RUN_LOCK, create=False) if Path(directory).is_dir() else None
-    try:
-        directory.rename(aside)
-    finally:
-        if lock is not None:
-            lock.close()
+    with claiming(directory):
+        aside = superseded_path(directory)
+        lock = _try_lock(Path(directory) / RUN_LOCK, create=False) if Path(directory).is_dir() else None
+        try:
+            directory.rename(aside)
+        finally:
+            if lock is not None:
+                lock.close()
     return aside
+
+
+def claim_run_folder(
+    directory: Path, command: str, decide: Callable[[], tuple[Decision, bool | None]], *, replace: bool = False
+) -> tuple[Decision, IO[str] | None, Path | None]:
+    """A run's start in `directory`, as one step no other pacs process can interleave with (held
+    under `claiming`): with `replace`, a previous output moved aside (`claim_output_dir`); a live
+    writer refused (`RunLocked`, naming it); `decide()` (what the run makes of the folder: it reads
+    only, and may refuse by raising) returning (its decision, whether the run writes into what the
+    folder holds, `reuse`, or None when it writes nothing); then, unless None, the folder claimed
+    and its run lock taken (`lock_run`). Returns the decision, the run lock (None where nothing is
+    written or the file system has no locks) and where a previous output was moved (None: nowhere)."""
+    directory = Path(directory)
+    with claiming(directory):
+        aside = claim_output_dir(directory, command, replace=True) if replace else None
+        if directory.is_dir():
+            check_unlocked(directory)
+        decision, reuse = decide()
+        if reuse is None:
+            return decision, None, aside
+        claim_output_dir(directory, command, reuse=reuse or replace)
+        return decision, lock_run(directory), aside
 
 
 def lock_run(output_dir: Path) -> IO[str] | None:
@@ -305,12 +374,14 @@ def claim_output_dir(directory: Path, command: str, *, reuse: bool = False, repl
     aside first. Returns where a previous output was moved, else None."""
     directory = Path(directory)
     _check_output_dir(directory, reuse=reuse, replace=replace)
-    aside = None
-    if directory.is_dir() and _entries(directory) and not reuse:
-        aside = move_aside(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if not is_pacs_output(directory):
-        (directory / MARKER).write_text(f"{command}\n")
+    with claiming(directory):  # checked again under the claim: another process may have acted since
+        _check_output_dir(directory, reuse=reuse, replace=replace)
+        aside = None
+        if directory.is_dir() and _entries(directory) and not reuse:
+            aside = move_aside(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if not is_pacs_output(directory):
+            (directory / MARKER).write_text(f"{command}\n")
     return aside
 
 

@@ -41,6 +41,12 @@ def _import_module(module_name: str):
             raise
 
 
+def compile_error_text(error: SyntaxError) -> str:
+    """Where and why a module does not compile, in one line: "my_reward.py, line 3: SyntaxError: expected ':'"."""
+    where = f"{error.filename}, line {error.lineno}" if error.lineno is not None else str(error.filename)
+    return f"{where}: {type(error).__name__}: {error.msg}"
+
+
 def import_function(spec: str, kind: str = "function") -> Callable:
     """The callable named ``"package.module:function"``; ValueError saying what is wrong otherwise
     (`kind`: what the path names, a function or a class, for the messages)."""
@@ -49,6 +55,8 @@ def import_function(spec: str, kind: str = "function") -> Callable:
         module = _import_module(module_name)
     except ImportError as error:
         raise ValueError(f"Cannot import module {module_name!r} of {kind} {spec!r}: {error}") from error
+    except SyntaxError as error:  # IndentationError and TabError too: a module (its own or one it imports) does not compile
+        raise ValueError(f"Cannot import module {module_name!r} of {kind} {spec!r}: {compile_error_text(error)}") from None
     if not hasattr(module, function_name):
         available = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise ValueError(f"Module {module_name!r} has no attribute {function_name!r}; its callables: {available}")

@@ -558,3 +558,16 @@ def test_the_loss_note_promises_ln_2_on_the_first_update_only_against_the_rollou
     assert rollout["loss"] == pytest.approx(math.log(2), abs=1e-12)
     assert abs(fixed["loss"] - math.log(2)) > 1e-3
     assert "pacs_reference=rollout" in LOSS_NOTE and "pacs_reference=fixed" in LOSS_NOTE
+
+
+def test_beta_leaves_the_grpo_loss_unchanged_and_a_run_that_sets_it_is_told():
+    torch.manual_seed(0)
+    logprobs, old_logprobs = torch.randn(8, 5, dtype=torch.float64), torch.randn(8, 5, dtype=torch.float64)
+    mask, rewards = torch.ones(8, 5), torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    losses = [
+        pacs_loss(logprobs, old_logprobs, mask, rewards, 4, beta=beta, estimator="grpo", spread_floor=beta * GRPO_SPREAD_FLOOR)
+        for beta in (1.0, 2.0)
+    ]
+    assert math.isclose(losses[0].item(), losses[1].item(), rel_tol=1e-5)
+    assert "algorithm.beta=2 has no effect with algorithm.estimator='grpo'" in PACS(4, beta=2.0, estimator="grpo").startup_note
+    assert PACS(4, beta=2.0, estimator="rloo").startup_note == LOSS_NOTE == PACS(4, estimator="grpo").startup_note

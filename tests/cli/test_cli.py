@@ -64,3 +64,14 @@ def test_eval_refuses_data_that_names_no_dataset(tmp_path, tiny_model_dir, capsy
     assert run(["eval", "--model", str(tiny_model_dir), "--data", data, "--n", "1", "--out", str(tmp_path / "e")]) == 2
     assert "argument --data: expected comma-separated dataset specs" in capsys.readouterr().err
     assert not (tmp_path / "e").exists()
+
+
+def test_train_print_config_prints_the_resolved_config_that_config_reads_back_and_writes_nothing(tmp_path, capsys):
+    from pacs.config import load_config
+
+    out = tmp_path / "run"
+    assert run(["train", "--config", "builtin:demo", f"output_dir={out}", "train.steps=7", "--print-config"]) == 0
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(capsys.readouterr().out)
+    assert load_config(str(printed)) == load_config("builtin:demo", [f"output_dir={out}", "train.steps=7"])
+    assert not out.exists()

@@ -213,3 +213,76 @@ def test_compare_and_demo_refuse_a_config_error_and_bad_data_rows_in_one_message
     )
     assert -1 < typo < line_5 < line_6, error
     assert loads == [] and tree_hash(work) == before
+
+
+MODULES_THAT_DO_NOT_COMPILE = {
+    # module: (its text, what names it, the error pacs names)
+    "broken_reward": (
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None)\n    return 1.0\n",
+        "function 'broken_reward:compute_score'",
+        "broken_reward.py, line 1: SyntaxError: expected ':'",
+    ),
+    "broken_algorithm": (
+        "class Broken:\n    def section(self):\n    return 1\n",
+        "class 'broken_algorithm:Broken'",
+        "broken_algorithm.py, line 3: IndentationError: expected an indented block after function definition on line 2",
+    ),
+    "broken_tool": (
+        "def tool(code):\n    return 1\n        extra = 2\n",
+        "tool 'broken_tool:tool'",
+        "broken_tool.py, line 3: IndentationError: unexpected indent",
+    ),
+}
+USES_OF_A_USER_MODULE = {
+    # (command, module): the arguments, given the work folder and the data file
+    ("train", "broken_reward"): lambda work, data: [*train(work / "out", data, "builtin:tiny", "broken_reward:compute_score")],
+    ("train", "broken_algorithm"): lambda work, data: [*train(work / "out", data, "builtin:tiny", None), "algorithm.name=broken_algorithm:Broken"],
+    ("train", "broken_tool"): lambda work, data: [*train(work / "out", data, "builtin:tiny", None), "rollout.tools=broken_tool:tool"],
+    ("eval", "broken_reward"): lambda work, data: evaluate(work / "out", data, "builtin:tiny", "broken_reward:compute_score"),
+    ("eval", "broken_tool"): lambda work, data: [*evaluate(work / "out", data, "builtin:tiny", None), "--tools", "broken_tool:tool"],
+    ("prepare", "broken_reward"): lambda work, data: ["prepare", "--check", str(data), "--reward-function", "broken_reward:compute_score"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "module"), USES_OF_A_USER_MODULE)
+def test_a_user_module_that_does_not_compile_is_named_in_one_line_by_file_line_and_error(
+    tmp_path, loads, capsys, command, module
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    text, spec, compile_error = MODULES_THAT_DO_NOT_COMPILE[module]
+    (tmp_path / "code" / f"{module}.py").write_text(text)
+    data = work / "data.jsonl"
+    data.write_text(lines(row(data_source="math")))
+    before = tree_hash(work)
+    assert run(USES_OF_A_USER_MODULE[command, module](work, data)) == 2
+    error = capsys.readouterr().err
+    assert f"Cannot import module {module!r} of {spec}: {tmp_path / 'code' / compile_error}\n" in error
+    assert "Traceback" not in error and len(error.splitlines()) <= 2  # the command's header, then the one line
+    assert loads == [] and tree_hash(work) == before
+
+
+@pytest.mark.slow
+def test_prompts_all_longer_than_max_prompt_length_are_refused_naming_the_longest_before_a_model_loads_or_a_file_is_written(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    from pacs.data.prompts import prompt_token_ids
+    from pacs.models.loading import load_tokenizer
+    from pacs.train.trainer import Trainer
+
+    work = tmp_path / "work"
+    work.mkdir()
+    short, long = row(), {**row(), "prompt": [{"role": "user", "content": "What is 3 + 4 + 5? Put the answer in \\boxed{}."}]}
+    data = work / "data.jsonl"
+    data.write_text(lines(short, long))
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    shortest, longest = (len(prompt_token_ids(tokenizer, one)) for one in (short, long))
+    monkeypatch.setattr(Trainer, "setup", lambda *arguments: pytest.fail("the models were loaded"))
+    before = tree_hash(work)
+    assert run([*train(work / "out", data, str(tiny_model_dir), None), f"data.max_prompt_length={shortest - 1}"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"data.train: every one of the 2 prompts is longer than data.max_prompt_length={shortest - 1} tokens" in error
+    assert f"the longest, {data}: line 2, has {longest} tokens: data.max_prompt_length={longest} keeps every prompt" in error
+    assert tree_hash(work) == before
+    with pytest.raises(pytest.fail.Exception, match="the models were loaded"):  # one prompt that fits is enough
+        run([*train(work / "out", data, str(tiny_model_dir), None), f"data.max_prompt_length={shortest}"])

@@ -112,3 +112,32 @@ def test_a_writer_whose_folder_was_moved_is_told_where_it_went(tmp_path):
     with pytest.raises(RunMoved, match="moved away or replaced"):
         check_run_in_place(folder, lock)
     lock.close()
+
+
+STRESS = Path(__file__).parent.parent / "helpers" / "run_folder_stress.py"
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_runs_started_resumed_and_overwritten_together_never_share_a_folder_nor_move_a_live_one(tmp_path, round_):
+    """24 processes, each starting a run in one folder at once, half with --overwrite and half as a
+    resume, each then writing 5 lines and looking before each that its folder is in place: every
+    interleaving of their looks, moves, claims and run locks that the scheduler makes."""
+    folder = tmp_path / "run"
+    hows = ["overwrite", "resume"] * 12
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(STRESS), str(folder), how, str(100 * round_ + seed)], stdout=subprocess.PIPE, text=True
+        )
+        for seed, how in enumerate(hows)
+    ]
+    outcomes = [process.communicate(timeout=120)[0].strip() for process in processes]
+    assert "moved" not in outcomes and set(outcomes) <= {"refused", "wrote 5"}, outcomes
+    writers = 0
+    for run_dir in [folder, *tmp_path.glob("run.superseded*")]:
+        log = run_dir / "log"
+        pids = [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+        writers_here = list(dict.fromkeys(pids))
+        assert all(pids.count(pid) == 5 for pid in writers_here)  # each run's lines in the folder it started in, all of them
+        assert pids == [pid for pid in writers_here for _ in range(5)], run_dir  # one live writer at a time: never interleaved
+        writers += len(writers_here)
+    assert writers == outcomes.count("wrote 5")

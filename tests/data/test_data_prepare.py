@@ -10,18 +10,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import BENCHMARK_DATA
+from running import run
 
 from pacs.data.loading import load_rows
 from pacs.data.prepare import (
     PROMPT_SUFFIX,
     SOURCES,
+    UNVERIFIABLE_LIMIT,
     check_file,
-    detect_source,
     prepare_dataset,
     read_records,
+    read_rows,
     write_parquet,
 )
 from pacs.data.schema import FORBIDDEN_CONTROL_CHARACTER, validate_rows
+from pacs.rewards.checks import unverifiable_ground_truths
 
 SHARED_FILES = {
     "math500.jsonl": ("math500", 500),
@@ -302,7 +305,7 @@ def test_amc23_with_only_a_question_field_is_accepted(tmp_path: Path) -> None:
 
 
 def test_missing_required_field_names_file_row_and_accepted_spellings(tmp_path: Path) -> None:
-    path = _write_jsonl(tmp_path / "aime24.jsonl", [{"problem": "Find x.", "answer": "1"}, {"answer": "2"}])
+    path = _write_jsonl(tmp_path / "aime24.jsonl", [{"Problem": "Find x.", "Answer": "1"}, {"Answer": "2"}])
     with pytest.raises(
         ValueError,
         match=r"aime24\.jsonl: 1 bad row.*\n    line 2: field 'problem': missing; accepted spellings: 'problem', 'Problem', 'question'",
@@ -329,15 +332,107 @@ def test_missing_required_field_names_file_row_and_accepted_spellings(tmp_path: 
         ("beyond_aime_test.jsonl", "beyondaime"),
     ],
 )
-def test_source_is_detected_from_the_file_name(file_name: str, source: str) -> None:
-    assert detect_source(Path("some/dir") / file_name) == source
+def test_a_file_name_that_spells_a_source_labels_the_rows_with_it(tmp_path: Path, file_name: str, source: str) -> None:
+    path = tmp_path / file_name
+    records = [{"problem": "Find x.", "answer": "7"}]
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(records), path)
+    else:
+        path.write_text(json.dumps(records) if path.suffix == ".json" else json.dumps(records[0]) + "\n")
+    row = prepare_dataset(path).rows[0]
+    assert (row["data_source"], row["extra_info"]["split"]) == (source, SOURCES[source].default_split)
 
 
-def test_undetectable_file_name_is_refused_listing_the_valid_sources() -> None:
+def test_a_file_name_that_spells_no_source_labels_the_rows_math_and_the_file_name(tmp_path: Path) -> None:
+    row = prepare_dataset(_write_jsonl(tmp_path / "bench.jsonl", [{"problem": "Find x.", "answer": "7"}])).rows[0]
+    assert (row["data_source"], row["extra_info"]["split"]) == ("math/bench", "train")
+
+
+def _reading(row: dict) -> tuple:
+    """What a row holds of its source record: everything but the label (data_source, split)."""
+    return row["prompt"], row["reward_model"], {key: value for key, value in row["extra_info"].items() if key != "split"}
+
+
+@pytest.mark.parametrize(
+    "file_name", ["gsm8k_test.jsonl", "math500.jsonl", "aime2024.jsonl", "amc23.jsonl", "deepscaler_sample.json"]
+)
+def test_a_public_sets_layout_is_recognised_from_its_content_under_a_neutral_file_name(tmp_path: Path, file_name: str) -> None:
+    records = read_records(BENCHMARK_DATA / file_name)[:20]
+    prepared = prepare_dataset(_write_jsonl(tmp_path / "train.jsonl", records))
+    assert prepared.report.layout == SHARED_FILES[file_name][0]
+    assert [_reading(row) for row in prepared.rows] == [
+        _reading(row) for row in prepare_dataset(BENCHMARK_DATA / file_name).rows[:20]
+    ]
+
+
+def test_gsm8k_training_file_named_train_gets_the_final_answers_as_ground_truths(tmp_path: Path) -> None:
+    """GSM8K's training file circulates as grade_school_math/data/train.jsonl."""
+    records = [
+        {"question": "Janet has 16 eggs and eats 3. How many are left?", "answer": "16 - 3 = <<16-3=13>>13\n#### 13"},
+        {"question": "A shop sells 1,200 pens a day. How many in 2 days?", "answer": "1,200 * 2 = 2,400\n#### 2,400"},
+    ]
+    rows = prepare_dataset(_write_jsonl(tmp_path / "train.jsonl", records)).rows
+    assert [row["reward_model"]["ground_truth"] for row in rows] == ["13", "2400"]
+    assert [row["data_source"] for row in rows] == ["math/train"] * 2
+
+
+def test_a_question_and_a_plain_answer_are_read_as_they_are_whatever_the_file_name(tmp_path: Path) -> None:
+    """Answers without GSM8K's '#### N' are no GSM8K layout, even in a file named after GSM8K."""
+    rows = prepare_dataset(_write_jsonl(tmp_path / "gsm8k_train.jsonl", [{"question": "1+1?", "answer": "2"}])).rows
+    assert rows[0]["reward_model"]["ground_truth"] == "2" and rows[0]["data_source"] == "gsm8k"
+
+
+def _plain_rows(tmp_path: Path, answers: list[str], field: str = "answer") -> Path:
+    return _write_jsonl(
+        tmp_path / "rows.jsonl", [{"problem": f"Problem {i}.", field: answer} for i, answer in enumerate(answers)]
+    )
+
+
+@pytest.mark.slow
+def test_ground_truths_their_reward_cannot_verify_are_named_by_line_and_written(tmp_path: Path) -> None:
+    """DeepScaleR's sample holds such rows (``245 yd.``, ``33\\frac {1}{3}\\%``): every answer to them scores 0."""
+    answers = [str(number) for number in range(1, 21)]
+    answers[6] = "245 yd."
+    prepared = prepare_dataset(_plain_rows(tmp_path, answers), unverifiable=unverifiable_ground_truths)
+    assert prepared.report.unverifiable == [7] and len(prepared.rows) == 20
+    assert "the ground truth of 1 row (line 7) is no answer its reward can verify" in prepared.report.summary()
+
+
+@pytest.mark.slow
+def test_a_file_of_mostly_unverifiable_ground_truths_is_refused_naming_each_row_and_the_flag(tmp_path: Path) -> None:
+    """Worked solutions read as the answers (the 'solution' field) are the usual cause."""
+    records = read_records(BENCHMARK_DATA / "gsm8k_test.jsonl")[:20]
+    path = _write_jsonl(
+        tmp_path / "rows.jsonl", [{"problem": record["question"], "solution": record["answer"]} for record in records]
+    )
     with pytest.raises(
-        ValueError, match=r"'bench\.jsonl'.*--source.*math500, aime2024, aime2025, amc23, gsm8k, deepscaler, beyondaime"
-    ):
-        detect_source("bench.jsonl")
+        ValueError, match=r"rows\.jsonl: the ground truth of \d+ of 20 rows .*--answer-field.*--allow-unverifiable"
+    ) as error:
+        prepare_dataset(path, unverifiable=unverifiable_ground_truths)
+    assert "\n    line 1: ground truth str 'Janet sells" in str(error.value)
+
+
+@pytest.mark.slow
+def test_unverifiable_ground_truths_up_to_the_limit_are_written_and_past_it_refused(tmp_path: Path) -> None:
+    allowed = round(UNVERIFIABLE_LIMIT * 40)
+    answers = ["245 yd."] * allowed + ["12"] * (40 - allowed)
+    assert len(prepare_dataset(_plain_rows(tmp_path, answers), unverifiable=unverifiable_ground_truths).rows) == 40
+    with pytest.raises(ValueError, match=f"{allowed + 1} of 40 rows"):
+        prepare_dataset(_plain_rows(tmp_path, ["245 yd."] + answers[:-1]), unverifiable=unverifiable_ground_truths)
+
+
+@pytest.mark.slow
+def test_allow_unverifiable_writes_a_file_of_unverifiable_ground_truths(tmp_path: Path) -> None:
+    path = _plain_rows(tmp_path, ["245 yd.", "\\sqrt{"])
+    prepared = prepare_dataset(path, unverifiable=unverifiable_ground_truths, allow_unverifiable=True)
+    assert prepared.report.unverifiable == [1, 2] and len(prepared.rows) == 2
+
+
+def test_a_json_list_on_one_line_numbers_its_rows_by_position(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([{"problem": "Find x.", "answer": "1"}, {"problem": "Find y."}]))
+    with pytest.raises(ValueError, match=r"position in the list of rows.*\n    row 2: field 'answer': missing"):
+        prepare_dataset(path)
 
 
 def test_explicit_source_is_used_whatever_the_file_name(tmp_path: Path) -> None:
@@ -476,3 +571,32 @@ def test_unreadable_parquet_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 def test_every_source_is_registered() -> None:
     assert list(SOURCES) == ["math500", "aime2024", "aime2025", "amc23", "gsm8k", "deepscaler", "beyondaime"]
+
+
+@pytest.mark.slow
+def test_pacs_prepare_refuses_unverifiable_ground_truths_leaving_no_file_and_writes_them_with_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = _plain_rows(tmp_path, ["245 yd.", "\\sqrt{"])
+    out = tmp_path / "rows.parquet"
+    assert run(["prepare", "--input", str(path), "--out", str(out)]) == 2
+    assert "--allow-unverifiable writes the rows" in capsys.readouterr().err and not out.exists()
+    assert run(["prepare", "--input", str(path), "--out", str(out), "--allow-unverifiable"]) == 0
+    assert "warning: the ground truth of 2 rows (lines 1, 2)" in capsys.readouterr().out and len(read_rows(out)) == 2
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_line_and_column_of_the_first_bad_byte(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(ValueError, match=r"rows\.jsonl: line 2, column 17: not UTF-8 text \(byte 0xe9"):
+        prepare_dataset(path)
+
+
+def test_a_csv_header_with_neither_field_names_both_missing_fields(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text("q,final\n1+1?,2\n")
+    with pytest.raises(
+        ValueError,
+        match=r"no problem field recognised .*--prompt-field FIELD; and .*no answer field recognised .*--answer-field FIELD",
+    ):
+        prepare_dataset(path)

@@ -154,8 +154,8 @@ def test_a_data_source_of_a_kind_is_scored_by_that_kinds_reward_function():
     assert reward_function_for("my_sums") is None and reward_function_for("my/math") is None
 
 
-def test_a_public_set_named_by_its_file_keeps_its_own_format(own_files, tmp_path):
-    path = tmp_path / "gsm8k_mine.jsonl"
+def test_a_question_whose_answer_ends_in_hashes_and_a_number_is_read_in_gsm8ks_layout(own_files, tmp_path):
+    path = tmp_path / "mine.jsonl"
     path.write_text(json.dumps({"question": "A?", "answer": "so #### 1,234"}) + "\n")
     assert prepare_dataset(path).rows[0]["reward_model"]["ground_truth"] == "1234"
 

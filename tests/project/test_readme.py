@@ -141,3 +141,50 @@ def test_the_example_reward_function_is_found_in_the_working_directory_and_score
         truth = row["reward_model"]["ground_truth"]
         assert compute_score("arithmetic", answer_text(row), truth)["score"] == 1.0
         assert compute_score("arithmetic", answer_text(row) + "1", truth)["score"] == 0.0
+
+
+WRITES = re.compile(r"\bpacs(\.cli)? (?P<command>train|demo|compare|eval|sft)\b")
+
+
+def written_folder(command: str) -> str | None:
+    """The folder a page's `pacs train|demo|compare|eval|sft` command writes (None: it writes none,
+    or continues a run there with resume=auto)."""
+    words = command.split()
+    found = WRITES.search(command)
+    if found is None or "--print-config" in words or "resume=auto" in words:
+        return None
+    if found["command"] != "train":
+        return words[words.index("--out") + 1] if "--out" in words else ("runs/demo" if found["command"] == "demo" else None)
+    given = [word.removeprefix("output_dir=") for word in words if word.startswith("output_dir=")]
+    if given:
+        return given[-1]
+    source = words[words.index("--config") + 1] if "--config" in words else None
+    if source is None:
+        from pacs.config import Config
+
+        return str(Config.model_fields["output_dir"].default)
+    recipe = (
+        REPOSITORY / "configs" / f"{source.removeprefix('builtin:')}.yaml"
+        if source.startswith("builtin:")
+        else REPOSITORY / source
+    )
+    import yaml
+
+    return str(yaml.safe_load(recipe.read_text())["output_dir"])
+
+
+def test_every_runnable_example_that_writes_writes_a_folder_of_its_own_apart_from_the_demo():
+    """A reader who runs the pages' runnable commands in order, in one folder, after `make demo`
+    (which writes runs/demo; `pacs demo` moves its previous run aside by itself), meets no command
+    refused for a folder an earlier one wrote."""
+    writers: dict[str, list[str]] = {}
+    for block in all_blocks():
+        if not block.what.startswith("run"):
+            continue
+        for command in commands(block.body, ""):
+            if (folder := written_folder(command)) is not None and not WRITES.search(command)["command"] == "demo":
+                writers.setdefault(os.path.normpath(folder), []).append(f"{block.page} line {block.line}")
+    shared = {folder: places for folder, places in writers.items() if len(set(places)) > 1}
+    assert not shared, shared
+    inside_the_demo = sorted(folder for folder in writers if folder == "runs/demo" or folder.startswith("runs/demo/"))
+    assert not inside_the_demo, inside_the_demo

@@ -205,3 +205,24 @@ def test_a_ground_truth_that_is_not_a_string_is_rejected() -> None:
 def test_math_data_sources_are_scored_by_the_math_verifier(data_source: str) -> None:
     assert data_source in REWARD_FUNCTIONS
     assert default_compute_score(data_source, "\\boxed{27}", "27.0") == 1.0
+
+
+@pytest.mark.parametrize(
+    "ground_truth", ["18", "025", "\\frac{1}{2}", "(3, \\frac{\\pi}{2})", "\\text{(C)}", "5\\%", "\\{1,2\\}"]
+)
+def test_a_ground_truth_math_verify_reads_as_an_answer_reads_as_math(ground_truth: str) -> None:
+    assert math_rewards.reads_as_math(ground_truth)
+
+
+@pytest.mark.parametrize(
+    "ground_truth",
+    [
+        "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18",
+        "245 yd.",
+        "\\sqrt{",
+        "",
+    ],
+)
+def test_a_ground_truth_math_verify_reads_as_text_only_does_not_read_as_math(ground_truth: str) -> None:
+    """No answer but this very text matches it: `\\boxed{18}` scores 0 against the worked solution."""
+    assert not math_rewards.reads_as_math(ground_truth)

@@ -144,6 +144,16 @@ LOSS_NOTE = (
 )
 """What the trainer tells a user who watches PACS's loss sit at 0.693 in the progress bar."""
 
+
+def inert_beta_note(beta: float) -> str:
+    """What a run with `beta` other than 1 under the ``grpo`` estimator is told: β changes nothing there."""
+    return (
+        f"note: algorithm.beta={beta:g} has no effect with algorithm.estimator='grpo': its score divides the β-scaled "
+        f"proxy by max(its spread, β·{GRPO_SPREAD_FLOOR:g}), so β cancels (but for the spread's 1e-6); β scales the "
+        "score with estimator='rloo' or 'naive'"
+    )
+
+
 Proxy = Literal["logratio", "mean_logprob"]
 PROXIES: tuple[str, ...] = typing.get_args(Proxy)
 Estimator = Literal["rloo", "grpo", "naive"]
@@ -546,6 +556,8 @@ class PACS:
         self.rollout_is_cap, self.rollout_is_mode, self.rollout_is_floor = rollout_is_cap, rollout_is_mode, rollout_is_floor
         self.rollout_is_level = rollout_is_level
         self.spread_floor = beta * GRPO_SPREAD_FLOOR
+        if estimator == "grpo" and beta != 1.0:
+            self.startup_note = f"{LOSS_NOTE}\n{inert_beta_note(beta)}"
         self.overlong_buffer, self.overlong_penalty = overlong_buffer, overlong_penalty
         self.reference_name = "ref_logprobs" if pacs_reference == "fixed" else "old_logprobs"
         self.regularised = kl_coef > 0 or entropy_coef > 0

@@ -24,7 +24,7 @@ from pacs.config.algorithms import (
     ClippedPolicyGradientConfig,
 )
 from pacs.config.base import ConfigError
-from pacs.config.loading import build_config, dump_config, load_config
+from pacs.config.loading import build_config, config_text, dump_config, load_config
 from pacs.config.overrides import apply_overrides
 from pacs.config.run import Config
 from pacs.config.sections import (
@@ -60,6 +60,7 @@ __all__ = [
     "VllmConfig",
     "apply_overrides",
     "build_config",
+    "config_text",
     "dump_config",
     "load_config",
 ]

@@ -161,6 +161,11 @@ def _options_of(algorithm: str, section: object) -> object:
     return {**{key: value for key, value in section.items() if key in own or key not in others}, "name": algorithm}
 
 
+def config_text(config: Config) -> str:
+    """The resolved configuration as YAML (what `--config` would read back)."""
+    return yaml.safe_dump(config.model_dump(), sort_keys=False)
+
+
 def dump_config(config: Config, path: Path) -> None:
-    """Write the resolved configuration as YAML (what `--config` would read back)."""
-    path.write_text(yaml.safe_dump(config.model_dump(), sort_keys=False))
+    """Write the resolved configuration as YAML (`config_text`)."""
+    path.write_text(config_text(config))

@@ -9,8 +9,10 @@ and the file's own name: scored by the math verifier, reported apart from other 
 merged with them as repeats of one problem). A csv file is read as text: every value a string, the
 header naming the fields.
 
-Named public sources (``SOURCES``) are recognised from the file name (or ``source``) and spell
-their fields as follows, first match wins:
+A file's layout (how its fields are read) is found from its content, never its name: the first
+record's field names and values (``LAYOUTS``, first match wins), else the common fields above;
+``source`` (``--source``) reads a file as that set whatever it holds. The named public sources
+(``SOURCES``) lay their fields out as follows:
 
 - ``math500``: problem, answer; kept: solution, subject, level, unique_id.
 - ``aime2024``: problem | Problem | question, answer | Answer (a string such as ``"025"``, kept as
@@ -22,6 +24,12 @@ their fields as follows, first match wins:
 - ``deepscaler``: problem, answer; kept: solution, difficulty. Split ``train`` by default.
 - ``beyondaime``: problem, answer (an integer, or its text), as ByteDance-Seed/BeyondAIME publishes
   its 100 problems (split ``test``; the PACS paper's v2 evaluates on it).
+
+The file name only labels the rows: one that spells a source (``SOURCE_FILE_NAMES``, e.g.
+``AIME24.jsonl``) gives them that source's ``data_source`` and default split; any other name,
+``math/<file name without suffix>`` and split ``train``. So GSM8K's training file, circulating as
+``train.jsonl``, is read by its content like ``gsm8k_test.jsonl`` (the ground truth the number after
+``####``) and labelled ``math/train``.
 
 Each output row asks the problem as one user message followed by ``PROMPT_SUFFIX``, with
 ``ability`` "math", ``reward_model = {"style": "rule", "ground_truth": <answer text>}`` and
@@ -73,6 +81,8 @@ from pacs.data.schema import (
     CSV_LINES,
     FILE_LINES,
     FORBIDDEN_CONTROL_CHARACTER,
+    LIST_ROWS,
+    MAX_REPORTED_ROWS,
     PARQUET_ROWS,
     BadRows,
     Numbering,
@@ -89,6 +99,10 @@ INPUT_SUFFIXES = (*RECORD_SUFFIXES, ".csv")
 """File types `prepare_dataset` converts (a csv holds flat records only, never prepared rows)."""
 COMMON_PROBLEM_FIELDS = ("problem", "question", "prompt")
 COMMON_ANSWER_FIELDS = ("answer", "ground_truth", "solution")
+UNVERIFIABLE_LIMIT = 0.05
+"""The largest share of a file's rows whose ground truth their reward cannot verify that
+`prepare_dataset` writes without ``allow_unverifiable`` (real sets hold a few: DeepScaleR's
+``245 yd.``); past it the answers are most likely read from the wrong field."""
 DEFAULT_DATA_SOURCE = "math"
 """The kind of data_source of rows converted from a file of no named source (`math/<file name>`):
 the math verifier scores them."""
@@ -323,20 +337,71 @@ SOURCES: dict[str, SourceFormat] = {
 """Source name (the rows' ``data_source``) -> its converter."""
 
 
-def detect_source(path: str | Path) -> str:
-    """Return the source name that the file name of ``path`` spells (case-insensitive), e.g. ``AIME24.jsonl``."""
-    source = _named_source(path)
-    if source is None:
-        raise ValueError(
-            f"Cannot tell the source of {str(path)!r} from its file name (it names none); "
-            f"give it explicitly with source= (--source), one of: {', '.join(SOURCES)}"
-        )
-    return source
+GSM8K_FINAL_ANSWER = re.compile(r"####[ \t]*[^\s#][^\n]*\s*$")
+"""How a GSM8K worked solution ends: ``#### 18`` (the final answer, nothing after it)."""
+
+
+def _has_all(record: dict, *fields: str) -> bool:
+    return all(record.get(name) is not None for name in fields)
+
+
+def _has_any(record: dict, *fields: str) -> bool:
+    return any(record.get(name) is not None for name in fields)
+
+
+def _is_gsm8k_record(record: dict) -> bool:
+    answer = record.get("answer")
+    return _has_all(record, "question") and isinstance(answer, str) and GSM8K_FINAL_ANSWER.search(answer) is not None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A public set's way of laying out a record, told from a record's field names and values."""
+
+    source: str
+    """The source in `SOURCES` whose format reads it."""
+    signs: str
+    """What gives it away, for the report."""
+    matches: Callable[[dict], bool]
+
+
+LAYOUTS = (
+    Layout("gsm8k", "'question' and an 'answer' that is a worked solution ending in '#### N'", _is_gsm8k_record),
+    Layout(
+        "math500",
+        "'problem', 'answer' and MATH's 'subject', 'level' or 'unique_id'",
+        lambda record: _has_all(record, "problem", "answer") and _has_any(record, "subject", "level", "unique_id"),
+    ),
+    Layout(
+        "deepscaler",
+        "'problem', 'answer' and DeepScaleR's 'difficulty'",
+        lambda record: _has_all(record, "problem", "answer", "difficulty"),
+    ),
+    Layout(
+        "aime2024",
+        "'Problem' or 'Answer' capitalised, or 'id', 'problem', 'solution', 'answer' and 'url'",
+        lambda record: _has_any(record, "Problem", "Answer") or _has_all(record, "id", "problem", "solution", "answer", "url"),
+    ),
+    Layout(
+        "amc23",
+        "'id', 'problem' or 'question', 'answer' and 'url' (no solution)",
+        lambda record: _has_all(record, "id", "answer", "url") and _has_any(record, "problem", "question"),
+    ),
+)
+"""The layouts of public sets that differ from the common fields, in the order they are tried:
+GSM8K's answer is a worked solution; the others keep reference fields (solution, subject, id, url, ...)
+in ``extra_info``. A record of only a problem and an answer (AIME 2025, BeyondAIME, one's own file)
+is read by the common fields."""
+
+
+def recognised_layout(record: dict) -> Layout | None:
+    """The first of `LAYOUTS` that `record` (a file's first record) matches, or None."""
+    return next((layout for layout in LAYOUTS if layout.matches(record)), None)
 
 
 def _named_source(path: str | Path) -> str | None:
-    """The source name the file name of ``path`` spells, or None if it spells none; ValueError
-    if it spells several."""
+    """The source name the file name of ``path`` spells (case-insensitive), a label only, or None
+    if it spells none; ValueError if it spells several."""
     file_name = Path(path).name.lower()
     matches = [name for name, pattern in SOURCE_FILE_NAMES.items() if pattern.search(file_name)]
     if len(matches) > 1:
@@ -366,11 +431,18 @@ def _recognised_field(read: RecordFile, given: str | None, common: tuple[str, ..
 
 
 def _read_text(path: Path) -> str:
-    """Return the UTF-8 text of ``path``; errors name the file."""
+    """Return the UTF-8 text of ``path``; errors name the file and the line and column of the
+    first byte that is not UTF-8."""
+    data = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(
+            f"{path}: line {line}, column {column}: not UTF-8 text (byte {data[error.start]:#04x}: {error.reason}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 @dataclass
@@ -449,13 +521,18 @@ def _json_document(path: Path, text: str) -> RecordFile:
         return RecordFile(path, FILE_LINES, [document], [text.count("\n", 0, _past_whitespace(text, 0)) + 1])
     if not isinstance(document, list):
         raise ValueError(f"{path}: expected a JSON list of objects or one object per line, got {describe_value(document)}")
-    read = RecordFile(path, FILE_LINES, [], [])
-    for line, record in zip(_json_list_lines(text), document, strict=True):
+    lines = _json_list_lines(text)
+    if len(set(lines)) == len(lines):
+        read, numbers = RecordFile(path, FILE_LINES, [], []), lines
+    else:  # several records on one line (a list written on one line): a line would name no one record
+        read, numbers = RecordFile(path, LIST_ROWS, [], []), list(range(1, len(lines) + 1))
+    for number, record in zip(numbers, document, strict=True):
         if isinstance(record, dict):
             read.records.append(record)
-            read.numbers.append(line)
+            read.numbers.append(number)
         else:
-            read.unreadable.append((line, f"line {line}: expected a JSON object, got {describe_value(record)}"))
+            unit = read.numbering.unit
+            read.unreadable.append((number, f"{unit} {number}: expected a JSON object, got {describe_value(record)}"))
     return read
 
 
@@ -597,8 +674,9 @@ class PrepareReport:
     """What ``prepare_dataset`` read, wrote and changed; ``summary()`` says it in one line."""
 
     input_path: str
-    source: str
-    """The named source whose format was read, or "" for a file of one's own."""
+    layout: str
+    """The source whose layout was read (`--source`, else recognised from the content), or "" for
+    the common fields."""
     data_source: str
     split: str
     repeat: int
@@ -615,18 +693,32 @@ class PrepareReport:
     """Rows (by ``numbering``) whose problem text had whitespace tabs replaced by spaces."""
     normalised_answers: int = 0
     """Answers rewritten as plain numbers (float 27.0 -> "27", "1,234" -> "1234")."""
+    ground_truths_checked: bool = False
+    """Whether each ground truth was checked against its reward (`prepare_dataset`'s ``unverifiable``)."""
+    unverifiable: list[int] = field(default_factory=list)
+    """Rows (by ``numbering``) whose ground truth their reward cannot verify: every answer scores 0."""
 
     def summary(self) -> str:
         """Return a one-paragraph human-readable account of the preparation."""
         copies = "1 copy" if self.repeat == 1 else f"{self.repeat} consecutive copies"
-        read_as = f"{self.source} rows" if self.source else "rows"
+        read_as = f"rows in the {self.layout} layout" if self.layout else "rows"
         return (
             f"{self.input_path}: {self.rows_read} {read_as} read, {self.rows_written} written "
             f"(problems from field {self.problem_field!r}, answers from {self.answer_field!r}; data_source "
             f"{self.data_source!r}, split {self.split!r}, {copies} of each); broken LaTeX escapes (control "
             f"characters) repaired in {_rows_text(self.repaired_control_characters, self.numbering)}; whitespace tabs "
             f"replaced by spaces in {_rows_text(self.tabs_replaced, self.numbering)}; {self.normalised_answers} answers "
-            "normalised to plain numbers."
+            f"normalised to plain numbers{self._ground_truths_text()}."
+        )
+
+    def _ground_truths_text(self) -> str:
+        if not self.ground_truths_checked:
+            return ""
+        if not self.unverifiable:
+            return "; every ground truth is an answer its reward can verify"
+        return (
+            f"; warning: the ground truth of {_rows_text(self.unverifiable, self.numbering)} is no answer its reward can "
+            "verify (math-verify reads it as text only): every answer to them scores 0"
         )
 
 
@@ -663,26 +755,45 @@ OWN_FORMAT = SourceFormat(problem=COMMON_PROBLEM_FIELDS, answer=COMMON_ANSWER_FI
 """How a file of no named source is read (its fields fixed by `_recognised_field` first)."""
 
 
-def _source_format(
-    read: RecordFile, source: str | None, prompt_field: str | None, answer_field: str | None
-) -> tuple[str, SourceFormat]:
-    """(named source or "", the format to read `records` with): `source`, or the one the file name
-    spells (unless fields are named), else `OWN_FORMAT` with the fields given or recognised;
-    fields given replace a named source's spellings."""
+@dataclass(frozen=True)
+class FileReading:
+    """How a file is read and labelled: the format its records are read with, the layout that was
+    recognised (a source's name, "" for the common fields), and the source that names its rows."""
+
+    source_format: SourceFormat
+    layout: str
+    labelled_as: str
+    """The named source (`--source`, else the one the file name spells) or ""."""
+
+
+def _file_reading(read: RecordFile, source: str | None, prompt_field: str | None, answer_field: str | None) -> FileReading:
+    """`source`'s format (fields given replace its spellings); else, with neither field named,
+    the layout the first record shows (`recognised_layout`); else `OWN_FORMAT` with the fields
+    given or recognised. The label is `source`, else (no field named) the file name's."""
     if source is not None and source not in SOURCES:
         raise ValueError(f"Unknown source {source!r}; valid: {', '.join(SOURCES)}")
-    if source is None and prompt_field is None and answer_field is None:
-        source = _named_source(read.path)
+    fields_named = prompt_field is not None or answer_field is not None
     if source is not None:
         source_format = SOURCES[source]
         if prompt_field is not None:
             source_format = replace(source_format, problem=(prompt_field,))
         if answer_field is not None:
             source_format = replace(source_format, answer=(answer_field,))
-        return source, source_format
-    problem = _recognised_field(read, prompt_field, COMMON_PROBLEM_FIELDS, "problem")
-    answer = _recognised_field(read, answer_field, COMMON_ANSWER_FIELDS, "answer")
-    return "", replace(OWN_FORMAT, problem=(problem,), answer=(answer,))
+        return FileReading(source_format, source, source)
+    labelled_as = "" if fields_named else _named_source(read.path) or ""
+    layout = None if fields_named else recognised_layout(read.records[0])
+    if layout is not None:
+        return FileReading(SOURCES[layout.source], layout.source, labelled_as)
+    fields, unrecognised = [], []
+    for given, common, what in ((prompt_field, COMMON_PROBLEM_FIELDS, "problem"), (answer_field, COMMON_ANSWER_FIELDS, "answer")):
+        try:
+            fields.append(_recognised_field(read, given, common, what))
+        except ValueError as error:
+            unrecognised.append(str(error))
+    if unrecognised:  # both fields named at once when neither is found
+        raise ValueError("; and ".join(unrecognised))
+    problem, answer = fields
+    return FileReading(replace(OWN_FORMAT, problem=(problem,), answer=(answer,)), "", labelled_as)
 
 
 def _check_text_option(value: object, name: str, example: str, *, non_empty: bool = True) -> None:
@@ -702,16 +813,23 @@ def prepare_dataset(
     answer_field: str | None = None,
     data_source: str | None = None,
     prompt_suffix: str = PROMPT_SUFFIX,
+    unverifiable: Callable[[list[dict]], list[int]] | None = None,
+    allow_unverifiable: bool = False,
 ) -> PreparedDataset:
     """Convert a file of problems into schema rows, each source row ``repeat`` times consecutively.
 
-    The format (module docstring): ``source``, else the named source the file name spells, else
-    a file of one's own whose fields are ``prompt_field`` and ``answer_field`` or recognised from
-    the first record (naming either field reads the file as one's own, whatever its name).
-    ``data_source`` defaults to the source's name (``math/<file stem>`` for one's own file); ``split`` to the
-    source's default ("train" for deepscaler and one's own files, "test" for the others). Each
+    The format (module docstring): ``source``'s, else the layout the first record shows, else
+    the fields ``prompt_field`` and ``answer_field`` or the common ones (naming either field reads
+    the file by those fields, whatever it holds). ``data_source`` defaults to ``source``, else the
+    source the file name spells, else ``math/<file stem>``; ``split`` to that source's default
+    ("train" for deepscaler and files whose name spells no source, "test" for the others). Each
     prompt is the problem followed by ``prompt_suffix``. Repeats of a row share
     ``extra_info.index`` and count ``extra_info.repeat`` from 0, so evaluation can merge their samples.
+
+    ``unverifiable`` (`pacs.rewards.checks.unverifiable_ground_truths`, which this layer cannot
+    import) gives the positions of the rows whose ground truth their reward cannot verify; they
+    are named in the report, and past `UNVERIFIABLE_LIMIT` of the rows refused unless
+    ``allow_unverifiable``.
     """
     path = Path(input_path)
     if not path.is_file():
@@ -723,11 +841,13 @@ def prepare_dataset(
     _check_text_option(prompt_suffix, "prompt_suffix", repr(PROMPT_SUFFIX), non_empty=False)
     read = read_numbered_records(path, suffixes=INPUT_SUFFIXES)
     records = read.records
-    source, source_format = _source_format(read, source, prompt_field, answer_field)
-    split = source_format.default_split if split is None else split
+    reading = _file_reading(read, source, prompt_field, answer_field)
+    source_format = reading.source_format
+    if split is None:
+        split = SOURCES[reading.labelled_as].default_split if reading.labelled_as else OWN_FORMAT.default_split
     _check_text_option(split, "split", "'test' or 'train'")
-    data_source = data_source or source or f"{DEFAULT_DATA_SOURCE}/{path.stem}"
-    report = PrepareReport(str(path), source, data_source, split, repeat, rows_read=len(records), rows_written=0)
+    data_source = data_source or reading.labelled_as or f"{DEFAULT_DATA_SOURCE}/{path.stem}"
+    report = PrepareReport(str(path), reading.layout, data_source, split, repeat, rows_read=len(records), rows_written=0)
     report.numbering = read.numbering
     rows: list[dict] = []
     problems = list(read.unreadable)
@@ -754,8 +874,34 @@ def prepare_dataset(
     problems += row_problems(rows[::repeat], converted_numbers, read.numbering)  # one copy per source row
     if problems:
         raise BadRows(str(path), read.numbering, problems)
+    if unverifiable is not None:
+        report.ground_truths_checked = True
+        report.unverifiable = [converted_numbers[position] for position in unverifiable(rows[::repeat])]
+        if len(report.unverifiable) > UNVERIFIABLE_LIMIT * len(converted_numbers) and not allow_unverifiable:
+            raise ValueError(_unverifiable_refusal(path, report, rows[::repeat], converted_numbers))
     report.rows_written = len(rows)
     return PreparedDataset(rows, report)
+
+
+def _unverifiable_refusal(path: Path, report: PrepareReport, rows: list[dict], numbers: list[int]) -> str:
+    """The refusal of a file with too many ground truths that cannot be verified, naming each row."""
+    ground_truths = dict(zip(numbers, (row["reward_model"]["ground_truth"] for row in rows), strict=True))
+    count, total = len(report.unverifiable), len(rows)
+    lines = [
+        f"{path}: the ground truth of {count} of {total} rows ({count / total:.0%}; at most {UNVERIFIABLE_LIMIT:.0%} "
+        f"are written) is no answer its reward can verify: math-verify reads it as text only, so every answer would "
+        f"score 0. The answers were read from field {report.answer_field!r}"
+        + (f" in the {report.layout} layout" if report.layout else "")
+        + "; name the field that holds the final answer with --answer-field, or the set's layout with --source "
+        f"({', '.join(SOURCES)}); --allow-unverifiable writes the rows as they are. Numbered by {report.numbering.meaning}:"
+    ]
+    lines += [
+        f"    {report.numbering.unit} {number}: ground truth {describe_value(ground_truths[number])}"
+        for number in report.unverifiable[:MAX_REPORTED_ROWS]
+    ]
+    if count > MAX_REPORTED_ROWS:
+        lines.append(f"    ... and {count - MAX_REPORTED_ROWS} more rows")
+    return "\n".join(lines)
 
 
 def write_parquet(rows: list[dict], out_path: str | Path) -> None:

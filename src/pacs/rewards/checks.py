@@ -9,6 +9,9 @@
   must return a score in [0, 1] within `probe_limit_s`. A function that raises, returns
   something else, never answers or kills its process is refused, naming it and the row: a
   training run would otherwise find out after the model loaded, or score every answer 0.
+
+`unverifiable_ground_truths` finds the rows whose ground truth their reward can never match
+(`pacs prepare` reports them, and refuses a file of mostly such rows).
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from pacs.rewards.math import math_compute_score
 from pacs.rewards.pool import ScoringPool
 from pacs.rewards.registry import REWARD_FUNCTIONS, load_reward_function, reward_function_for
+from pacs.rewards.workers import TimeLimitedWorkers
 
 PROBE_LIMIT_S = 10.0
 """The least time a reward function gets to score the probe answer: its worker's first call
 may pay for imports that later calls do not."""
 SIGNATURE = ("data_source", "solution_str", "ground_truth", "extra_info")
+GROUND_TRUTH_READING_LIMIT_S = 5.0
+"""How long math-verify may take to read one ground truth (`unverifiable_ground_truths`); one it
+has not read by then is counted as unverifiable."""
 
 
 def probe_response(row: dict) -> str:
@@ -113,3 +121,17 @@ def _probe(pool: ScoringPool, function_spec: str, where: str, row: dict, limit_s
             f"reward function {function_spec} ended its process while scoring {where} (the answer {response!r}): "
             "it crashed or went past reward.memory_limit_mib"
         )
+
+
+def unverifiable_ground_truths(rows: list[dict], *, timeout_s: float = GROUND_TRUTH_READING_LIMIT_S) -> list[int]:
+    """The positions in `rows` of those whose ground truth their built-in reward can never match:
+    rows the math verifier scores (by data_source) whose ground truth math-verify reads only as
+    text (`pacs.rewards.math.reads_as_math`), or does not read within `timeout_s` seconds. Rows
+    of other data sources are not checked: each reward function reads its ground truth its own way."""
+    positions = [position for position, row in enumerate(rows) if reward_function_for(row["data_source"]) is math_compute_score]
+    if not positions:
+        return []
+    calls = [(rows[position]["reward_model"]["ground_truth"],) for position in positions]
+    with TimeLimitedWorkers("pacs.rewards.math:reads_as_math", num_workers=1) as workers:
+        readings = workers.run(calls, timeout_s=timeout_s).results
+    return [position for position, reads in zip(positions, readings, strict=True) if reads is not True]

@@ -88,10 +88,30 @@ def _sole_boxed_answer(solution_str: str) -> str | None:
     return extract_boxed(solution_str)
 
 
+def _gold_answer(ground_truth: str) -> list:
+    """math-verify's reading of a ground truth, as the reward reads it: boxed, gold extraction."""
+    return parse("\\boxed{" + ground_truth + "}", GOLD_EXTRACTION, parsing_timeout=None)
+
+
+def reads_as_math(ground_truth: str) -> bool:
+    """Whether math-verify reads ``ground_truth``, as ``math_score`` reads a gold answer, as a
+    mathematical answer (a number, an expression, a set, ...) rather than as its text alone.
+
+    A ground truth read only as text (a GSM8K worked solution, ``245 yd.``, unbalanced LaTeX such
+    as ``\\sqrt{``) is matched by no answer but that very text: its row scores 0 whatever the
+    model answers. False on any exception inside math-verify. No time limit: call it in a
+    time-limited worker (``pacs.rewards.checks.unverifiable_ground_truths``).
+    """
+    try:
+        return any(not isinstance(reading, str) for reading in _gold_answer(ground_truth))
+    except Exception:
+        return False
+
+
 def symbolic_verify(solution_str: str, ground_truth: str) -> bool:
     """math-verify's judgement, without its signal-based timeouts; False on any exception."""
     try:
-        gold = parse("\\boxed{" + ground_truth + "}", GOLD_EXTRACTION, parsing_timeout=None)
+        gold = _gold_answer(ground_truth)
         answer = parse(solution_str, ANSWER_EXTRACTION, parsing_timeout=None)
         return verify(gold, answer, timeout_seconds=None)
     except Exception:

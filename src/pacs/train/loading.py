@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pacs.config import Config, ConfigError
 from pacs.data.loading import load_rows, rendering_comment
-from pacs.data.prompts import EncodedPrompts, encode_prompts
+from pacs.data.prompts import EncodedPrompts, check_some_prompt_fits, encode_prompts
 from pacs.distributed.collectives import (
     run_on_every_rank,
     run_on_rank0,
@@ -64,14 +64,14 @@ def seed_everything(seed: int) -> None:
 
 def load_prompts(specs: str | list[str], tokenizer, max_prompt_length: int, default_split: str) -> EncodedPrompts:
     """Rows of every spec, tokenized through the chat template; over-long prompts counted."""
-    rows = [
-        row for spec in ([specs] if isinstance(specs, str) else specs) for row in load_rows(spec, default_split=default_split)
-    ]
-    prompts = encode_prompts(tokenizer, rows, max_prompt_length)
-    if not prompts.rows:
-        raise ConfigError(
-            f"every one of the {len(rows)} prompts in {specs} is longer than data.max_prompt_length={max_prompt_length}"
-        )
+    spec_list = [specs] if isinstance(specs, str) else specs
+    rows_by_spec = {spec: load_rows(spec, default_split=default_split) for spec in spec_list}
+    prompts = encode_prompts(tokenizer, [row for spec in spec_list for row in rows_by_spec[spec]], max_prompt_length)
+    if not prompts.rows:  # refused before anything loads or is written (`check_run_inputs`); here for a caller that did not check
+        try:
+            check_some_prompt_fits(tokenizer, rows_by_spec, max_prompt_length)
+        except ValueError as error:
+            raise ConfigError(f"data.{default_split}: {error}") from None
     return prompts
 
 

@@ -9,8 +9,11 @@ answer one real row with a score (`pacs.rewards.checks.check_scoring`), a tracke
 `train.report_to` whose package is not installed (naming the pacs extra), and with
 `rollout.engine=vllm` a vLLM that is missing or built for another device, and with
 `rollout.tool_format=chat` a model whose chat template cannot carry the format, so that a mistaken
-input fails before an output folder is created (see `pacs.outputs`). It loads nothing large:
-built-in models are not built and the hub is asked once per hub id.
+input fails before an output folder is created (see `pacs.outputs`). Then, once all of those are
+usable, data whose every prompt (of `data.train`, or of `data.val`) is longer than
+`data.max_prompt_length` through the model's tokenizer (`check_some_prompt_fits`). It loads no model:
+the hub is asked once per hub id, and only that last check loads the tokenizer (building a
+built-in model into the pacs cache on first use, as the run would; never into output_dir).
 
 On several nodes, rank 0 checks them all; every other node checks what it reads from its own
 disk (`check_node_inputs`: the model path, whose tokenizer every node loads, the data, the reward
@@ -19,10 +22,12 @@ function's import and vLLM's install), which must be at the same paths on every 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from pacs.config import Config, ConfigError, DataConfig, load_config
 from pacs.data.loading import load_rows, row_location
+from pacs.data.prompts import check_some_prompt_fits
 from pacs.models.loading import BUILTIN_PREFIX, check_model_reachable, load_tokenizer
 from pacs.outputs import unusable_inputs
 from pacs.plugins import PYTHON_TOOL, import_function
@@ -47,6 +52,19 @@ def check_run_inputs(config: Config) -> None:
     scoring_check = ("reward.function" if config.reward.function else "data", lambda: _check_scoring(config, rows_by_spec))
     tracker_check = ("train.report_to", lambda: check_tracker_packages(config.train.report_to))
     _refuse_unusable([*_node_input_checks(config, rows_by_spec), *critic_check, scoring_check, tracker_check])
+    _refuse_unusable(_prompt_length_checks(config, rows_by_spec))  # last: it loads the tokenizer
+
+
+def _prompt_length_checks(config: Config, rows_by_spec: dict[str, list[dict]]) -> list[tuple[str, Callable[[], object]]]:
+    """A check per split (`data.train`, `data.val`) that some prompt of its rows fits
+    `data.max_prompt_length` through the model's tokenizer (loaded once, by the first)."""
+    tokenizer = functools.cache(lambda: load_tokenizer(config.model.path))
+    checks: list[tuple[str, Callable[[], object]]] = []
+    for key, split in (("data.train", "train"), ("data.val", "val")):
+        if specs := _specs(getattr(config.data, split)):
+            rows = {spec: rows_by_spec[spec] for spec in specs}
+            checks.append((key, lambda rows=rows: check_some_prompt_fits(tokenizer(), rows, config.data.max_prompt_length)))
+    return checks
 
 
 def load_run_config(source: str | None, overrides: Sequence[str] = (), *, algorithm: str | None = None) -> Config:

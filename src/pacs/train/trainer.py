@@ -16,7 +16,7 @@ import contextlib
 import functools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -177,41 +177,65 @@ def rollout_metrics(
     }
 
 
-def train(config: Config, *, show_progress: bool = True, allow_changes: bool = False) -> TrainResult:
+def train(
+    config: Config,
+    *,
+    show_progress: bool = True,
+    allow_changes: bool = False,
+    replace: bool = False,
+    report: Callable[[TrainResult], object] | None = None,
+) -> TrainResult:
     """Run `config` to the end (or from its newest checkpoint with `resume=auto`, or when torchrun
     restarted the job), in this process and every other one the launcher started. A resume with
-    settings that change the optimisation is refused unless `allow_changes`
-    (`pacs.train.checkpointing.resume.open_run`)."""
+    settings that change the optimisation is refused unless `allow_changes`; `replace`
+    (`--overwrite`) moves a previous run in output_dir aside first, under the same claim of the
+    folder as the rest of the start (`pacs.train.checkpointing.resume.open_run`). `report` is
+    called with the result on rank 0 while the run still holds its folder's lock, so what it says
+    of the folder (the final checkpoint's path) is not moved away before it is said."""
     if config.train.deterministic:
         use_deterministic_kernels()  # before any GPU library computes
     world = World.from_environment(config.train.strategy, timeout_s=config.train.distributed_timeout_s)
     try:
-        return run_to_the_end(config, world, show_progress, allow_changes)
+        return run_to_the_end(config, world, show_progress, allow_changes, replace=replace, report=report)
     finally:
         world.close()  # the trainer and its models are out of reach by now (World.close)
 
 
-def run_to_the_end(config: Config, world: World, show_progress: bool, allow_changes: bool = False) -> TrainResult:
+def run_to_the_end(
+    config: Config,
+    world: World,
+    show_progress: bool,
+    allow_changes: bool = False,
+    *,
+    replace: bool = False,
+    report: Callable[[TrainResult], object] | None = None,
+) -> TrainResult:
     """Check the inputs and decide where the run starts (`begin`), set the trainer up and run
-    every step; every rank leaves after the last one's barrier. A finished run ends at once."""
-    start, run_lock = begin(config, world, allow_changes)
+    every step; every rank leaves after the last one's barrier. A finished run ends at once.
+    `report`: see `train`."""
+    start, run_lock = begin(config, world, allow_changes, replace=replace)
     try:
         if start.finished:
-            return finished_result(config, world, start)
-        trainer = Trainer.setup(config, world, start)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(contextlib.closing(trainer.engine))  # vLLM's teardown ends the process group: after the barrier
-            if trainer.pipeline is not None:
-                stack.enter_context(contextlib.closing(trainer.pipeline))
-            result = trainer.run(show_progress=show_progress, run_lock=run_lock)
-            barrier(world)  # no rank tears its process group down while another still uses it
+            result = finished_result(config, world, start)
+        else:
+            trainer = Trainer.setup(config, world, start)
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(
+                    contextlib.closing(trainer.engine)
+                )  # vLLM's teardown ends the process group: after the barrier
+                if trainer.pipeline is not None:
+                    stack.enter_context(contextlib.closing(trainer.pipeline))
+                result = trainer.run(show_progress=show_progress, run_lock=run_lock)
+                barrier(world)  # no rank tears its process group down while another still uses it
+        if report is not None and result.is_writer:
+            report(result)
         return result
     finally:
         if run_lock is not None:
             run_lock.close()
 
 
-def begin(config: Config, world: World, allow_changes: bool = False) -> tuple[RunStart, IO[str] | None]:
+def begin(config: Config, world: World, allow_changes: bool = False, *, replace: bool = False) -> tuple[RunStart, IO[str] | None]:
     """What every rank checks before anything loads (the batch split, the generation groups, peft
     for LoRA, each node's own inputs), then where the run starts: rank 0's decision (`pacs.train.checkpointing.resume.open_run`),
     told on its console and sent to every rank, with rank 0's run lock (None elsewhere). Each
@@ -235,7 +259,7 @@ def begin(config: Config, world: World, allow_changes: bool = False) -> tuple[Ru
 
     def open_on_rank0() -> RunStart:
         nonlocal opened
-        opened = open_run(config, past, allow_changes=allow_changes)
+        opened = open_run(config, past, allow_changes=allow_changes, replace=replace)
         return opened[0]  # the run lock stays with rank 0: a file it holds open, not sent
 
     start = run_on_rank0(world, open_on_rank0)

@@ -41,7 +41,7 @@ from pacs.distributed.collectives import gather_objects
 from pacs.distributed.world import World
 from pacs.models.loading import resolve_model_path
 from pacs.models.lora import ADAPTER_DIR
-from pacs.outputs import MARKER, RUN_LOCK, check_unlocked, claim_output_dir, lock_run, replace_file
+from pacs.outputs import MARKER, RUN_LOCK, claim_output_dir, claim_run_folder, replace_file
 from pacs.train.checkpointing.folders import (
     FINAL,
     FoundCheckpoint,
@@ -131,47 +131,33 @@ def job_history(world: World, output_dir: Path) -> JobHistory:
     return JobHistory([(place, record) for place, first, record, _ in views if first], max(count for *_, count in views))
 
 
-def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -> tuple[RunStart, IO[str] | None]:
-    """Rank 0's start of a run: every input checked (`check_run_inputs`), where the run starts
-    decided (`run_start`), a resume's changed settings refused unless `allow_changes`
-    (`setting_changes`), then, unless it is finished, the model built if it is a built-in one not
-    yet cached or a GGUF file (`resolve_model_path`: a build that fails leaves the disk as it was) and
-    checked (`check_built_model`),
-    `output_dir` claimed (`pacs.outputs.claim_output_dir`: a new, empty or own folder), its run lock taken (returned
+def open_run(
+    config: Config, past: JobHistory, *, allow_changes: bool = False, replace: bool = False
+) -> tuple[RunStart, IO[str] | None]:
+    """Rank 0's start of a run: every input checked (`check_run_inputs`); then, holding the claim
+    of `output_dir` (`pacs.outputs.claiming`, so that no other pacs process moves, claims or locks
+    it meanwhile), with `replace` (`--overwrite`) a previous run there moved aside, where the run
+    starts decided (`run_start`), a resume's changed settings refused unless `allow_changes`
+    (`setting_changes`), then, unless it is finished, `output_dir` claimed
+    (`pacs.outputs.claim_output_dir`: a new, empty or own folder) and its run lock taken (returned
     beside the start, held until the run ends; None for a finished run or where locks are not
-    supported), what a killed save left removed, allowed changes recorded (`SEGMENTS`),
-    `config.yaml` written."""
+    supported); then what a killed save left removed, allowed changes recorded (`SEGMENTS`),
+    `config.yaml` written. A live writer of `output_dir` is refused, naming it, at any point. The
+    model is built first if it is a built-in one not yet cached or a GGUF file
+    (`resolve_model_path`, into the cache: a build that fails leaves the disk as it was; outside
+    the claim, which a conversion's minute would hold up) and checked (`check_built_model`)."""
     check_run_inputs(config)
-    if Path(config.output_dir).is_dir():
-        check_unlocked(config.output_dir)  # before what its checkpoints say: they are being written
-    start = run_start(config, past)
+    resolve_model_path(config.model.path)
+    check_built_model(config)
+    output_dir = Path(config.output_dir)
+    decided, lock, aside = claim_run_folder(
+        output_dir, "pacs train", lambda: _decided_start(config, past, allow_changes, fresh=replace), replace=replace
+    )
+    start, saved, changes = decided
+    if aside is not None:
+        start.notes.insert(0, f"the previous run in {output_dir} is now {aside}")
     if start.finished:
         return start, None
-    output_dir = Path(config.output_dir)
-    saved = read_saved_config(output_dir) if start.checkpoint is not None else None
-    changes = setting_changes(saved, config) if saved is not None else {}
-    if changes and not allow_changes:
-        raise ConfigError(
-            f"{output_dir} was trained up to step {start.step} with other settings than these: "
-            + "; ".join(f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items())
-            + ". Resume with the run's own settings (its config.yaml), or pass --allow-changes to go on with these "
-            f"from step {start.step + 1} (recorded in {output_dir / SEGMENTS}, marked by pacs plot), or choose another "
-            "output_dir"
-        )
-    reuse = config.resume == "auto" or past.restarts > 0
-    if not reuse and start.checkpoint is None and (left := steps_without_checkpoint(output_dir)) is not None:
-        if left:
-            raise ConfigError(
-                f"{output_dir} holds a run that finished {left} step{'s' * (left > 1)} but wrote no checkpoint "
-                "(train.save_every=0 saves only at the end), so it cannot be resumed; pass --overwrite to move it aside "
-                "and start over, or choose another output_dir"
-            )
-        reuse = True
-        start.notes.append(f"{output_dir} holds a run that stopped before its first step ended: starting it again there")
-    resolve_model_path(config.model.path)  # a built-in model built, a GGUF converted, before anything is written
-    check_built_model(config)
-    claim_output_dir(output_dir, "pacs train", reuse=reuse)
-    lock = lock_run(output_dir)
     notes = [*start.notes, *remove_dead_staging(output_dir / "checkpoints")]
     if changes:
         record_segment(output_dir, start.step, saved, config, changes)
@@ -182,6 +168,40 @@ def open_run(config: Config, past: JobHistory, *, allow_changes: bool = False) -
         )
     dump_config(config, output_dir / "config.yaml")
     return RunStart(start.checkpoint, start.step, False, notes, socket.gethostname()), lock
+
+
+def _decided_start(
+    config: Config, past: JobHistory, allow_changes: bool, *, fresh: bool
+) -> tuple[tuple[RunStart, dict | None, dict[str, tuple[object, object]]], bool | None]:
+    """((where the run starts, the run's saved settings, the settings it changes), whether it writes
+    into what `output_dir` holds, None for a finished run, which writes nothing): `run_start` and the
+    refusals of a resume's changed settings and of a run that cannot be resumed; reads only.
+    `fresh`: the folder was just made for this run."""
+    output_dir = Path(config.output_dir)
+    start = run_start(config, past)
+    if start.finished:
+        return (start, None, {}), None
+    saved = read_saved_config(output_dir) if start.checkpoint is not None else None
+    changes = setting_changes(saved, config) if saved is not None else {}
+    if changes and not allow_changes:
+        raise ConfigError(
+            f"{output_dir} was trained up to step {start.step} with other settings than these: "
+            + "; ".join(f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items())
+            + ". Resume with the run's own settings (its config.yaml), or pass --allow-changes to go on with these "
+            f"from step {start.step + 1} (recorded in {output_dir / SEGMENTS}, marked by pacs plot), or choose another "
+            "output_dir"
+        )
+    reuse = fresh or config.resume == "auto" or past.restarts > 0
+    if not reuse and start.checkpoint is None and (left := steps_without_checkpoint(output_dir)) is not None:
+        if left:
+            raise ConfigError(
+                f"{output_dir} holds a run that finished {left} step{'s' * (left > 1)} but wrote no checkpoint "
+                "(train.save_every=0 saves only at the end), so it cannot be resumed; pass --overwrite to move it "
+                "aside and start over, or choose another output_dir"
+            )
+        reuse = True
+        start.notes.append(f"{output_dir} holds a run that stopped before its first step ended: starting it again there")
+    return (start, saved, changes), reuse
 
 
 STOPPED_RUN_ENTRIES = {
