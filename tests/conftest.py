@@ -28,9 +28,6 @@ if XDIST_WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-BENCHMARK_DATA = TESTS.parent / "data" / "benchmarks"
-"""The public benchmark files kept in the repository (see data/benchmarks/README.md)."""
-
 
 @pytest.fixture(scope="session", autouse=True)
 def private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:

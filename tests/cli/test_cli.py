@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BENCHMARK_DATA
+from benchmark_data import BENCHMARK_DATA
 from running import run
 
 import pacs

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import BENCHMARK_DATA
+from benchmark_data import BENCHMARK_DATA
 from running import run
 
 from pacs import outputs

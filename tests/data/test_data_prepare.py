@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import BENCHMARK_DATA
+from benchmark_data import BENCHMARK_DATA
 from running import run
 
 from pacs.data.loading import load_rows

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import BENCHMARK_DATA
+from benchmark_data import BENCHMARK_DATA
 
 from pacs.cli import main
 from pacs.train.metrics import read_metrics

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import BENCHMARK_DATA
+from benchmark_data import BENCHMARK_DATA
 from filelock import FileLock
 from running import run
 from transformers import AutoConfig
