@@ -88,13 +88,13 @@ TOOL_OUTPUT_SLOT = "\x00pacs-tool-output\x00"
 """Stands in a format's text for the tool's output, to find the text around it."""
 
 
-def tool_output_ids(tokenizer, before: str, output: str, after: str) -> list[int]:
+def tool_output_ids(tokenizer, markers: re.Pattern | None, before: str, output: str, after: str) -> list[int]:
     """The token ids of ``before + output + after``, the text a format appends, where `output`, the
     tool's, is data, never structure: a special or added token's text in it (``<|im_end|>``,
     ``<tool_call>``) is tokenised as the characters it is made of, so that a program cannot write
     a turn, a role or a call into the context. An output without such text is tokenised with the
-    rest as one text, as the chat template's own tokenisation would."""
-    markers = _token_markers(tokenizer)
+    rest as one text, as the chat template's own tokenisation would. `markers`: the tokenizer's
+    `token_markers`, found once per format."""
     if markers is None or not markers.search(output):
         return tokenizer.encode(before + output + after, add_special_tokens=False)
     return [
@@ -104,7 +104,7 @@ def tool_output_ids(tokenizer, before: str, output: str, after: str) -> list[int
     ]
 
 
-def _token_markers(tokenizer) -> re.Pattern | None:
+def token_markers(tokenizer) -> re.Pattern | None:
     """A pattern of the texts of the tokenizer's special and added tokens, longest first (None: it has none)."""
     texts = sorted({text for text in tokenizer.get_added_vocab() if text}, key=len, reverse=True)
     return re.compile("|".join(map(re.escape, texts))) if texts else None
@@ -185,6 +185,7 @@ class TirFormat:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.markers = token_markers(tokenizer)
 
     def call_in(self, turn_token_ids: Sequence[int]) -> tuple[int, ToolCall] | None:
         call = tool_call_end(turn_token_ids, self.tokenizer)
@@ -193,7 +194,7 @@ class TirFormat:
     def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
         last_token = self.tokenizer.decode(list(response_token_ids[-1:]))
         before, after = output_block(last_token, TOOL_OUTPUT_SLOT).split(TOOL_OUTPUT_SLOT)
-        return tool_output_ids(self.tokenizer, before, output.rstrip("\n"), after)
+        return tool_output_ids(self.tokenizer, self.markers, before, output.rstrip("\n"), after)
 
     def call_completed(self, turn_token_ids: Sequence[int]) -> bool:
         """Whether the turn's tokens so far hold a closed python block (`tool_call_end`), asked
@@ -230,6 +231,7 @@ class ChatFormat:
 
     def __init__(self, tokenizer, tool: str):
         self.tokenizer = tokenizer
+        self.markers = token_markers(tokenizer)
         self.tool_name = tool if tool == PYTHON_TOOL else tool.rpartition(":")[2]
         arguments = '{"code": "print(1 + 1)"}' if tool == PYTHON_TOOL else "{...}"
         self.example = f'<tool_call>{{"name": "{self.tool_name}", "arguments": {arguments}}}</tool_call>'
@@ -303,7 +305,7 @@ class ChatFormat:
 
     def output_tokens(self, response_token_ids: Sequence[int], output: str) -> list[int]:
         before, after = self._around_output
-        return tool_output_ids(self.tokenizer, before, output.rstrip("\n"), after)
+        return tool_output_ids(self.tokenizer, self.markers, before, output.rstrip("\n"), after)
 
     turn_stop = None
     """No check: a turn that calls ends at the end-of-sequence token, where generation stops already."""
