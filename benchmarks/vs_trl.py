@@ -1,10 +1,14 @@
 """pacs against TRL's GRPOTrainer on the same work: seconds per step and the reward they reach.
 
-The work: the warm-started tiny model (`builtin:tiny-arithmetic`, seed 0) on
-`builtin:arithmetic?max_operand=19`, 32 prompts x 8 responses per step, at most 16 new tokens,
-temperature 1, top_p 1, one optimizer update per step (AdamW, lr 1e-4, constant, grad clip 1), no
-KL term (beta 0), 20 steps, CPU, float32. The same arithmetic reward (`pacs.rewards.arithmetic_score`)
-scores both. Three runs, one after the other, each in its own process:
+The work (`--model`, `CPU_WORKS`): by default the warm-started tiny model (`builtin:tiny-arithmetic`,
+seed 0) on `builtin:arithmetic?max_operand=19`, 32 prompts x 8 responses per step, at most 16 new
+tokens, temperature 1, top_p 1, one optimizer update per step (AdamW, lr 1e-4, constant, grad clip
+1), no KL term (beta 0), 20 steps, CPU, float32, scored by the built-in arithmetic reward; with
+`--model smollm2` the real SmolLM2-135M-Instruct (docs/real-model.md) on operands up to 24, 8
+prompts x 8 responses of up to 64 tokens, lr 2e-5, scored by the math verifier
+(`pacs.rewards.math:math_compute_score`), 6 steps. The same reward function scores both sides;
+TRL renders the prompts with the model's chat template as pacs does. Three runs, one after the
+other, each in its own process:
 
 - TRL `GRPOTrainer`: `num_generations=8`, `per_device_train_batch_size=256` (32 prompts x 8, one
   generation per update: `steps_per_generation=1`, `num_iterations=1`), `beta=0`,
@@ -16,8 +20,8 @@ scores both. Three runs, one after the other, each in its own process:
   32 prompts per step and one mini-batch (one update), reading `time/step_s` and `reward/mean` from
   the run's `metrics.jsonl`.
 
-Each row gives the median step time over steps 4-20 (the first steps warm up), its ratio to TRL's
-and the mean reward over the last 5 steps. The runs draw their own prompt orders and samples, so
+Each row gives the median step time over steps 4-20 (2-6 with `--model smollm2`; the first steps
+warm up), its ratio to TRL's and the mean reward over the last 5 steps. The runs draw their own prompt orders and samples, so
 the rewards compare learning on the same distribution, not the same batches.
 
 TRL is not a dependency of pacs. The TRL side runs in its own venv, `.peer-venvs/trl` by default
@@ -30,7 +34,7 @@ file runs the TRL worker (`--trl-worker`, internal).
 
 Timings on shared machines are noisy: run it on a quiet machine and compare the ratios within one
 run, not seconds across runs. It takes a few minutes on 2 CPU cores. Run:
-`.venv/bin/python benchmarks/vs_trl.py [--steps 20] [--trl-venv .peer-venvs/trl]`.
+`.venv/bin/python benchmarks/vs_trl.py [--model tiny|smollm2] [--steps 20] [--trl-venv .peer-venvs/trl]`.
 
 `--device cuda` runs other work, on one GPU: models shaped as Qwen2.5-0.5B and -1.5B
 (`SHAPES`), built here with random bf16 weights (seed 0) and the real 151,936-token vocabulary
@@ -81,9 +85,38 @@ from peer_venvs import PEER_VENVS, PEERS, peer_python
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRL_VENV = PEER_VENVS / "trl"
 REQUIREMENTS = REPO / "benchmarks" / PEERS["trl"][0]
-DATA = "builtin:arithmetic?max_operand=19"
-PROMPTS, N, MAX_NEW_TOKENS, LR = 32, 8, 16, 1e-4
-FIRST_TIMED_STEP, LAST_STEPS = 4, 5
+LAST_STEPS = 5
+
+
+@dataclass(frozen=True)
+class CpuWork:
+    """The CPU comparison's work (`--model`): `model` (a pacs model path) trained on `data` with
+    `prompts` prompts x `n` responses a step, at most `max_new_tokens` new tokens, AdamW at `lr`;
+    `reward` (`package.module:function`, the reward-function signature) scores both sides, and
+    pacs's run takes `overrides` on top of `builtin:demo`. `steps` is `--steps`'s default; the
+    table's step time is the median from `first_timed_step` on (earlier steps warm up)."""
+
+    model: str
+    data: str
+    prompts: int
+    n: int
+    max_new_tokens: int
+    lr: float
+    reward: str
+    steps: int
+    first_timed_step: int
+    overrides: tuple[str, ...] = ()
+
+
+CPU_WORKS = {
+    "tiny": CpuWork("builtin:tiny-arithmetic", "builtin:arithmetic?max_operand=19", 32, 8, 16, 1e-4,
+                    "pacs.rewards.registry:default_compute_score", steps=20, first_timed_step=4),
+    "smollm2": CpuWork("builtin:smollm2-135m-instruct", "builtin:arithmetic?max_operand=24", 8, 8, 64, 2e-5,
+                       "pacs.rewards.math:math_compute_score", steps=6, first_timed_step=2,
+                       overrides=("data.max_prompt_length=96",)),
+}  # fmt: skip
+"""`--model`'s works: the demo's warm-started tiny model, and the real model of docs/real-model.md
+on the task of `builtin:real-demo` with its shapes (a step of 64 responses of up to 64 tokens)."""
 VERSIONS = ("torch", "transformers", "trl", "accelerate", "datasets", "pacs")
 
 
@@ -102,20 +135,29 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------- TRL worker (runs in the TRL venv)
 
 
-def trl_worker(model_dir: str, steps: int, out_path: str) -> None:
+def trl_worker(work: CpuWork, model_dir: str, steps: int, out_path: str) -> None:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from pacs.data.loading import load_rows
-    from pacs.rewards.arithmetic import arithmetic_score
+    from pacs.rewards.registry import load_reward_function
 
-    rows = load_rows(DATA, default_split="train")
-    dataset = Dataset.from_list([{"prompt": row["prompt"], "ground_truth": row["reward_model"]["ground_truth"]} for row in rows])
+    rows = load_rows(work.data, default_split="train")
+    dataset = Dataset.from_list(
+        [
+            {"prompt": row["prompt"], "data_source": row["data_source"], "ground_truth": row["reward_model"]["ground_truth"]}
+            for row in rows
+        ]
+    )
+    compute_score = load_reward_function(work.reward)
 
-    def arithmetic_reward(completions, ground_truth, **_) -> list[float]:
-        return [arithmetic_score(completion[-1]["content"], truth) for completion, truth in zip(completions, ground_truth)]
+    def reward(completions, data_source, ground_truth, **_) -> list[float]:
+        return [
+            float(compute_score(source, completion[-1]["content"], truth))
+            for completion, source, truth in zip(completions, data_source, ground_truth)
+        ]
 
     class StepTimes(TrainerCallback):
         def __init__(self) -> None:
@@ -144,19 +186,19 @@ def trl_worker(model_dir: str, steps: int, out_path: str) -> None:
             fp16=False,
             seed=0,
             max_steps=steps,
-            per_device_train_batch_size=PROMPTS * N,
+            per_device_train_batch_size=work.prompts * work.n,
             gradient_accumulation_steps=1,
             steps_per_generation=1,
             num_iterations=1,
-            num_generations=N,
-            max_completion_length=MAX_NEW_TOKENS,
+            num_generations=work.n,
+            max_completion_length=work.max_new_tokens,
             temperature=1.0,
             top_p=1.0,
             top_k=0,
             beta=0.0,
             loss_type="dr_grpo",
             scale_rewards="group",
-            learning_rate=LR,
+            learning_rate=work.lr,
             lr_scheduler_type="constant",
             warmup_steps=0,
             weight_decay=0.0,
@@ -174,7 +216,7 @@ def trl_worker(model_dir: str, steps: int, out_path: str) -> None:
         callback = StepTimes()
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=arithmetic_reward,
+            reward_funcs=reward,
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
@@ -629,13 +671,15 @@ def run_logged(command: list[str], log_path: Path, what: str, environment: dict[
     print(f"{what}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def pacs_run(algorithm: str, model_dir: Path, steps: int, work: Path) -> tuple[list[float], list[float]]:
+def pacs_run(cpu_work: CpuWork, algorithm: str, model_dir: Path, steps: int, work: Path) -> tuple[list[float], list[float]]:
     output_dir = work / f"pacs-{algorithm}"
     command = [
         sys.executable, "-m", "pacs.cli", "train", "--config", "builtin:demo", f"model.path={model_dir}", f"train.steps={steps}",
-        f"train.batch_size={PROMPTS}", f"train.mini_batch_size={PROMPTS}", f"train.micro_batch_size={PROMPTS * N}",
-        "train.eval_every=0", "train.save_every=0", "data.val=null", f"output_dir={output_dir}",
-        f"algorithm.name={algorithm}",
+        f"data.train={cpu_work.data}", f"reward.function={cpu_work.reward}", f"rollout.n={cpu_work.n}",
+        f"data.max_response_length={cpu_work.max_new_tokens}", f"train.lr={cpu_work.lr}", "train.lr_schedule=constant",
+        f"train.batch_size={cpu_work.prompts}", f"train.mini_batch_size={cpu_work.prompts}",
+        f"train.micro_batch_size={cpu_work.prompts * cpu_work.n}", "train.eval_every=0", "train.save_every=0",
+        "data.val=null", f"output_dir={output_dir}", f"algorithm.name={algorithm}", *cpu_work.overrides,
     ]  # fmt: skip
     run_logged(command, work / f"pacs-{algorithm}.log", f"pacs train, algorithm.name={algorithm}, {steps} steps")
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -652,7 +696,11 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, help="training steps per run (default 20; --device cuda: 3, --smoke: 2)")
     parser.add_argument("--trl-venv", type=Path, default=DEFAULT_TRL_VENV, help="the TRL venv (default %(default)s)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: the demo's work; cuda: SHAPES on one GPU")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: --model's work; cuda: SHAPES on one GPU")
+    parser.add_argument(
+        "--model", choices=sorted(CPU_WORKS), default="tiny",
+        help="--device cpu: the demo's tiny model, or the real SmolLM2-135M-Instruct on builtin:real-demo's task (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="--device cuda's code on a CPU with a tiny shape")
     parser.add_argument("--shapes", default="0.5b,1.5b", help="--device cuda: the shapes to run (default %(default)s)")
     parser.add_argument(
@@ -682,7 +730,7 @@ def main() -> None:
         synthetic_trl_worker(Work(**json.loads(args.work)), Run(**json.loads(args.run)), args.model_dir, args.rows, args.out)
         return
     if args.trl_worker:
-        trl_worker(args.model_dir, args.steps, args.out)
+        trl_worker(CPU_WORKS[args.model], args.model_dir, args.steps, args.out)
         return
     if args.smoke or args.device == "cuda":
         trl_python = args.trl_python or peer_python(args.trl_venv.resolve(), REQUIREMENTS)
@@ -699,36 +747,37 @@ def main() -> None:
         if not synthetic_main(works, trl_python, None if args.smoke else args.peak_flops, runs, args.results):
             sys.exit("vs_trl.py: a run failed (its row in the table says which)")
         return
-    args.steps = args.steps or 20
-    if args.steps <= FIRST_TIMED_STEP:
-        parser.error(f"--steps must be more than {FIRST_TIMED_STEP}")
+    cpu_work = CPU_WORKS[args.model]
+    args.steps = args.steps or cpu_work.steps
+    if args.steps <= cpu_work.first_timed_step:
+        parser.error(f"--steps must be more than {cpu_work.first_timed_step} with --model {args.model}")
 
     from rich.console import Console
     from rich.table import Table
 
-    from pacs.train.builtin_models import warm_started_tiny
+    from pacs.models.loading import resolve_model_path
 
-    model_dir = warm_started_tiny(0, show_progress=False)
+    model_dir = Path(resolve_model_path(cpu_work.model))
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = Path(tmp)
         python = peer_python(args.trl_venv.resolve(), REQUIREMENTS)
         trl_out = work / "trl.json"
         run_logged(
-            [str(python), __file__, "--trl-worker", "--model-dir", str(model_dir), "--steps", str(args.steps),
-             "--out", str(trl_out)],
+            [str(python), __file__, "--trl-worker", "--model", args.model, "--model-dir", str(model_dir), "--steps",
+             str(args.steps), "--out", str(trl_out)],
             work / "trl.log",
             f"TRL GRPOTrainer, {args.steps} steps",
         )  # fmt: skip
         trl = json.loads(trl_out.read_text())
         results = {"TRL GRPOTrainer": (trl["step_s"], trl["reward"])}
         for algorithm in ("grpo", "pacs"):
-            results[f"pacs {algorithm}"] = pacs_run(algorithm, model_dir, args.steps, work)
+            results[f"pacs {algorithm}"] = pacs_run(cpu_work, algorithm, model_dir, args.steps, work)
 
     def median_step(step_s: list[float]) -> float:
-        return statistics.median(step_s[FIRST_TIMED_STEP - 1 :])
+        return statistics.median(step_s[cpu_work.first_timed_step - 1 :])
 
     trl_s = median_step(trl["step_s"])
-    table = Table(title=f"{PROMPTS} prompts x {N} responses, {args.steps} steps, CPU")
+    table = Table(title=f"{cpu_work.model}: {cpu_work.prompts} prompts x {cpu_work.n} responses, {args.steps} steps, CPU")
     for column in ("", "s/step", "vs TRL", f"mean reward last {LAST_STEPS}"):
         table.add_column(column, justify="right" if column else "left")
     for name, (step_s, reward) in results.items():
@@ -742,7 +791,7 @@ def main() -> None:
     console.print(
         "pacs venv: " + ", ".join(f"{name} {value}" for name, value in pacs_versions.items())
         + "\nTRL venv: " + ", ".join(f"{name} {value}" for name, value in trl["versions"].items())
-        + f"\ns/step: median over steps {FIRST_TIMED_STEP}-{args.steps}; vs TRL: TRL's s/step / the row's (above 1: "
+        + f"\ns/step: median over steps {cpu_work.first_timed_step}-{args.steps}; vs TRL: TRL's s/step / the row's (above 1: "
         f"faster); threads: {torch.get_num_threads()} (TRL worker: {trl['threads']}); python {sys.version.split()[0]}"
     )  # fmt: skip
 
