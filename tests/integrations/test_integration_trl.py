@@ -151,3 +151,21 @@ def test_the_grpo_scores_coefficients_at_zero_proxy_are_rloos_rescaled_as_in_pac
     _, rloo = trl_trainer.pacs_coefficients(rewards, scored, 4, estimator="rloo", weighting="question", beta=beta)
     torch.testing.assert_close(grpo, 3 / (4 * beta) * rloo, atol=1e-15, rtol=1e-12)
     assert grpo.abs().max() > 0
+
+
+@pytest.mark.parametrize("model", ["builtin:smollm2-135m-instruct", "/models/smollm2.gguf"], ids=["built-in", "gguf"])
+def test_trl_model_turns_a_pacs_model_path_into_the_folder_pacs_makes_of_it(model, monkeypatch) -> None:
+    """What pacs alone can load (a built-in model, a GGUF file) reaches TRL as the folder that
+    `resolve_model_path` builds or converts (tested in tests/models/test_models_gguf.py)."""
+    import pacs.models.loading
+    from pacs.integrations.trl import trl_model
+
+    monkeypatch.setattr(pacs.models.loading, "resolve_model_path", lambda path: f"/cache/{path}")
+    assert trl_model(model) == f"/cache/{model}"
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-0.5B", "/models/mine", object()], ids=["hub id", "folder", "model object"])
+def test_trl_model_passes_on_what_trl_loads_itself(model) -> None:
+    from pacs.integrations.trl import trl_model
+
+    assert trl_model(model) is model

@@ -54,6 +54,10 @@ What that needs, checked by `PACSConfig` (a ValueError lists every setting at fa
     num_generations_eval >= 2 when set, unless pacs_estimator = "naive" (rloo and grpo compare the
         completions of a prompt).
 
+`model` may also be any model path pacs takes (`trl_model`): ``PACSTrainer(model="builtin:smollm2-135m-instruct", ...)``
+trains the real model of docs/real-model.md, converted once into pacs's cache, and a local ``.gguf``
+file is converted the same way.
+
 TRL is imported on first use of `PACSConfig` or `PACSTrainer`, never by pacs itself.
 """
 
@@ -64,6 +68,17 @@ from typing import Any
 
 INSTALL = "pip install 'pacs[trl]'"
 CLASSES = ("PACSConfig", "PACSTrainer")
+
+
+def trl_model(model: Any) -> Any:
+    """TRL's `model` argument for `model`: a pacs built-in name (``builtin:NAME``) or a local ``.gguf``
+    file becomes the folder pacs builds or converts it into (`pacs.models.loading.resolve_model_path`);
+    anything else (a hub id, a local folder, a model object) is passed on for TRL to load."""
+    from pacs.models.loading import BUILTIN_PREFIX, GGUF_SUFFIX, resolve_model_path
+
+    if isinstance(model, str) and (model.startswith(BUILTIN_PREFIX) or model.endswith(GGUF_SUFFIX)):
+        return resolve_model_path(model)
+    return model
 
 
 def __getattr__(name: str) -> Any:

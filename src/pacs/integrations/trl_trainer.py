@@ -26,6 +26,7 @@ import trl
 
 from pacs.algos import ESTIMATORS, WEIGHTINGS, pacs_advantages, reward_proxy, sampler_corrected_coefficients
 from pacs.algos.pacs import GRPO_SPREAD_FLOOR
+from pacs.integrations.trl import trl_model
 
 SEQUENCE_LEVEL_MODES = ("sequence_mask", "sequence_truncate")
 """TRL's vllm_importance_sampling_mode values whose ratio is one per completion, as PACS needs."""
@@ -141,8 +142,8 @@ class PACSConfig(trl.GRPOConfig):
 class PACSTrainer(trl.GRPOTrainer):
     """TRL's GRPOTrainer with PACS's loss; `args` must be a `PACSConfig`."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, *args, **kwargs):
+        super().__init__(trl_model(model), *args, **kwargs)
         if not isinstance(self.args, PACSConfig):
             raise TypeError(f"PACSTrainer's args must be a pacs.integrations.trl.PACSConfig, got {type(self.args).__name__}")
         if self.aux_loss_enabled:
